@@ -1,0 +1,1 @@
+"""The five agents of the SparseDitto graph (installed as ``sparseditto.agents``)."""

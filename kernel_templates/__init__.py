@@ -1,0 +1,1 @@
+"""The kernel template library the agents start from (installed as ``sparseditto.kernel_templates``)."""

@@ -1,0 +1,1 @@
+"""CUDA C++ SpMM templates (compiled through CuPy NVRTC or nvcc)."""

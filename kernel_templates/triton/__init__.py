@@ -1,0 +1,1 @@
+"""Triton SpMM templates, one per file."""
