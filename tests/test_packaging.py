@@ -1,0 +1,68 @@
+"""The distribution installs agents/, graphs/ and kernel_templates/ under the sparseditto namespace.
+
+Both ways a user gets the package must work: an editable install (this checkout, as `make setup`
+does) and a built wheel installed elsewhere. A wheel that leaked a top-level `agents` or `graphs`
+package would clash with other libraries, so the test also checks nothing but `sparseditto` lands
+at the top level.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("sparseditto.agents", "sparseditto.graphs", "sparseditto.kernel_templates",
+               "sparseditto.kernel_templates.triton", "sparseditto.kernel_templates.cuda",
+               "sparseditto.harness")
+
+
+def test_editable_install_maps_top_level_dirs():
+    import sparseditto.agents
+    import sparseditto.graphs
+    import sparseditto.kernel_templates
+
+    assert Path(sparseditto.agents.__file__).resolve().parent == ROOT / "agents"
+    assert Path(sparseditto.graphs.__file__).resolve().parent == ROOT / "graphs"
+    assert Path(sparseditto.kernel_templates.__file__).resolve().parent == ROOT / "kernel_templates"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wheels = list(out.glob("sparseditto-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def test_wheel_has_only_the_sparseditto_namespace(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"sparseditto"}, top
+    # data files the package needs at run time travel with it
+    assert any(n.startswith("sparseditto/kernel_templates/triton/") and n.endswith(".py") for n in names)
+    assert "sparseditto/agents/policy.py" in names
+
+
+def test_wheel_imports_outside_the_checkout(wheel, tmp_path):
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code = ("import sys, importlib; sys.path.insert(0, sys.argv[1]);"
+            "mods = [importlib.import_module(m) for m in sys.argv[2:]];"
+            "print('\\n'.join(m.__file__ for m in mods))")
+    # run from tmp_path with -I so neither the checkout nor the editable finder can satisfy the import
+    proc = subprocess.run([sys.executable, "-I", "-c", code, str(target), *SUBPACKAGES],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for line in proc.stdout.split():
+        assert line.startswith(str(target)), line
+    assert not (target / "agents").exists() and not (target / "graphs").exists()
