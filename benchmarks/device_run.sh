@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Run SparseDitto's GPU stages on the lent GPU machine (it has torch, triton, cupy, ncu, nvcc but not
+# langgraph/pydantic/sqlite-utils...). From the repo root, with `.whl` (../shared/tools/device-wheels.sh)
+# and `.gpu/data` (a copy of the shared matrices) carried:
+#   bash benchmarks/device_run.sh env tests bench graph
+# Everything worth keeping is written under $OUT (default ./out).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+export SPARSEDITTO_DATA=$PWD/.gpu/data SPARSEDITTO_MEMORY=$OUT/memory.sqlite
+for stage in "$@"; do
+  echo "=== stage $stage ($(date +%T))"
+  case "$stage" in
+    env)
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+      python3 -c 'import torch, triton, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__); p = torch.cuda.get_device_properties(0); print(p.name, "SMs", p.multi_processor_count, "L2", p.L2_cache_size)'
+      python3 -c 'import cupy; print("cupy", cupy.__version__)' ; which ncu nvcc compute-sanitizer ;;
+    tests)
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+    tests-all)
+      python3 -m pytest -q -x -p no:cacheprovider tests -m "not integration" 2>&1 | tee "$OUT/all_tests.log" | tail -40 ;;
+    bench)
+      python3 benchmarks/templates.py --out "$OUT/bench_templates.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    graph)
+      python3 benchmarks/graph_runs.py --out "$OUT/graph_runs.json" ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
