@@ -183,9 +183,15 @@ class BSR:
         rows = A.row_ids()
         cols = A.indices.astype(np.int64)
         br, bc = rows // bm, cols // bk
-        # Canonical CSR order is row-major, so block keys are not sorted yet: sort them.
+        # Block keys in CSR order are not sorted (a block row interleaves its rows). When the block
+        # grid is not much larger than nnz, an occupancy count is O(nnz); otherwise sort.
         keys = br * Kb + bc
-        ukeys, inverse = np.unique(keys, return_inverse=True)
+        if Mb * Kb <= max(4 * keys.size, 1 << 22):
+            occupied = np.bincount(keys, minlength=Mb * Kb) > 0
+            ukeys = np.flatnonzero(occupied)
+            inverse = (np.cumsum(occupied) - 1)[keys]
+        else:
+            ukeys, inverse = np.unique(keys, return_inverse=True)
         _check_int32_extent("number of blocks", ukeys.size)
         blocks = np.zeros((ukeys.size, bm, bk), dtype=_value_dtype(A))
         blocks[inverse, rows % bm, cols % bk] = _values(A)
@@ -246,18 +252,22 @@ def _nm_bits(m: int) -> int:
 
 
 @lru_cache(maxsize=None)
-def _nm_slot_table(n: int, m: int) -> np.ndarray:
-    """For every occupancy mask of a group (bit p = position p is kept), the n slot positions.
+def _nm_slot_tables(n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lookup tables indexed by a group's occupancy mask (bit p set = position p holds a kept entry).
 
-    Row `mask` of the table lists, ascending, the kept positions plus the lowest free positions
-    needed to make n slots; only masks with popcount <= n are ever looked up. Shape [2**m, n], uint8.
+    slot_positions[mask] ([2**m, n] uint8): the n positions the group stores, ascending: the kept
+        positions plus the lowest free positions as zero-valued padding.
+    slot_of[mask, p] ([2**m, m] uint8): which of those n slots position p lands in.
+    Only masks with popcount <= n are ever looked up. Tables turn the per-group work into two
+    gathers (at most 2**16 rows, built once per (n, m)).
     """
     masks = np.arange(1 << m, dtype=np.int64)
     pos = np.arange(m, dtype=np.int64)
     occupied = ((masks[:, None] >> pos) & 1).astype(bool)
     score = np.where(occupied, pos, m + pos)  # kept positions first, then free ones low to high
-    chosen = np.argsort(score, axis=1, kind="stable")[:, :n]
-    return np.sort(chosen, axis=1).astype(np.uint8)
+    slot_positions = np.sort(np.argsort(score, axis=1, kind="stable")[:, :n], axis=1)
+    slot_of = (slot_positions[:, :, None] < pos[None, None, :]).sum(axis=1)
+    return slot_positions.astype(np.uint8), slot_of.astype(np.uint8)
 
 
 @dataclass(eq=False)
@@ -293,56 +303,55 @@ class NMCompressed:
         G = -(-K // m)
         _check_int32_extent("M * G * n", M * G * n)
         rows = A.row_ids()
-        cols = A.indices.astype(np.int64)
+        group, pos = np.divmod(A.indices.astype(np.int64), m)
         vals = _values(A)
-        gkey = rows * G + cols // m          # non-decreasing in CSR order
-        # Rank entries within their group by magnitude (largest first, ties: lower column).
-        order = np.lexsort((cols, -np.abs(vals), gkey))
-        starts = _segment_starts(gkey[order])
-        run_id = np.zeros(order.size, dtype=np.int64)
-        if order.size:
-            run_id[starts[1:]] = 1
-            run_id = np.cumsum(run_id)
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size) - starts[run_id]
-        keep = rank < n
-
-        n_violating, first_bad = 0, None
-        if not keep.all():
-            bad_keys = np.unique(gkey[~keep])
-            n_violating = int(bad_keys.size)
-            first_bad = (int(bad_keys[0] // G), int(bad_keys[0] % G))
+        gkey = rows * G + group              # non-decreasing in CSR order
+        # Count entries per (row, group); gkey is sorted, so groups are runs.
+        gstarts = _segment_starts(gkey)
+        gsizes = np.diff(np.append(gstarts, gkey.size))
+        over = gsizes > n
+        n_violating, first_bad = int(over.sum()), None
+        keep = None
+        if n_violating:
+            # Only entries of over-full groups need ranking: by magnitude, largest first, ties to
+            # the lower column. Conforming matrices skip the sort entirely.
+            sub = np.flatnonzero(np.repeat(over, gsizes))
+            order = sub[np.lexsort((pos[sub], -np.abs(vals[sub]), gkey[sub]))]
+            ostarts = _segment_starts(gkey[order])
+            rank = np.arange(order.size) - np.repeat(ostarts, np.diff(np.append(ostarts, order.size)))
+            keep = np.ones(gkey.size, dtype=bool)
+            keep[order[rank >= n]] = False
+            first_key = int(gkey[gstarts[np.argmax(over)]])
+            first_bad = (first_key // G, first_key % G)
         if strict and n_violating:
             r, g = first_bad
             raise ValueError(
                 f"{n_violating} of {M * G} groups violate {n}:{m} (more than {n} stored entries among "
                 f"{m} consecutive columns); first at row {r}, group {g} (columns {g * m}..{min(g * m + m, K) - 1}).")
 
-        kcols, kkey, kvals = cols[keep], gkey[keep], vals[keep]
-        kpos = kcols % m
-        # Occupancy bitmask of kept positions per non-empty group, then slot positions by table.
+        if keep is None:
+            kkey, kpos, kvals, kstarts, ksizes = gkey, pos, vals, gstarts, gsizes
+        else:
+            # Dropping entries keeps CSR order, and every non-empty group keeps min(size, n) >= 1
+            # of them, so the groups are still runs, now of length min(size, n).
+            kkey, kpos, kvals = gkey[keep], pos[keep], vals[keep]
+            ksizes = np.minimum(gsizes, n)
+            kstarts = np.cumsum(ksizes) - ksizes
+        # Empty groups: zero values at positions 0..n-1. Non-empty: occupancy mask -> table lookups.
         positions = np.broadcast_to(np.arange(n, dtype=np.uint8), (M * G, n)).copy()
         values = np.zeros((M * G, n), dtype=_value_dtype(A))
         if kkey.size:
-            kstarts = _segment_starts(kkey)
-            ukey = kkey[kstarts]
-            occ = np.add.reduceat(np.left_shift(1, kpos), kstarts)
-            table = _nm_slot_table(n, m)
-            positions[ukey] = table[occ]
-            # Slot of a kept value = number of chosen positions (kept or filler) below it.
-            group_chosen = np.bitwise_or.reduce(np.left_shift(1, table[occ].astype(np.int64)), axis=1)
-            chosen = np.repeat(group_chosen, np.diff(np.append(kstarts, kkey.size)))
-            below = chosen & (np.left_shift(1, kpos) - 1)
-            slot = _popcount(below)
-            values[kkey, slot] = kvals
+            slot_positions, slot_of = _nm_slot_tables(n, m)
+            occ = np.add.reduceat(np.left_shift(np.uint16(1), kpos.astype(np.uint16)), kstarts)
+            positions[kkey[kstarts]] = slot_positions[occ]
+            values[kkey, slot_of[np.repeat(occ, ksizes), kpos]] = kvals
 
         residual = None
-        if not keep.all():
+        if keep is not None:
             drop = ~keep
-            rrows = rows[drop]
             indptr = np.zeros(M + 1, dtype=np.int64)
-            np.cumsum(np.bincount(rrows, minlength=M), out=indptr[1:])
-            residual = CSR(indptr=indptr.astype(np.int32), indices=cols[drop].astype(np.int32),
+            np.cumsum(np.bincount(rows[drop], minlength=M), out=indptr[1:])
+            residual = CSR(indptr=indptr.astype(np.int32), indices=A.indices[drop].astype(np.int32),
                            values=vals[drop].copy(), shape=(M, K))
         return cls(n=n, m=m, values=values.reshape(M, G * n), positions=positions.reshape(M, G * n),
                    residual=residual, shape=(M, K))
@@ -431,15 +440,6 @@ class NMCompressed:
             for key, t in self.residual.to_torch(device, dtype).items():
                 out[f"residual_{key}"] = t
         return out
-
-
-def _popcount(x: np.ndarray) -> np.ndarray:
-    """Population count of non-negative int64 values (vectorized, SWAR)."""
-    x = x.astype(np.uint64)
-    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
-    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
-    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
-    return ((x * np.uint64(0x0101010101010101)) >> np.uint64(56)).astype(np.int64)
 
 
 # ---- Bitmap tiles -----------------------------------------------------------------------------

@@ -62,9 +62,13 @@ def row_permutation(A: SparseMatrix, method: str = "length", block_k: int = 32) 
 
     M = A.rows
     Kb = -(-A.cols // int(block_k))
-    # Distinct (row, block-column) pairs; CSR order keeps them row-major and ascending per row.
+    # Distinct (row, block-column) pairs: CSR order makes the keys non-decreasing, so distinct
+    # pairs are the starts of runs (no sort needed).
     keys = A.row_ids() * Kb + A.indices.astype(np.int64) // int(block_k)
-    pairs = np.unique(keys)
+    if keys.size:
+        pairs = keys[np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))]
+    else:
+        pairs = keys
     prow, pcol = pairs // Kb, pairs % Kb
     per_row = np.bincount(prow, minlength=M)
     first_at = np.concatenate(([0], np.cumsum(per_row)[:-1]))
@@ -76,8 +80,8 @@ def row_permutation(A: SparseMatrix, method: str = "length", block_k: int = 32) 
     second[two] = pcol[first_at[two] + 1]
     set_hash = np.zeros(M, dtype=np.uint64)
     if pairs.size:
-        # Sum of mixed ids is order-free and equal for equal sets (wrapping uint64 addition).
-        np.add.at(set_hash, prow, _mix64(pcol))
+        # Sum of mixed ids (wrapping uint64) is order-free and equal for equal sets.
+        set_hash[nonempty] = np.add.reduceat(_mix64(pcol), first_at[nonempty])
     # np.lexsort sorts by the last key first.
     order = np.lexsort((np.arange(M), -lengths, set_hash, second, first))
     return order.astype(np.int64)

@@ -395,3 +395,18 @@ def test_float64_values_stay_float64():
     assert A.data.dtype == np.float64
     for name in FORMATS:
         np.testing.assert_array_equal(convert(A, name).to_dense(), A.to_dense())
+
+
+def test_bsr_on_a_huge_sparse_grid_without_densifying():
+    """A 10^5 x 10^5 matrix with a handful of entries takes the sort path (block grid >> nnz)."""
+    rows = np.array([0, 0, 5, 70000, 99999])
+    cols = np.array([99998, 3, 3, 12, 0])
+    A = SparseMatrix.from_scipy(sp.coo_array((np.arange(1.0, 6.0), (rows, cols)), shape=(100000, 100000)))
+    bsr = BSR.from_matrix(A, block_shape=(8, 4))
+    assert bsr.padded_shape == (100000, 100000) and bsr.nblocks == 4   # (0,3) and (5,3) share a block
+    starts = bsr.indptr[[0, 8750, 12499]]
+    assert bsr.indices[starts[0]: starts[0] + 2].tolist() == [0, 24999]
+    assert bsr.indices[starts[1]] == 3 and bsr.indices[starts[2]] == 0
+    np.testing.assert_array_equal(bsr.blocks[0][[0, 5], [3, 3]], [2.0, 3.0])
+    assert bsr.blocks[1][0, 2] == 1.0 and bsr.blocks[2][0, 0] == 4.0 and bsr.blocks[3][7, 0] == 5.0
+    assert bsr.blocks.sum() == 15.0
