@@ -130,7 +130,12 @@ def _file_stem(path: Path) -> str:
 
 def _read_bytes(path: Path, gz: bool) -> bytes:
     data = path.read_bytes()
-    return gzip.decompress(data) if gz else data
+    if not gz:
+        return data
+    try:
+        return gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise ValueError(f"corrupt or truncated gzip data ({exc}).") from None
 
 
 def _binary_source(path: Path, kind: str, gz: bool):
@@ -206,7 +211,8 @@ def _numpy_dtype_name(dt: np.dtype, what: str) -> str:
 
 def _host_values(values: np.ndarray, dtype_name: str) -> np.ndarray:
     """Values in the precision SparseMatrix stores (scipy cannot hold float16/bfloat16)."""
-    return np.asarray(values, dtype=np.float64 if dtype_name == "float64" else np.float32)
+    with np.errstate(over="ignore"):  # a float64 value beyond float32 range becomes inf: reported below
+        return np.asarray(values, dtype=np.float64 if dtype_name == "float64" else np.float32)
 
 
 def _from_object(obj) -> tuple[Any, str, dict]:
@@ -259,8 +265,8 @@ def _from_torch(t) -> tuple[Any, str, dict]:
     if t.device.type == "meta":
         raise ValueError(f"The tensor of shape {_shape_text(t.shape)} is on the 'meta' device and has no values.")
     if layout != "dense" and t.dense_dim() != 0:
-        raise ValueError(f"Expected a plain 2-D sparse tensor, got a hybrid {kind} with {t.dense_dim()} dense "
-                         f"dimension(s) (values of shape {_shape_text(t.values().shape)}).")
+        raise ValueError(f"Expected a plain 2-D sparse tensor, got a hybrid {kind} of shape {_shape_text(t.shape)} "
+                         f"with {t.dense_dim()} dense dimension(s).")
     meta = {"source": "torch.Tensor", "format": f"torch_{layout}", "device": str(t.device)}
     t = t.detach().cpu()
 

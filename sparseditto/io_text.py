@@ -99,8 +99,8 @@ def parse_matrix_market(text: str, *, seed: int = 0) -> ParsedText:
     if obj != "matrix":
         raise ValueError(f"Matrix Market object {obj!r} is not supported; expected 'matrix'.")
     if fld in ("complex", "hermitian") or symmetry == "hermitian":
-        raise ValueError(f"unsupported value dtype: Matrix Market field {fld!r} / symmetry {symmetry!r} "
-                         f"is complex; SparseDitto supports real, integer and pattern matrices.")
+        raise ValueError(f"unsupported value dtype: Matrix Market field {fld!r} / symmetry {symmetry!r} means "
+                         f"complex values; SparseDitto supports real, integer and pattern matrices.")
     if fld not in MM_FIELDS:
         raise ValueError(f"unknown Matrix Market field {fld!r}; expected one of {MM_FIELDS}.")
     if symmetry not in MM_SYMMETRIES:
@@ -216,7 +216,7 @@ def _check_range(rows: np.ndarray, cols: np.ndarray, nrows: int, ncols: int, *, 
         where = f" (line {header_lines + k + 1})" if header_lines is not None else ""
         raise ValueError(
             f"out-of-range index in entry #{k + 1}{where}: ({rows[k] + base}, {cols[k] + base}) is outside "
-            f"the {nrows} x {ncols} matrix (indices are {base}-based); {bad.size} such entries in total.")
+            f"the {nrows} x {ncols} matrix (indices are {base}-based); {bad.size} out-of-range entries in total.")
 
 
 # ---- DLMC .smtx -------------------------------------------------------------------------------
