@@ -511,22 +511,25 @@ class BitmapTiles:
         out[dense_mask] = self.values  # boolean assignment fills row-major: CSR order
         return np.ascontiguousarray(out[:, :K])
 
-    def nbytes(self, value_bytes: int = 2) -> int:
-        """M*T*(tile_k/8) [masks] + M*T*4 [tile_offsets] + (M+1)*4 [row_offsets] + nnz*value_bytes."""
+    def nbytes(self, value_bytes: int = 2, tile_offsets: bool = True) -> int:
+        """M*T*(tile_k/8) [masks] + M*T*4 [tile_offsets, if shipped] + (M+1)*4 [row_offsets]
+        + nnz*value_bytes [values]. Pass the same `tile_offsets` as to_torch."""
         vb = _check_value_bytes(value_bytes)
         M, T = self.masks.shape
-        return int(M * T * self.masks.dtype.itemsize + M * T * 4 + (M + 1) * 4 + self.nnz * vb)
+        offsets = M * T * 4 if tile_offsets else 0
+        return int(M * T * self.masks.dtype.itemsize + offsets + (M + 1) * 4 + self.nnz * vb)
 
-    def to_torch(self, device="cpu", dtype=None) -> dict:
-        """{'masks': int16/int32/int64 [M, T], 'tile_offsets': int32 [M, T], 'row_offsets': int32
-        [M+1], 'values': dtype [nnz]}."""
+    def to_torch(self, device="cpu", dtype=None, tile_offsets: bool = True) -> dict:
+        """{'masks': int16/int32/int64 [M, T], 'tile_offsets': int32 [M, T] (omitted when
+        tile_offsets=False: the kernel derives them by popcount from row_offsets), 'row_offsets':
+        int32 [M+1], 'values': dtype [nnz]}."""
         dtype = dtype if dtype is not None else _torch_dtype("float16")
-        return {
-            "masks": _tensor(self.masks, device),
-            "tile_offsets": _tensor(self.tile_offsets, device),
-            "row_offsets": _tensor(self.row_offsets, device),
-            "values": _tensor(self.values, device, dtype),
-        }
+        out = {"masks": _tensor(self.masks, device)}
+        if tile_offsets:
+            out["tile_offsets"] = _tensor(self.tile_offsets, device)
+        out["row_offsets"] = _tensor(self.row_offsets, device)
+        out["values"] = _tensor(self.values, device, dtype)
+        return out
 
 
 # ---- ELL --------------------------------------------------------------------------------------

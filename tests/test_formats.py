@@ -315,6 +315,11 @@ def test_nbytes_counts_what_to_torch_ships():
         f = convert(A, name)
         shipped = sum(t.numel() * t.element_size() for t in f.to_torch(dtype=torch.float16).values())
         assert f.nbytes(2) == shipped, name
+    bt = BitmapTiles.from_matrix(A)
+    lean = bt.to_torch(tile_offsets=False)
+    assert "tile_offsets" not in lean
+    assert bt.nbytes(2, tile_offsets=False) == sum(t.numel() * t.element_size() for t in lean.values())
+    assert bt.nbytes(2) - bt.nbytes(2, tile_offsets=False) == 4 * 1 * 4
     nm = NMCompressed.from_matrix(A)
     for md in ("packed", "positions", "both"):
         shipped = sum(t.numel() * t.element_size() for t in nm.to_torch(metadata=md).values())
