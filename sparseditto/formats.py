@@ -19,7 +19,6 @@ Values are kept as numpy float32 (float64 when A.data is float64) so the round t
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import ClassVar
@@ -279,7 +278,9 @@ class NMCompressed:
     fewer than n stored entries are padded with zero values at free positions (lowest first);
     groups with more than n keep their n largest-magnitude entries (ties: lower column) and the
     rest go to `residual` (a CSR), so any matrix round-trips exactly; `residual` is None when
-    every group conforms.
+    every group conforms. Filler slots land on columns < K whenever the group has at least n
+    columns inside K; only in a last group narrower than n can a (zero) slot point at a column
+    >= K, so kernels must mask B loads to rows < K (or pad B to G*m rows).
     """
 
     n: int
@@ -403,9 +404,6 @@ class NMCompressed:
         if self.residual is not None:
             out[self.residual.row_ids(), self.residual.indices.astype(np.int64)] = self.residual.values
         return np.ascontiguousarray(out)
-
-    def _metadata_words(self) -> int:
-        return int(self.packed_metadata().shape[1]) if self.positions.size else 0
 
     def nbytes(self, value_bytes: int = 2, metadata: str = "packed") -> int:
         """M*G*n*value_bytes [values] + metadata + residual.nbytes (if any).

@@ -147,6 +147,9 @@ def test_nm_positions_violations_and_metadata(A, nm_shape):
     pos = nm.positions.reshape(M, S // n, n).astype(np.int64)
     assert (pos < m).all()
     assert (np.diff(pos, axis=2) > 0).all(), "positions must strictly increase within each group"
+    slot_cols = np.arange(S // n)[None, :, None] * m + pos
+    inside = np.minimum(A.cols - np.arange(S // n) * m, m) >= n  # groups with >= n columns inside K
+    assert (slot_cols[:, inside] < A.cols).all(), "padding slots must not leave K when they can fit"
     words = nm.packed_metadata()
     per_word = 16 if m <= 4 else 8
     assert words.dtype == np.int32 and words.shape == (M, -(-S // per_word))
@@ -180,6 +183,11 @@ def test_nm_padding_positions_are_lowest_free_and_values_zero():
     nm = NMCompressed.from_matrix(A, n=2, m=4)
     np.testing.assert_array_equal(nm.positions, [[0, 2, 0, 1]])
     np.testing.assert_array_equal(nm.values, [[0.0, 5.0, 0.0, 0.0]])
+    # K = 6: the last group has columns 4, 5 inside K, so its fillers must stay there
+    tail = matrix_from_mask(np.array([[0, 0, 0, 0, 0, 1]], dtype=bool), np.full((1, 6), 3.0))
+    nm_tail = NMCompressed.from_matrix(tail, n=2, m=4)
+    np.testing.assert_array_equal(nm_tail.positions, [[0, 1, 0, 1]])
+    np.testing.assert_array_equal(nm_tail.values, [[0.0, 0.0, 0.0, 3.0]])
 
 
 @pytest.mark.parametrize("n, m", [(2, 2), (4, 4), (0, 4), (5, 4), (1, 1), (2, 17)])
