@@ -176,7 +176,7 @@ def _load_file(path: Path, *, tensor, name, seed, override) -> SparseMatrix:
         return _canonicalize(mat, override or dtype_name, name or default_name, meta)
     except ValueError as exc:
         raise ValueError(f"Cannot load '{path}': {exc}") from exc
-    except (OSError, EOFError, zlib.error, RuntimeError, KeyError, TypeError) as exc:
+    except (OSError, EOFError, zlib.error, RuntimeError, KeyError) as exc:
         raise ValueError(f"Cannot load '{path}' as .{kind}: {type(exc).__name__}: {exc}") from exc
 
 

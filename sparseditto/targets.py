@@ -138,7 +138,7 @@ _TABLE: tuple[Target, ...] = (
            tensor_tflops=_peaks(989.5, 989.5, 494.5), sparse_tensor_tflops=_peaks(1979.0, 1979.0, 989.0),
            cuda_core_tflops=_peaks(133.8, 133.8, 67.0), source=_H200_PAGE, **_HOPPER_SMEM),
     # L40S (AD102): 48 GB GDDR6, 864 GB/s; FP16/BF16 tensor 362.05 (733 sparse), TF32 183 (366),
-    # FP32 91.6 (datasheet). Ada runs non-tensor FP16/BF16 at the FP32 rate (Ada whitepaper).
+    # FP32 91.6 (datasheet; its 733 is not exactly 2 x 362.05, kept as printed). Ada runs non-tensor FP16/BF16 at the FP32 rate (Ada whitepaper).
     # 142 SMs, 96 MB L2.
     Target(name="L40S", aliases=(), arch="sm_89", compute_capability=(8, 9), sm_count=142, memory_gb=48.0,
            mem_bandwidth_gbs=864.0, l2_mb=96.0, smem_per_sm_kb=100.0, max_smem_per_block_kb=99.0,
