@@ -1,0 +1,175 @@
+"""Analyzer node: what pattern is this, and have we seen it before?
+
+It loads the matrix from the artifact store (the state only holds its key), runs the pattern
+analysis, opens the run in the trajectory memory, and looks the pattern up there:
+
+* an **exact hit** (same signature, N bucket, dtype, GPU) is pinned at the front of the queue as an
+  origin-"memory" candidate carrying the stored source; it still goes through the debugger's full
+  verification before anything trusts it;
+* otherwise the nearest **neighbours** (same pattern class and dtype) become planning priors: the
+  policy sees their best template and parameters.
+
+Memory hits are normalized here to one small shape so that policies never depend on the memory's
+row layout: ``{"kind": "exact"|"neighbour", "template", "params", ...}``.
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from sparseditto.graphs.state import (
+    Context,
+    State,
+    decision,
+    effective_context,
+    emit,
+    main_n,
+    resolved_backend,
+    run_hook,
+    run_memory,
+    run_policy,
+)
+
+NEIGHBOURS = 3
+
+
+def memory_gpu_key(ctx: Context) -> str:
+    """What a remembered kernel choice is valid for: the GPU that measured it, or, on the Triton
+    interpreter (choice by cost model), the target it was planned for."""
+    if resolved_backend(ctx) == "cuda":
+        try:
+            import torch
+
+            return torch.cuda.get_device_name(0)
+        except Exception:
+            return "cuda"
+    from sparseditto.agents.planner import plan_target
+
+    target, _ = plan_target(ctx)
+    return f"interpret:{target.name}"
+
+
+def normalize_exact(hit: dict) -> dict:
+    best_template = hit.get("run_best_template")
+    timings = hit.get("timings") or {}
+    out = {
+        "kind": "exact", "run_id": hit.get("run_id"), "candidate_id": hit.get("candidate_id"),
+        "template": hit.get("template"), "params": hit.get("params") or {}, "source": hit.get("source"),
+        "source_hash": hit.get("source_hash"), "origin": hit.get("origin"),
+        "median_ms": timings.get("median_ms"), "speedup_vs_dense": hit.get("best_speedup_vs_dense"),
+        "gpu": hit.get("gpu"), "created": hit.get("created"),
+    }
+    if best_template == "dense":
+        out.update(template="dense", params={}, source=None,
+                   reason=f"dense won that run (fastest sparse was {hit.get('template')})")
+    return out
+
+
+def normalize_neighbour(hit: dict) -> dict:
+    return {
+        "kind": "neighbour", "run_id": hit.get("run_id"), "distance": hit.get("distance"),
+        "matrix_name": hit.get("matrix_name"), "pattern": hit.get("pattern"), "shape": hit.get("shape"),
+        "template": hit.get("best_template"), "params": hit.get("best_params") or {},
+        "speedup_vs_dense": hit.get("best_speedup_vs_dense"), "gpu": hit.get("gpu"),
+    }
+
+
+def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[dict]:
+    """Exact hit first; neighbours (same pattern class and dtype) only when there is none."""
+    from sparseditto.memory import n_bucket
+
+    exact = mem.exact_hit(report.signature, n_bucket(list(ctx.n_values)), ctx.dtype, memory_gpu_key(ctx))
+    if exact is not None:
+        return [normalize_exact(exact)]
+    near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, k=NEIGHBOURS,
+                          exclude_run=exclude_run)
+    return [normalize_neighbour(h) for h in near if h.get("best_template")]
+
+
+def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planner"]]:
+    ctx = effective_context(runtime.context, state)
+    run_hook(ctx, "analyzer", state)
+    from sparseditto.analysis import analyze
+    from sparseditto.artifacts import get_matrix
+
+    matrix = get_matrix(state["matrix_key"])
+    emit("analyzer", f"analyzing {matrix.name}: {matrix.shape[0]}x{matrix.shape[1]}, nnz={matrix.nnz}, "
+                     f"sparsity {matrix.sparsity:.1%}")
+    t0 = time.perf_counter()
+    report = analyze(matrix)
+    summary = report.describe().splitlines()[0] if report.describe() else report.pattern
+    emit("analyzer", f"pattern {report.pattern} (confidence {report.confidence:.2f}) in "
+                     f"{time.perf_counter() - t0:.2f} s: {summary}")
+    report_dict = report.model_dump(mode="json")
+
+    update: dict = {"report": report_dict, "memory_hits": [], "queue": []}
+    decisions = []
+    events = []
+    mem = run_memory(ctx)
+    memory_run_id = state.get("memory_run_id")
+    if mem is not None:
+        try:
+            if not memory_run_id:
+                memory_run_id = _start_memory_run(mem, ctx, state, report, matrix)
+                update["memory_run_id"] = memory_run_id
+            hits = lookup_memory(mem, report, ctx, exclude_run=memory_run_id)
+        except Exception as exc:  # a broken memory file costs the priors, never the run
+            hits = []
+            events.append({"node": "analyzer", "event": "memory_unavailable", "detail": str(exc)})
+            emit("analyzer", f"memory unavailable: {exc}")
+        update["memory_hits"] = hits
+        exact = next((h for h in hits if h["kind"] == "exact"), None)
+        if exact is not None and exact["template"] != "dense":
+            spec = {"template": exact["template"], "params": exact["params"], "source": exact["source"],
+                    "origin": "memory", "expected_ms": exact.get("median_ms"), "pinned": True,
+                    "rationale": (f"memory exact hit (run {str(exact['run_id'])[:8]}): re-verify the stored "
+                                  f"{exact['template']} kernel before searching")}
+            update["queue"] = [spec]
+            decisions.append(decision("analyzer", "memory_exact_hit", spec["rationale"],
+                                      template=exact["template"], params=exact["params"]))
+        elif exact is not None:
+            decisions.append(decision("analyzer", "memory_exact_hit",
+                                      f"memory exact hit: dense was best for this pattern ({exact.get('reason')})"))
+        elif hits:
+            h = hits[0]
+            decisions.append(decision(
+                "analyzer", "memory_neighbours",
+                f"{len(hits)} neighbour(s) in memory; nearest '{h['matrix_name']}' ({h['pattern']}, distance "
+                f"{float(h['distance'] or 0):.3f}) was best with {h['template']}"))
+        else:
+            decisions.append(decision("analyzer", "memory_miss", "no similar pattern in memory: plan from the cost model"))
+    else:
+        decisions.append(decision("analyzer", "memory_off", "memory disabled for this run"))
+    decisions.insert(0, decision("analyzer", "analyze",
+                                 f"{report.pattern} pattern (confidence {report.confidence:.2f}), sparsity "
+                                 f"{report.sparsity:.1%}, signature {report.signature[:12]}"))
+    for d in decisions:
+        emit("analyzer", d["rationale"])
+        if mem is not None and memory_run_id:
+            try:
+                mem.record_step(memory_run_id, "analyzer", "decision", d)
+            except Exception:
+                pass
+    update["decisions"] = decisions
+    update["events"] = events
+    return Command(goto="planner", update=update)
+
+
+def _start_memory_run(mem, ctx: Context, state: dict, report, matrix) -> str:
+    from sparseditto.agents.planner import plan_target
+
+    target, _ = plan_target(ctx)
+    policy = run_policy(ctx, state.get("run_id", ""))
+    llm_model = None
+    if getattr(policy, "name", "expert") != "expert":
+        model = getattr(policy, "model", None)
+        llm_model = getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
+        llm_model = str(llm_model)
+    return mem.start_run(
+        signature=report.signature, matrix_name=matrix.name, shape=matrix.shape, nnz=matrix.nnz,
+        pattern=report.pattern, n_values=list(ctx.n_values), dtype=ctx.dtype, gpu=memory_gpu_key(ctx),
+        target=target.name, backend=resolved_backend(ctx), policy=getattr(policy, "name", "expert"),
+        llm_model=llm_model, features=report.feature_vector(), report=report.model_dump(mode="json"))

@@ -1,0 +1,120 @@
+"""Coder node: turn the planned candidate into kernel source.
+
+With the expert policy that is a template instance (the template file with its ``PARAMS`` line
+rewritten); with an LLM policy it is whatever complete source the model returns, possibly an edit
+of the template informed by the debugger's feedback. Either way the source then goes through the
+same static checks, sandboxed verification and benchmarks: the coder is trusted with nothing.
+
+A source that arrives ready (a memory exact hit, an LLM plan that carried code, a debugger's
+``retry_source`` fix) is used as is on its first attempt.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from sparseditto.agents.policy import CandidateSpec
+from sparseditto.graphs.state import (
+    Context,
+    State,
+    call_policy,
+    decision,
+    effective_context,
+    emit,
+    run_hook,
+    run_policy,
+)
+
+
+def template_source(name: str) -> str:
+    """The template's default instance (what an LLM edits); '' for names not in the registry."""
+    try:
+        from sparseditto.kernel_templates.registry import get_template
+
+        t = get_template(name)
+        if getattr(t, "backend", None) == "builtin":
+            return ""
+        return t.instantiate({}).source
+    except Exception:
+        return ""
+
+
+def make_candidate(spec: dict, source: str, origin: str):
+    """The harness's `Candidate` for this source: the registry's own instance when the source is
+    the plain template instance, else a candidate built around the given source."""
+    from sparseditto.kernel_templates.registry import Candidate, get_template
+    from sparseditto.memory import source_hash
+
+    template = None
+    try:
+        template = get_template(spec["template"])
+    except Exception:
+        template = None
+    if template is not None and origin != "llm":
+        try:
+            inst = template.instantiate(spec.get("params") or {})
+            if inst.source == source:
+                return inst.model_copy(update={"origin": origin}) if hasattr(inst, "model_copy") else inst
+        except Exception:
+            pass
+    backend = getattr(template, "backend", None) if template is not None else None
+    if backend in (None, "builtin"):
+        backend = "cuda" if "RawModule" in source or "RawKernel" in source else "triton"
+    fields = dict(template=spec["template"], params=spec.get("params") or {}, source=source,
+                  source_hash=source_hash(source), backend=backend, origin=origin,
+                  format=getattr(template, "format", None) if template is not None else None)
+    known = getattr(Candidate, "model_fields", None)
+    if known:
+        fields = {k: v for k, v in fields.items() if k in known}
+    return Candidate(**fields)
+
+
+def format_feedback(failure: dict | None) -> str | None:
+    if not failure:
+        return None
+    parts = [f"previous attempt failed: {failure.get('status')}"]
+    if failure.get("failure_class"):
+        parts.append(f"class {failure['failure_class']}")
+    if failure.get("message"):
+        parts.append(str(failure["message"])[:2000])
+    if failure.get("log"):
+        parts.append("log tail:\n" + str(failure["log"])[-3000:])
+    if failure.get("diagnosis"):
+        parts.append(f"debugger: {failure['diagnosis']}")
+    return "\n".join(parts)
+
+
+def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"]]:
+    ctx = effective_context(runtime.context, state)
+    run_hook(ctx, "coder", state)
+    current = dict(state["current"])
+    spec = dict(current["spec"])
+    events: list[dict] = []
+    usage: dict = {}
+    origin = spec.get("origin") or "template"
+    if current.get("fixed_source"):
+        source, why, origin = current["fixed_source"], "use the debugger's fixed source", "llm"
+    elif spec.get("source") and current.get("attempt", 1) == 1:
+        source, why = spec["source"], f"use the ready {origin} source"
+    else:
+        policy = run_policy(ctx, state.get("run_id", ""))
+        proposal, events, usage = call_policy(
+            policy, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
+            format_feedback(current.get("last_failure")), node="coder")
+        source, why = proposal.source, proposal.rationale or f"{policy.name} wrote {spec['template']}"
+        if proposal.origin == "llm":
+            origin = "llm"
+    candidate = make_candidate(spec, source, origin)
+    current.update(source=source, source_hash=candidate.source_hash, backend=candidate.backend, origin=origin,
+                   fixed_source=None, format=getattr(candidate, "format", None))
+    d = decision("coder", "code", why, template=spec["template"], attempt=current.get("attempt", 1),
+                 source_hash=candidate.source_hash)
+    emit("coder", f"{spec['template']} attempt {current.get('attempt', 1)}: {why} "
+                  f"({len(source.splitlines())} lines, {candidate.source_hash[:10]})")
+    from sparseditto.agents.planner import _record
+
+    _record(ctx, state, "coder", "code", {**d, "origin": origin, "params": spec.get("params") or {}})
+    return Command(goto="debugger", update={"current": current, "decisions": [d], "events": events,
+                                            "token_usage": usage})

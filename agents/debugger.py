@@ -1,0 +1,177 @@
+"""Debugger node: prove the candidate right, or find out why it is wrong and what to do about it.
+
+Every candidate, whoever wrote it (template, memory, LLM), passes the same gate: static checks
+(no vendor GEMM, no I/O, no escapes), compilation, and a sandboxed run verified against an fp64
+reference on fresh random values, at the requested N values plus an odd N (tails and masks are
+where kernels break). A failure is classified by the policy (`Diagnosis`) and routed:
+
+* ``retry_params``  -> coder with the new parameters (e.g. smaller tiles on shared-memory overflow)
+* ``retry_source``  -> coder with a fixed source (LLM policy)
+* ``switch_template`` -> planner, with the suggested template pinned first
+* ``give_up``       -> planner, which moves on
+
+Retries are bounded by ``max_debug_attempts``; every failed attempt is recorded with its class.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from sparseditto.agents.policy import FailureReport
+from sparseditto.graphs.state import (
+    Context,
+    State,
+    call_policy,
+    decision,
+    effective_context,
+    emit,
+    resolved_backend,
+    run_hook,
+    run_memory,
+    run_policy,
+)
+
+LOG_TAIL = 4000
+
+
+def verify_n_values(ctx: Context) -> list[int]:
+    """The requested N values plus an odd one (exercises masks and tails), sorted and unique."""
+    values = sorted({int(n) for n in ctx.n_values})
+    if not any(v % 2 for v in values):
+        values.append(5 if max(values) > 5 else max(values) + 1)
+    return sorted(set(values))
+
+
+def candidate_from_current(current: dict):
+    from sparseditto.agents.coder import make_candidate
+
+    return make_candidate(current["spec"], current["source"], current.get("origin") or "template")
+
+
+def harness_pool(ctx: Context, state: dict):
+    """A worker pool shared by the run's verify/bench calls when the harness offers one."""
+    from sparseditto.graphs.state import run_resource
+
+    return run_resource(ctx, state.get("run_id", ""), "pool")
+
+
+def check_candidate(candidate, matrix, ctx: Context, state: dict) -> dict:
+    """Static checks, compile, run and verify. Returns a plain dict: ok, status, message, log, ..."""
+    from sparseditto import harness
+
+    backend = resolved_backend(ctx)
+    static = harness.check_source(candidate.source)
+    if not static.ok:
+        why = static.syntax_error or "; ".join(static.violations) or "rejected"
+        return {"ok": False, "status": "static_rejected", "failure_class": "static_rejected",
+                "message": f"static checks: {why}", "log": "", "violations": list(static.violations)}
+    comp = harness.compile_candidate(candidate, backend)
+    if not comp.ok:
+        return {"ok": False, "status": "compile_error", "failure_class": comp.failure_class or "compile_error",
+                "message": _first_lines(comp.log), "log": comp.log[-LOG_TAIL:],
+                "violations": list(getattr(comp, "violations", []) or [])}
+    vr = harness.run_and_verify(candidate, matrix, verify_n_values(ctx), ctx.dtype, backend, seed=ctx.seed,
+                                timeout=ctx.verify_timeout_s, pool=harness_pool(ctx, state))
+    out = vr.model_dump(mode="json")
+    out["log"] = (out.get("log") or "")[-LOG_TAIL:]
+    return out
+
+
+def _first_lines(text: str, n: int = 3, limit: int = 600) -> str:
+    lines = [ln for ln in (text or "").splitlines() if ln.strip()]
+    # Compiler errors put the useful line last more often than first.
+    picked = lines[-n:] if lines else []
+    return "\n".join(picked)[:limit]
+
+
+def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder", "profiler", "planner"]]:
+    ctx = effective_context(runtime.context, state)
+    run_hook(ctx, "debugger", state)
+    from sparseditto.agents.planner import _record
+    from sparseditto.artifacts import get_matrix
+
+    current = dict(state["current"])
+    spec = current["spec"]
+    attempt = int(current.get("attempt", 1))
+    candidate = candidate_from_current(current)
+    matrix = get_matrix(state["matrix_key"])
+    emit("debugger", f"verifying {spec['template']} (attempt {attempt}) on {resolved_backend(ctx)} at N="
+                     f"{verify_n_values(ctx)}")
+    outcome = check_candidate(candidate, matrix, ctx, state)
+
+    if outcome["ok"]:
+        checks = outcome.get("checks") or []
+        worst = max((c.get("tol_ratio", 0.0) for c in checks), default=0.0)
+        why = (f"{spec['template']} verified: {len(checks)} numeric checks at N={verify_n_values(ctx)}, "
+               f"worst error {worst:.2f} of tolerance")
+        d = decision("debugger", "verified", why, template=spec["template"], attempt=attempt)
+        emit("debugger", why)
+        _record(ctx, state, "debugger", "feedback", {**d, "status": "verified"})
+        current["verify"] = {"status": "verified", "checks": len(checks), "worst_tol_ratio": worst,
+                             "seconds": outcome.get("seconds")}
+        return Command(goto="profiler", update={"current": current, "decisions": [d]})
+
+    # ---- failure: classify, record, route ---------------------------------------------------------
+    failure = FailureReport(template=spec["template"], params=spec.get("params") or {}, status=outcome["status"],
+                            message=outcome.get("message") or "", log=outcome.get("log") or "", attempt=attempt)
+    policy = run_policy(ctx, state.get("run_id", ""))
+    diag, events, usage = call_policy(policy, "diagnose", failure, current["source"], node="debugger")
+    failure_class = diag.failure_class or outcome.get("failure_class") or outcome["status"]
+    record = failure_record(current, outcome, failure_class, diag.rationale)
+    mem = run_memory(ctx)
+    if mem is not None and state.get("memory_run_id"):
+        try:
+            mem.record_candidate(
+                state["memory_run_id"], step=current.get("index"), template=spec["template"],
+                params=spec.get("params") or {}, source=current["source"], origin=current.get("origin"),
+                status=outcome["status"], failure_class=failure_class, message=record["message"][:2000],
+                rationale=spec.get("rationale"), backend=current.get("backend"))
+        except Exception as exc:  # pragma: no cover
+            emit("debugger", f"memory: could not record candidate ({exc})")
+
+    can_retry = attempt <= ctx.max_debug_attempts
+    update: dict[str, Any] = {"candidates": [record], "events": events, "token_usage": usage}
+    last_failure = {"status": outcome["status"], "failure_class": failure_class,
+                    "message": record["message"], "log": outcome.get("log", "")[-LOG_TAIL:],
+                    "diagnosis": diag.rationale}
+    if diag.action == "retry_params" and diag.params and can_retry:
+        new_spec = dict(spec, params=diag.params, source=None,
+                        rationale=f"{spec.get('rationale', '')} [retry: {diag.rationale}]".strip())
+        nxt = dict(current, spec=new_spec, attempt=attempt + 1, last_failure=last_failure, source=None)
+        goto, action = "coder", "retry_params"
+    elif diag.action == "retry_source" and can_retry:
+        nxt = dict(current, attempt=attempt + 1, last_failure=last_failure, fixed_source=diag.source)
+        goto, action = "coder", "retry_source"
+    else:
+        nxt = None
+        goto = "planner"
+        action = diag.action if diag.action in ("switch_template", "give_up") else "give_up"
+        if diag.action in ("retry_params", "retry_source") and not can_retry:
+            action = "give_up"
+        if action == "switch_template" and diag.template and diag.template != spec["template"]:
+            update["queue"] = [{"template": diag.template, "params": {}, "origin": "template", "pinned": True,
+                                "rationale": f"debugger: switch from {spec['template']} ({diag.rationale})"}] + \
+                list(state.get("queue") or [])
+    why = f"{spec['template']} attempt {attempt} failed ({failure_class}): {diag.rationale}"
+    if diag.action in ("retry_params", "retry_source") and not can_retry:
+        why += f"; out of debug attempts ({ctx.max_debug_attempts})"
+    d = decision("debugger", action, why, template=spec["template"], attempt=attempt, failure_class=failure_class)
+    emit("debugger", why)
+    _record(ctx, state, "debugger", "feedback", {**d, "status": outcome["status"],
+                                                 "message": record["message"][:1000]})
+    update.update(current=nxt, decisions=[d])
+    return Command(goto=goto, update=update)
+
+
+def failure_record(current: dict, outcome: dict, failure_class: str, diagnosis: str) -> dict:
+    spec = current["spec"]
+    return {
+        "index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
+        "params": spec.get("params") or {}, "origin": current.get("origin") or spec.get("origin"),
+        "rationale": spec.get("rationale", ""), "source": current["source"], "source_hash": current.get("source_hash"),
+        "backend": current.get("backend"), "status": outcome["status"], "failure_class": failure_class,
+        "message": (outcome.get("message") or "")[:4000], "diagnosis": diagnosis,
+        "expected_ms": spec.get("expected_ms"),
+    }

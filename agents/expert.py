@@ -1,0 +1,434 @@
+"""The expert policy: the deterministic, no-LLM brain that runs on a fresh machine.
+
+It plans like a performance engineer with a roofline in hand:
+
+1. **Memory first.** An exact hit (same pattern signature, N bucket, dtype, GPU) is re-verified
+   before anything else and, once verified, ends the search; a near neighbour's best template and
+   parameters are tried first.
+2. **Rank by the cost model, nudged by the pattern class.** Every applicable template comes with a
+   roofline estimate at the main N on the target (bytes of A in its format + B + C over bandwidth,
+   or flops over the relevant peak). The pattern class breaks near-ties the way the literature
+   says it should (2:4 -> N:M compressed, blocks -> BSR on tensor cores, skewed rows -> nnz-balanced
+   CSR, ...), since the cost model ignores load balance and launch shapes.
+3. **Skip what cannot win.** A template whose estimate is far worse than dense's roofline is not
+   worth a compile; when nothing is left, dense is the honest answer.
+4. **Bounded autotuning.** Once a template has a measured time, try its neighbouring parameter
+   values (one legal step in BLOCK_N / num_warps / ...), best estimate first.
+5. **Stop** on budget, on a plateau (``plateau`` candidates without ``plateau_gain`` improvement),
+   or when the best is within ``near_roofline`` of the best achievable roofline.
+
+Interpreter timings (CPU) say nothing about GPU speed, so without GPU timings the policy neither
+refines parameters nor applies the plateau/roofline tests: it walks the ranked template list.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sparseditto.agents.policy import (
+    CandidateSpec,
+    CodeProposal,
+    Diagnosis,
+    FailureReport,
+    PlanDecision,
+    PlanningInput,
+    TriedCandidate,
+)
+
+# Failures that condemn a template for the rest of the run (not just one parameter set): the
+# kernel computes the wrong thing, cheats, or kills its worker whatever the tile sizes.
+FATAL_CLASSES = {"wrong_result", "unwritten", "input_modified", "static_rejected", "cheating", "crash",
+                 "timeout", "nan_output"}
+# Parameters that set tile sizes / pipeline depth: shrinking them cuts shared memory and registers.
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_SIZE", "BM", "BN", "BK", "TILE_M", "TILE_N", "TILE_K",
+             "num_stages", "ROWS_PER_PROGRAM", "GROUP_SIZE")
+# Parameters worth a neighbouring step when refining a measured template.
+TUNE_KEYS = ("BLOCK_N", "num_warps", "BLOCK_M", "BLOCK_K", "num_stages", "ROWS_PER_PROGRAM", "SPLIT_K")
+
+# Pattern class -> templates in the order the literature favours for it. The first gets the
+# biggest nudge; templates not listed compete on their estimate alone.
+PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
+    "nm": ("nm_compressed", "nm_cusparselt", "bitmap_tiles", "csr_rowsplit"),
+    "nm_2_4": ("nm_compressed", "nm_cusparselt", "bitmap_tiles"),
+    "block": ("bsr_tc", "blocked_ell", "bitmap_tiles"),
+    "row_pruned": ("compact_rows_cols", "csr_rowsplit"),
+    "col_pruned": ("compact_rows_cols", "bitmap_tiles"),
+    "row_col_pruned": ("compact_rows_cols",),
+    "channel_pruned": ("compact_rows_cols",),
+    "power_law": ("csr_balanced", "csr_rowsplit"),
+    "banded": ("bsr_tc", "csr_rowsplit", "bitmap_tiles"),
+    "diagonal": ("bsr_tc", "csr_rowsplit"),
+}
+NUDGE = (0.7, 0.85, 0.95)
+DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
+EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
+
+
+def params_key(template: str, params: dict | None) -> str:
+    """Canonical identity of a template instance (dedupe across plans, memory and retries)."""
+    return template + ":" + json.dumps(params or {}, sort_keys=True, default=str)
+
+
+def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
+    """Templates the pattern class points to, most natural first (see PATTERN_PREFERENCES)."""
+    pattern = str(report.get("pattern") or "unstructured")
+    if pattern in PATTERN_PREFERENCES:
+        return PATTERN_PREFERENCES[pattern]
+    sparsity = float(report.get("sparsity") or 0.0)
+    if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
+        if sparsity >= 0.95:
+            return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
+        if sparsity >= 0.5 and n <= 64:
+            return ("bitmap_tiles", "csr_rowsplit", "csr_balanced")
+        return ("csr_rowsplit", "bitmap_tiles", "csr_balanced")
+    return ()
+
+
+def is_dense_pattern(report: dict) -> bool:
+    pattern = str(report.get("pattern") or "")
+    density = float(report.get("density") or 0.0)
+    return pattern in ("dense", "near_dense") or density >= 0.9
+
+
+class ExpertPolicy:
+    """Rules + roofline cost model + memory priors + bounded autotuning. Deterministic."""
+
+    name = "expert"
+
+    def __init__(self, near_roofline: float = 0.8, plateau: int = 2, plateau_gain: float = 0.03,
+                 explore_templates: int = EXPLORE_TEMPLATES):
+        if not 0.0 < near_roofline <= 1.0:
+            raise ValueError(f"near_roofline must be in (0, 1], got {near_roofline}.")
+        if plateau < 1:
+            raise ValueError(f"plateau must be >= 1 candidate, got {plateau}.")
+        self.near_roofline = float(near_roofline)
+        self.plateau = int(plateau)
+        self.plateau_gain = float(plateau_gain)
+        self.explore_templates = int(explore_templates)
+
+    # ---- plan ---------------------------------------------------------------------------------
+    def plan(self, inp: PlanningInput) -> PlanDecision:
+        tried = {params_key(t.template, t.params) for t in inp.tried}
+        tried_sources = {h.get("source_hash") for h in inp.memory_hits if h.get("tried")}
+        gpu_timings = bool(inp.target.get("timings_are_gpu", True))
+        n = int(inp.n_values[0]) if inp.n_values else 16
+        report = inp.report
+
+        if inp.budget_left <= 0:
+            return self._stop(f"budget exhausted after {len(inp.tried)} candidate(s)", inp)
+
+        exact = next((h for h in inp.memory_hits if h.get("kind") == "exact"), None)
+        if exact is not None:
+            decision = self._exact_hit(exact, inp, tried, tried_sources)
+            if decision is not None:
+                return decision
+
+        if gpu_timings and inp.best is not None:
+            stop = self._convergence(inp)
+            if stop:
+                return self._stop(stop, inp)
+
+        if is_dense_pattern(report) and not inp.tried:
+            return self._stop(
+                f"pattern '{report.get('pattern')}' at density {float(report.get('density') or 0):.2f}: "
+                "no sparse format reads fewer bytes than dense, so cuBLAS dense is the answer", inp)
+
+        ranked, skipped = self._rank(inp, n)
+        if not ranked:
+            why = "; ".join(skipped[:3]) if skipped else "no applicable template"
+            return self._stop(f"nothing left worth trying ({why}); dense stays", inp)
+
+        plan: list[CandidateSpec] = []
+        seen = set(tried)
+
+        def add(spec: CandidateSpec) -> None:
+            key = params_key(spec.template, spec.params)
+            if key not in seen:
+                seen.add(key)
+                plan.append(spec)
+
+        # Neighbour prior: the closest remembered pattern's winner goes first.
+        neighbour = self._neighbour_prior(inp, ranked)
+        if neighbour is not None:
+            add(neighbour)
+
+        failed_templates = self._failed_templates(inp.tried)
+        explore = [self._first_spec(t, ranked_pos, inp) for ranked_pos, t in enumerate(ranked)
+                   if t["name"] not in {x.template for x in inp.tried} and t["name"] not in failed_templates]
+        refine = self._refinements(inp, ranked) if (gpu_timings and inp.best is not None) else []
+
+        distinct_measured = {t.template for t in inp.tried if t.status == "verified"}
+        if len(distinct_measured) < self.explore_templates:
+            head = self.explore_templates - len(distinct_measured)
+            for spec in explore[:head]:
+                add(spec)
+            for spec in refine:
+                add(spec)
+            for spec in explore[head:]:
+                add(spec)
+        else:
+            for spec in refine:
+                add(spec)
+            for spec in explore:
+                add(spec)
+        # Last resort: other grid points of templates that verified but were never refined
+        # (interpreter runs never refine, so this is what keeps a big budget busy there).
+        if not plan:
+            for t in ranked:
+                if t["name"] in failed_templates:
+                    continue
+                for g in t.get("grid") or []:
+                    add(CandidateSpec(template=t["name"], params=dict(g["params"]), expected_ms=g.get("estimate_ms"),
+                                      rationale=f"{t['name']} at another grid point "
+                                                f"(estimate {_fmt_ms(g.get('estimate_ms'))})"))
+        if not plan:
+            return self._stop("every applicable template and parameter set has been tried", inp)
+        plan = plan[: max(inp.budget_left, 1)]
+        first = plan[0]
+        rationale = first.rationale or f"try {first.template}"
+        if len(plan) > 1:
+            rationale += f"; then {', '.join(s.template for s in plan[1:4])}"
+        return PlanDecision(action="try", candidates=plan, rationale=rationale)
+
+    def _stop(self, why: str, inp: PlanningInput) -> PlanDecision:
+        return PlanDecision(action="stop", candidates=[], rationale=why)
+
+    def _exact_hit(self, exact: dict, inp: PlanningInput, tried: set, tried_sources: set) -> PlanDecision | None:
+        template = exact.get("template") or "dense"
+        params = exact.get("params") or {}
+        if template == "dense":
+            return self._stop(
+                f"memory exact hit (run {exact.get('run_id', '?')}): dense was best for this pattern, "
+                f"{exact.get('reason') or 'no sparse kernel beat it'}", inp)
+        key = params_key(template, params)
+        if key not in tried:
+            spec = CandidateSpec(
+                template=template, params=params, source=exact.get("source"), origin="memory",
+                expected_ms=exact.get("median_ms"),
+                rationale=(f"memory exact hit: {template} {_fmt_params(params)} was best for this pattern "
+                           f"(speedup {_fmt_x(exact.get('speedup_vs_dense'))} on {exact.get('gpu', '?')}); "
+                           "re-verify it first"))
+            return PlanDecision(action="try", candidates=[spec], rationale=spec.rationale)
+        mine = next((t for t in inp.tried if params_key(t.template, t.params) == key), None)
+        if mine is not None and mine.status == "verified":
+            return self._stop(f"memory exact hit {template} re-verified "
+                              f"({_fmt_ms(mine.median_ms)}); the earlier search already covered this pattern", inp)
+        return None  # the stored kernel failed here: search as if there were no hit
+
+    def _convergence(self, inp: PlanningInput) -> str | None:
+        best = inp.best
+        if best.median_ms and inp.roofline_ms and best.median_ms <= inp.roofline_ms / self.near_roofline:
+            return (f"best {best.template} at {_fmt_ms(best.median_ms)} is within "
+                    f"{self.near_roofline:.0%} of the best roofline ({_fmt_ms(inp.roofline_ms)})")
+        if best.pct_of_roofline is not None and best.pct_of_roofline >= self.near_roofline * 100:
+            return (f"best {best.template} runs at {best.pct_of_roofline:.0f}% of its roofline "
+                    f"(>= {self.near_roofline:.0%})")
+        timed = [t.median_ms for t in inp.tried if t.status == "verified" and t.median_ms]
+        if len(timed) > self.plateau:
+            running = timed[0]
+            since = 0
+            for ms in timed[1:]:
+                if ms < running * (1.0 - self.plateau_gain):
+                    running, since = ms, 0
+                else:
+                    since += 1
+                    running = min(running, ms)
+            if since >= self.plateau:
+                return (f"plateau: the last {since} candidates improved less than "
+                        f"{self.plateau_gain:.0%} on {_fmt_ms(running)}")
+        return None
+
+    def _rank(self, inp: PlanningInput, n: int) -> tuple[list[dict], list[str]]:
+        dense = next((t for t in inp.templates if t.get("name") == "dense"), None)
+        dense_est = dense.get("estimate_ms") if dense else None
+        prefs = pattern_preferences(inp.report, n)
+        failed = self._failed_templates(inp.tried)
+        scored, skipped = [], []
+        for t in inp.templates:
+            name = t.get("name")
+            if name == "dense" or t.get("builtin"):
+                continue
+            if name in failed:
+                skipped.append(f"{name}: failed earlier ({failed[name]})")
+                continue
+            est = t.get("estimate_ms")
+            if est is None:
+                continue
+            if dense_est and est > dense_est * DENSE_MARGIN:
+                skipped.append(f"{name}: estimate {_fmt_ms(est)} vs dense {_fmt_ms(dense_est)}")
+                continue
+            nudge = NUDGE[prefs.index(name)] if name in prefs[: len(NUDGE)] else 1.0
+            scored.append((est * nudge, name, t))
+        scored.sort(key=lambda x: (x[0], x[1]))
+        return [t for _, _, t in scored], skipped
+
+    def _first_spec(self, t: dict, pos: int, inp: PlanningInput) -> CandidateSpec:
+        grid = t.get("grid") or []
+        params = dict(grid[0]["params"]) if grid else dict(t.get("default_params") or {})
+        est = grid[0].get("estimate_ms") if grid else t.get("estimate_ms")
+        prefs = pattern_preferences(inp.report, int(inp.n_values[0]) if inp.n_values else 16)
+        why = f"{t['name']}: roofline estimate {_fmt_ms(est)}"
+        dense = next((x for x in inp.templates if x.get("name") == "dense"), None)
+        if dense and dense.get("estimate_ms") and est:
+            why += f" vs dense {_fmt_ms(dense['estimate_ms'])}"
+        if t["name"] in prefs:
+            why += f", natural fit for pattern '{inp.report.get('pattern')}'"
+        if t.get("bound"):
+            why += f" ({t['bound']}-bound)"
+        return CandidateSpec(template=t["name"], params=params, expected_ms=est, rationale=why)
+
+    def _neighbour_prior(self, inp: PlanningInput, ranked: list[dict]) -> CandidateSpec | None:
+        names = {t["name"] for t in ranked}
+        tried_templates = {t.template for t in inp.tried}
+        for hit in inp.memory_hits:
+            if hit.get("kind") != "neighbour":
+                continue
+            template = hit.get("template")
+            if not template or template == "dense" or template not in names or template in tried_templates:
+                continue
+            est = next((t.get("estimate_ms") for t in ranked if t["name"] == template), None)
+            return CandidateSpec(
+                template=template, params=dict(hit.get("params") or {}), origin="memory", expected_ms=est,
+                rationale=(f"memory neighbour '{hit.get('matrix_name', '?')}' ({hit.get('pattern', '?')}, "
+                           f"distance {float(hit.get('distance') or 0):.3f}) was fastest with {template} "
+                           f"{_fmt_params(hit.get('params') or {})}"))
+        return None
+
+    @staticmethod
+    def _failed_templates(tried: list[TriedCandidate]) -> dict[str, str]:
+        """Templates to drop: one fatal failure, or two failures of any kind."""
+        counts: dict[str, int] = {}
+        out: dict[str, str] = {}
+        for t in tried:
+            if t.status == "verified":
+                continue
+            cls = t.failure_class or t.status
+            counts[t.template] = counts.get(t.template, 0) + 1
+            if cls in FATAL_CLASSES or counts[t.template] >= 2:
+                out[t.template] = cls
+        return out
+
+    def _refinements(self, inp: PlanningInput, ranked: list[dict]) -> list[CandidateSpec]:
+        """Neighbouring parameter values of the best measured template, best estimate first."""
+        best = inp.best
+        t = next((x for x in ranked if x["name"] == best.template), None)
+        if t is None:
+            return []
+        legal: dict[str, list] = t.get("params") or {}
+        estimates = {json.dumps(g["params"], sort_keys=True, default=str): g.get("estimate_ms")
+                     for g in t.get("grid") or []}
+        out = []
+        for key in TUNE_KEYS:
+            if key not in best.params or key not in legal:
+                continue
+            values = list(legal[key])
+            if best.params[key] not in values:
+                continue
+            i = values.index(best.params[key])
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(values) and values[j] != "auto":
+                    params = dict(best.params, **{key: values[j]})
+                    est = estimates.get(json.dumps(params, sort_keys=True, default=str), best.median_ms)
+                    out.append(CandidateSpec(
+                        template=best.template, params=params, expected_ms=est,
+                        rationale=(f"refine best {best.template} ({_fmt_ms(best.median_ms)}): "
+                                   f"{key} {best.params[key]} -> {values[j]}")))
+        out.sort(key=lambda s: (s.expected_ms if s.expected_ms is not None else float("inf")))
+        return out
+
+    # ---- code ---------------------------------------------------------------------------------
+    def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None) -> CodeProposal:
+        if spec.source:
+            return CodeProposal(source=spec.source, origin=spec.origin,
+                                rationale=f"reuse the given {spec.template} source ({spec.origin})")
+        from sparseditto.kernel_templates.registry import get_template
+
+        cand = get_template(spec.template).instantiate(spec.params)
+        origin = spec.origin if spec.origin != "llm" else "template"
+        return CodeProposal(source=cand.source, origin=origin,
+                            rationale=f"instantiate template {spec.template} with {_fmt_params(spec.params)}")
+
+    # ---- diagnose -----------------------------------------------------------------------------
+    def diagnose(self, failure: FailureReport, source: str) -> Diagnosis:
+        status = (failure.status or "").lower()
+        text = f"{failure.message}\n{failure.log}".lower()
+        if status in ("static_rejected", "cheating") or "static check" in text:
+            return Diagnosis(failure_class="static_rejected", action="give_up",
+                             rationale=f"static checks rejected the source ({_first_line(failure.message)}); "
+                                       "not fixable by tuning")
+        if _is_resource_overflow(text):
+            smaller = self._smaller_tiles(failure.template, failure.params)
+            if smaller is not None:
+                changed = ", ".join(f"{k} {failure.params.get(k)}->{v}" for k, v in smaller.items()
+                                    if failure.params.get(k) != v)
+                return Diagnosis(failure_class="shared_memory_overflow", action="retry_params", params=smaller,
+                                 rationale=f"out of on-chip resources; retry with smaller tiles ({changed})")
+            return Diagnosis(failure_class="shared_memory_overflow", action="switch_template",
+                             rationale="out of on-chip resources at the smallest legal tiles; try another template")
+        if status in ("compile_error", "compile_failed") or "compil" in status:
+            return Diagnosis(failure_class="compile_error", action="switch_template",
+                             rationale=f"does not compile ({_first_line(failure.message)}); try another template")
+        for cls in ("wrong_result", "unwritten", "input_modified", "nan_output"):
+            if status == cls:
+                return Diagnosis(failure_class=cls, action="give_up",
+                                 rationale=f"{cls.replace('_', ' ')}: {_first_line(failure.message)}; "
+                                           "a correctness bug, not a tuning problem")
+        if status in ("timeout",) or "timed out" in text:
+            return Diagnosis(failure_class="timeout", action="give_up",
+                             rationale="the worker timed out; give up on this candidate")
+        if status in ("crash", "illegal_address", "worker_died") or "illegal" in text or "segmentation" in text:
+            return Diagnosis(failure_class="crash", action="give_up",
+                             rationale=f"the worker crashed ({_first_line(failure.message)}); give up")
+        if "wrong" in status or "mismatch" in text:
+            return Diagnosis(failure_class="wrong_result", action="give_up",
+                             rationale=f"numeric mismatch: {_first_line(failure.message)}")
+        return Diagnosis(failure_class=status or "unknown", action="give_up",
+                         rationale=f"unclassified failure '{status}': {_first_line(failure.message)}")
+
+    @staticmethod
+    def _smaller_tiles(template: str, params: dict) -> dict | None:
+        """Same parameters with every tile size one legal step smaller (None when none can shrink)."""
+        try:
+            from sparseditto.kernel_templates.registry import get_template
+
+            legal = get_template(template).params
+        except Exception:
+            return None
+        out, changed = dict(params), False
+        for key in TILE_KEYS:
+            if key not in params or key not in legal:
+                continue
+            values = [v for v in legal[key] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            smaller = sorted(v for v in values if v < params[key]) if isinstance(params[key], (int, float)) else []
+            if smaller:
+                out[key] = smaller[-1]
+                changed = True
+        return out if changed else None
+
+
+def _is_resource_overflow(text: str) -> bool:
+    return bool(re.search(r"out of resource|shared memory|smem|too many resources|register", text))
+
+
+def _first_line(text: str | None, limit: int = 160) -> str:
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line:
+            return line[:limit]
+    return "no message"
+
+
+def _fmt_ms(ms: Any) -> str:
+    if ms is None:
+        return "?"
+    ms = float(ms)
+    return f"{ms * 1000:.1f} us" if ms < 1.0 else f"{ms:.3f} ms"
+
+
+def _fmt_x(x: Any) -> str:
+    return "?" if x is None else f"{float(x):.2f}x"
+
+
+def _fmt_params(params: dict) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items())) + "}"

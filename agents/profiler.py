@@ -1,0 +1,235 @@
+"""Profiler node: how fast is the verified candidate, against what, and what limits it?
+
+It benchmarks the candidate at the main N with dense (cuBLAS, or CPU torch.matmul on the
+interpreter) and the vendor sparse baselines measured in the same process, runs Nsight Compute
+when on a GPU with ``ncu`` installed (a note otherwise), and sums the result up in one line the
+planner and the user can act on: memory-bound at X% of roofline, launch-bound, or compute-bound.
+
+% of roofline = the format's roofline time on the GPU that measured (bytes of A in this format +
+B + C over its bandwidth, or flops over peak) / the measured time. On the Triton interpreter the
+timings are CPU timings, so no roofline percentage is claimed; the record says so.
+"""
+from __future__ import annotations
+
+import shutil
+from typing import Any, Literal
+
+from langgraph.runtime import Runtime
+from langgraph.types import Command
+
+from sparseditto.graphs.state import (
+    Context,
+    State,
+    decision,
+    effective_context,
+    emit,
+    main_n,
+    resolved_backend,
+    run_hook,
+    run_memory,
+)
+
+LAUNCH_BOUND_US = 8.0     # below this a kernel is dominated by launch + tail, not by its bytes
+
+
+def _timing(t) -> dict | None:
+    if t is None:
+        return None
+    return t.model_dump(mode="json") if hasattr(t, "model_dump") else dict(t)
+
+
+def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float | None,
+                       metrics: dict | None, gpu_name: str) -> str:
+    """One line: what limits this kernel (the planner reads it, the user sees it)."""
+    if not gpu:
+        line = f"interpreter run on the CPU: {median_ms:.2f} ms is not a GPU timing"
+        if est:
+            line += f"; roofline estimate {est['estimate_ms'] * 1e3:.1f} us ({est['bound']}-bound) on the target"
+        return line
+    us = median_ms * 1e3
+    if est is None or pct is None:
+        line = f"{us:.1f} us on {gpu_name}; no roofline model for this source"
+    elif us < LAUNCH_BOUND_US and pct < 50:
+        line = (f"launch-bound: {us:.1f} us total against a {est['measured_ms'] * 1e3:.1f} us roofline; "
+                "launch overhead and tail dominate")
+    elif est["bound"] == "memory":
+        achieved = est["bytes"] / (median_ms * 1e-3) / 1e9
+        line = (f"memory-bound at {pct:.0f}% of roofline ({est['bytes'] / 1e6:.2f} MB at {achieved:.0f} GB/s)")
+    else:
+        line = f"compute-bound at {pct:.0f}% of the roofline peak"
+    if metrics:
+        bits = []
+        for key, label in (("dram_throughput_pct", "DRAM"), ("sm_throughput_pct", "SM"),
+                           ("achieved_occupancy_pct", "occupancy"), ("l2_hit_rate_pct", "L2 hit")):
+            if key in metrics:
+                bits.append(f"{label} {metrics[key]:.0f}%")
+        if bits:
+            line += " [ncu: " + ", ".join(bits) + "]"
+    return line
+
+
+def roofline_for(state: dict, ctx: Context, template: str, params: dict) -> dict | None:
+    """Estimate of this template instance: on the plan target (ranking) and on the measuring GPU."""
+    from sparseditto.agents.planner import measured_target, plan_target, report_model
+
+    try:
+        from sparseditto.kernel_templates.registry import get_template
+
+        t = get_template(template)
+    except Exception:
+        return None
+    if getattr(t, "backend", None) == "builtin":
+        return None
+    target, _ = plan_target(ctx)
+    rep = report_model(state["report"])
+    n = main_n(ctx)
+    try:
+        est = t.cost(rep, n, ctx.dtype, target, params)
+        gpu_target = measured_target(ctx)
+        est_gpu = t.cost(rep, n, ctx.dtype, gpu_target, params) if gpu_target is not None else est
+    except Exception:
+        return None
+    return {"estimate_ms": est.seconds * 1e3, "measured_ms": est_gpu.seconds * 1e3, "bound": est_gpu.bound,
+            "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops)}
+
+
+def bench_dense(state: dict, ctx: Context) -> dict:
+    """Time dense alone through the harness's builtin dense entry (used when no candidate ran)."""
+    from sparseditto import harness
+    from sparseditto.artifacts import get_matrix
+    from sparseditto.kernel_templates.registry import get_template
+
+    matrix = get_matrix(state["matrix_key"])
+    cand = get_template("dense").instantiate({})
+    res = harness.bench(cand, matrix, main_n(ctx), ctx.dtype, resolved_backend(ctx), repeats=ctx.bench_repeats,
+                        baselines=[], pool=None)
+    return dense_record(res)
+
+
+def dense_record(res) -> dict:
+    d = _timing(res.dense) or {}
+    return {**d, "n": res.n, "gpu_name": res.gpu_name, "timings_are_gpu": res.timings_are_gpu,
+            "graph": _timing(getattr(res, "dense_graph", None))}
+
+
+def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planner"]]:
+    ctx = effective_context(runtime.context, state)
+    run_hook(ctx, "profiler", state)
+    from sparseditto import harness
+    from sparseditto.agents.debugger import candidate_from_current, harness_pool
+    from sparseditto.agents.planner import _record
+    from sparseditto.artifacts import get_matrix
+
+    current = dict(state["current"])
+    spec = current["spec"]
+    params = spec.get("params") or {}
+    backend = resolved_backend(ctx)
+    gpu = backend == "cuda"
+    n = main_n(ctx)
+    candidate = candidate_from_current(current)
+    matrix = get_matrix(state["matrix_key"])
+    emit("profiler", f"benchmarking {spec['template']} at N={n} on {backend}")
+    base = {
+        "index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
+        "params": params, "origin": current.get("origin") or spec.get("origin"),
+        "rationale": spec.get("rationale", ""), "source": current["source"], "source_hash": current.get("source_hash"),
+        "backend": current.get("backend"),
+    }
+    try:
+        res = harness.bench(candidate, matrix, n, ctx.dtype, backend, repeats=ctx.bench_repeats,
+                            baselines=ctx.baselines, pool=harness_pool(ctx, state))
+    except Exception as exc:
+        res, bench_error = None, f"{type(exc).__name__}: {exc}"
+    else:
+        bench_error = None if res.reverified else f"re-verification after timing failed: {res.reverify_message}"
+    if res is None or bench_error:
+        record = {**base, "status": "bench_failed", "failure_class": "bench_failed" if res is None else "unstable",
+                  "message": bench_error}
+        d = decision("profiler", "bench_failed", f"{spec['template']}: {bench_error}", template=spec["template"])
+        emit("profiler", d["rationale"])
+        _record(ctx, state, "profiler", "outcome", d)
+        _memory_candidate(ctx, state, record)
+        return Command(goto="planner", update={"candidates": [record], "current": None, "decisions": [d]})
+
+    est = roofline_for(state, ctx, spec["template"], params)
+    median_ms = res.candidate.median_ms
+    pct = 100.0 * est["measured_ms"] / median_ms if (gpu and est and median_ms > 0) else None
+    metrics: dict[str, Any] = {}
+    ncu_note = None
+    if gpu and shutil.which("ncu"):
+        try:
+            ncu = harness.profile_ncu(candidate, matrix, n, ctx.dtype)
+            metrics = dict(ncu.metrics) if ncu.available else {}
+            ncu_note = None if ncu.available else ncu.note
+        except Exception as exc:
+            ncu_note = f"ncu failed: {exc}"
+    else:
+        ncu_note = "ncu skipped: " + ("not on a GPU backend" if not gpu else "ncu not on PATH")
+    summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name)
+    dense = dense_record(res)
+    record = {
+        **base, "status": "verified", "failure_class": None, "message": "",
+        "median_ms": median_ms, "p10_ms": res.candidate.p10_ms, "p90_ms": res.candidate.p90_ms,
+        "graph_ms": res.candidate_graph.median_ms if res.candidate_graph else None,
+        "dense_ms": res.dense.median_ms, "conversion_ms": res.conversion_ms,
+        "speedup_vs_dense": res.speedup_vs_dense if gpu else None,
+        "cpu_speedup_vs_dense": None if gpu else res.speedup_vs_dense,
+        "speedup_vs_best_baseline": res.speedup_vs_best_baseline if gpu else None,
+        "best_baseline": res.best_baseline,
+        "baselines": {b.name: (b.timing.median_ms if b.ok and b.timing else None) for b in res.baselines},
+        "baseline_notes": {b.name: (b.error or b.note) for b in res.baselines if not b.ok or b.note},
+        "expected_ms": est["estimate_ms"] if est else spec.get("expected_ms"),
+        "pct_of_roofline": pct, "bottleneck": summary, "metrics": metrics, "ncu_note": ncu_note,
+        "timings_are_gpu": res.timings_are_gpu, "gpu_name": res.gpu_name, "n": n,
+        "verify": current.get("verify"), "notes": list(res.notes),
+    }
+    record["memory_candidate_id"] = _memory_candidate(ctx, state, record)
+    best = state.get("best")
+    improved = best is None or _better(record, best, gpu)
+    if gpu:
+        why = (f"{spec['template']}: {median_ms * 1e3:.1f} us vs dense {res.dense.median_ms * 1e3:.1f} us "
+               f"({res.speedup_vs_dense:.2f}x); {summary}")
+    else:
+        why = f"{spec['template']}: {summary}"
+    why += "; new best" if improved else f"; best stays {best['template']}"
+    d = decision("profiler", "profiled", why, template=spec["template"], median_ms=median_ms,
+                 pct_of_roofline=pct)
+    emit("profiler", why)
+    _record(ctx, state, "profiler", "outcome", {**d, "bottleneck": summary})
+    update: dict[str, Any] = {"candidates": [record], "current": None, "decisions": [d]}
+    if improved:
+        update["best"] = record
+        update["dense"] = dense
+    elif not state.get("dense"):
+        update["dense"] = dense
+    return Command(goto="planner", update=update)
+
+
+def _better(record: dict, best: dict, gpu: bool) -> bool:
+    """GPU: faster measured time. Interpreter: lower roofline estimate (CPU time ranks nothing)."""
+    if gpu:
+        return (record.get("median_ms") or float("inf")) < (best.get("median_ms") or float("inf"))
+    return (record.get("expected_ms") or float("inf")) < (best.get("expected_ms") or float("inf"))
+
+
+def _memory_candidate(ctx: Context, state: dict, record: dict) -> str | None:
+    mem = run_memory(ctx)
+    if mem is None or not state.get("memory_run_id"):
+        return None
+    timings = {k: record.get(k) for k in ("median_ms", "p10_ms", "p90_ms", "graph_ms", "dense_ms", "conversion_ms",
+                                          "speedup_vs_dense", "cpu_speedup_vs_dense", "expected_ms") if
+               record.get(k) is not None}
+    timings["timings_are_gpu"] = record.get("timings_are_gpu")
+    metrics = dict(record.get("metrics") or {})
+    if record.get("pct_of_roofline") is not None:
+        metrics["pct_of_roofline"] = record["pct_of_roofline"]
+    try:
+        return mem.record_candidate(
+            state["memory_run_id"], step=record.get("index"), template=record["template"], params=record["params"],
+            source=record["source"], origin=record.get("origin"), status=record["status"],
+            failure_class=record.get("failure_class"), message=(record.get("message") or "")[:2000],
+            timings=timings or None, metrics=metrics or None,
+            rationale=record.get("rationale"), backend=record.get("backend"))
+    except Exception as exc:  # pragma: no cover
+        emit("profiler", f"memory: could not record candidate ({exc})")
+        return None

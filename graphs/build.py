@@ -1,0 +1,53 @@
+"""Wire the five agents (plus finalize) into one LangGraph StateGraph.
+
+Nodes route themselves by returning ``Command(goto=...)`` with ``Command[Literal[...]]`` return
+annotations, so the only static edge is the entry; LangGraph (and Studio) read the annotations and
+draw the real edges:
+
+    START -> planner -> analyzer -> planner -> coder -> debugger <-> coder
+                                                      debugger -> profiler -> planner ... -> finalize -> END
+                                                      debugger -> planner (gave up / switch template)
+
+`build_graph(entry="load_input")` puts a loader in front for LangGraph Studio, where a person
+types a matrix path and settings instead of handing over an in-memory matrix.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from langgraph.graph import START, StateGraph
+
+from sparseditto.agents.analyzer import analyzer
+from sparseditto.agents.coder import coder
+from sparseditto.agents.debugger import debugger
+from sparseditto.agents.planner import finalize, planner
+from sparseditto.agents.profiler import profiler
+from sparseditto.graphs.state import Context, InputState, State
+
+NODES = ("planner", "analyzer", "coder", "debugger", "profiler", "finalize")
+
+
+def build_graph(entry: Literal["planner", "load_input"] = "planner") -> StateGraph:
+    """The uncompiled graph. Compile it with a checkpointer (run_graph) or without (Studio)."""
+    if entry == "load_input":
+        from sparseditto.graphs.studio import load_input
+
+        builder = StateGraph(State, context_schema=Context, input_schema=InputState)
+        builder.add_node("load_input", load_input)
+    elif entry == "planner":
+        builder = StateGraph(State, context_schema=Context)
+    else:
+        raise ValueError(f"Unknown graph entry {entry!r}; expected 'planner' or 'load_input'.")
+    builder.add_node("planner", planner)
+    builder.add_node("analyzer", analyzer)
+    builder.add_node("coder", coder)
+    builder.add_node("debugger", debugger)
+    builder.add_node("profiler", profiler)
+    builder.add_node("finalize", finalize)
+    builder.add_edge(START, entry)
+    return builder
+
+
+def compile_graph(checkpointer=None, entry: Literal["planner", "load_input"] = "planner", **kwargs):
+    """Compiled graph; ``checkpointer`` makes runs resumable by thread id."""
+    return build_graph(entry).compile(checkpointer=checkpointer, name="sparseditto", **kwargs)

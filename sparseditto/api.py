@@ -1,0 +1,530 @@
+"""`run_graph(matrix, target=...)`: the one call that finds a verified fast kernel for a matrix.
+
+It validates everything cheap first (target, dtype, N, backend, budget, the matrix itself), so bad
+input is a ValueError before any kernel is compiled. Then it runs the agent graph with a SQLite
+checkpointer under a thread id derived from the matrix content and the settings: if a previous
+call with the same matrix and settings was interrupted (a crash, Ctrl-C, a killed job), this call
+resumes from its last checkpoint instead of redoing verified candidates. A finished thread is not
+reopened; the next call with the same inputs starts a fresh thread (``<id>-1``, ``<id>-2``, ...),
+and benefits from the trajectory memory instead.
+
+The `Result` is a pydantic model: the pattern report, every candidate with its source, status,
+failure class, timings and rationale, the chosen kernel with the reason it was chosen, speedups,
+the decision trail, token usage and fallback events. ``result.kernel(B)`` runs the chosen kernel.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sqlite3
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from sparseditto.matrix import SparseMatrix
+
+DTYPES = ("float16", "bfloat16", "float32")
+BACKENDS = ("auto", "cuda", "interpret")
+
+
+# ---- result models --------------------------------------------------------------------------------
+
+class CandidateRecord(BaseModel):
+    """One attempt at a kernel: what was tried, why, and what happened."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: int | None = None             # candidate number within the run (retries share it)
+    attempt: int = 1
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    origin: str | None = None            # template | memory | llm
+    rationale: str = ""
+    source: str | None = None
+    source_hash: str | None = None
+    backend: str | None = None           # triton | cuda (kernel language)
+    status: str                          # verified, compile_error, wrong_result, ... bench_failed
+    failure_class: str | None = None
+    message: str = ""
+    diagnosis: str | None = None
+    median_ms: float | None = None
+    dense_ms: float | None = None
+    conversion_ms: float | None = None
+    speedup_vs_dense: float | None = None       # GPU timings only
+    cpu_speedup_vs_dense: float | None = None   # interpreter runs: CPU timings, for the record only
+    expected_ms: float | None = None            # roofline estimate on the target
+    pct_of_roofline: float | None = None
+    bottleneck: str | None = None
+    baselines: dict[str, float | None] = Field(default_factory=dict)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+
+
+class BestKernel(BaseModel):
+    """The answer: a verified candidate, or dense, with how and why it was chosen."""
+
+    template: str                        # 'dense' when nothing beat dense
+    params: dict[str, Any] = Field(default_factory=dict)
+    source: str | None = None
+    source_hash: str | None = None
+    backend: str | None = None
+    origin: str | None = None
+    selection: str = "measured"          # measured | cost_model | no_candidate | rejected
+    reason: str = ""
+    median_ms: float | None = None
+    dense_ms: float | None = None
+    expected_ms: float | None = None
+    speedup_vs_dense: float | None = None
+    pct_of_roofline: float | None = None
+    bottleneck: str | None = None
+
+
+class Result(BaseModel):
+    """Everything one `run_graph` call found out."""
+
+    run_id: str
+    thread_id: str
+    matrix_name: str
+    matrix_key: str
+    shape: tuple[int, int]
+    nnz: int
+    target: dict[str, Any]               # {"name", "spec", "measured_on", "note"}
+    backend: str                         # cuda | interpret
+    timings_are_gpu: bool
+    n_values: list[int]
+    dtype: str
+    policy: str
+    report: dict[str, Any]
+    candidates: list[CandidateRecord]
+    best: BestKernel
+    dense: dict[str, Any] | None = None
+    speedups: dict[str, float] = Field(default_factory=dict)
+    speedups_are_estimates: bool = False
+    memory_hits: list[dict[str, Any]] = Field(default_factory=list)
+    decisions: list[dict[str, Any]] = Field(default_factory=list)
+    token_usage: dict[str, Any] = Field(default_factory=dict)
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    stop_reason: str | None = None
+    resumed: bool = False
+    wall_seconds: float
+
+    _kernel: Any = PrivateAttr(default=None)
+
+    @property
+    def kernel(self) -> "SpMMKernel":
+        """The chosen kernel as a callable ``kernel(B) -> C`` (C = A @ B on B's device)."""
+        if self._kernel is None:
+            from sparseditto.artifacts import get_matrix
+
+            self._kernel = SpMMKernel(get_matrix(self.matrix_key), self.best.source, self.best.template)
+        return self._kernel
+
+    def summary(self) -> str:
+        """A few lines for the CLI: the pattern, the answer and its speedups, the trail in brief."""
+        r = self.report
+        lines = [f"{self.matrix_name}: {self.shape[0]}x{self.shape[1]}, nnz={self.nnz}, "
+                 f"sparsity {float(r.get('sparsity', 0.0)):.1%}, pattern {r.get('pattern', '?')} "
+                 f"(confidence {float(r.get('confidence', 0.0)):.2f})"]
+        b = self.best
+        if b.template == "dense":
+            lines.append(b.reason if b.reason.startswith("dense is best") else f"dense is best: {b.reason}")
+        else:
+            lines.append(f"best: {b.template} {_fmt_params(b.params)} ({b.origin or 'template'}) - {b.reason}")
+            if self.speedups:
+                label = "estimated speedup" if self.speedups_are_estimates else "speedup"
+                lines.append(f"{label}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in self.speedups.items()))
+            if b.bottleneck:
+                lines.append(f"profile: {b.bottleneck}")
+        statuses: dict[str, int] = {}
+        for c in self.candidates:
+            key = "verified" if c.status == "verified" else (c.failure_class or c.status)
+            statuses[key] = statuses.get(key, 0) + 1
+        tried = ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "none"
+        mem = "exact hit" if any(h.get("kind") == "exact" for h in self.memory_hits) else (
+            f"{len(self.memory_hits)} neighbour(s)" if self.memory_hits else "no hit")
+        lines.append(f"candidates: {tried}; memory: {mem}; policy: {self.policy}; {self.wall_seconds:.1f} s")
+        where = self.target.get("measured_on")
+        if self.timings_are_gpu:
+            lines.append(f"planned for {self.target.get('name')}, measured on {where}")
+        else:
+            lines.append(f"planned for {self.target.get('name')}; ran on {where}: timings are NOT GPU timings, "
+                         "the choice comes from the roofline cost model")
+        if self.events:
+            lines.append(f"events: {len(self.events)} (e.g. {self.events[0].get('event') or self.events[0]})")
+        return "\n".join(lines)
+
+
+def _fmt_params(params: dict) -> str:
+    return "{" + ", ".join(f"{k}={v}" for k, v in sorted((params or {}).items())) + "}"
+
+
+# ---- the chosen kernel as a callable ----------------------------------------------------------------
+
+def _torch_dtype(name):
+    import torch
+
+    return name if isinstance(name, torch.dtype) else getattr(torch, name)
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class SpMMKernel:
+    """``kernel(B) -> A @ B``: imports the candidate source once, runs ``prepare`` once per device
+    and dtype (the packed format is cached), then calls ``spmm``. Dense: torch.matmul on the
+    cached dense A."""
+
+    def __init__(self, matrix: SparseMatrix, source: str | None, template: str = "dense"):
+        self.matrix = matrix
+        self.source = source
+        self.template = template
+        self._module = None
+        self._packed: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SpMMKernel({self.template}, A={self.matrix.shape}, nnz={self.matrix.nnz})"
+
+    def _load(self):
+        if self._module is None:
+            # The harness's loader: a content-addressed file (Triton needs real source files).
+            from sparseditto.harness.source_loader import load_module
+
+            self._module = load_module(self.source)
+        return self._module
+
+    def __call__(self, B):
+        import torch
+
+        if not isinstance(B, torch.Tensor):
+            raise ValueError(f"Expected B as a torch.Tensor, got {type(B).__name__}.")
+        if B.dim() != 2:
+            raise ValueError(f"Expected a 2-D B of shape ({self.matrix.shape[1]}, N), got {B.dim()}-D tensor "
+                             f"of shape {tuple(B.shape)}.")
+        if B.shape[0] != self.matrix.shape[1]:
+            raise ValueError(f"B has {B.shape[0]} rows but A is {self.matrix.shape[0]}x{self.matrix.shape[1]}: "
+                             f"expected B of shape ({self.matrix.shape[1]}, N).")
+        key = (str(B.device), _dtype_name(B.dtype))
+        with self._lock:
+            packed = self._packed.get(key)
+            if packed is None:
+                if self.source is None:
+                    packed = self.matrix.to_torch(dtype=B.dtype, device=B.device)
+                else:
+                    packed = self._load().prepare(self.matrix, _dtype_name(B.dtype), B.device)
+                self._packed[key] = packed
+        if self.source is None:
+            return torch.matmul(packed, B)
+        out = torch.empty((self.matrix.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
+        self._module.spmm(packed, B.contiguous(), out)
+        return out
+
+
+# ---- input validation --------------------------------------------------------------------------------
+
+def _check_n(n) -> list[int]:
+    if n is None:
+        return [16]
+    values = [n] if not isinstance(n, (list, tuple)) else list(n)
+    if not values:
+        raise ValueError("Expected at least one N value (columns of B), got an empty list.")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) and not (hasattr(v, "__index__")):
+            raise ValueError(f"Expected integer N values (columns of B), got {v!r} in n={n!r}.")
+        v = int(v)
+        if v <= 0:
+            raise ValueError(f"Expected N >= 1 (columns of B), got {v} in n={n!r}.")
+        out.append(v)
+    return list(dict.fromkeys(out))
+
+
+def _check_settings(target, n, dtype, backend, budget) -> tuple[Any, str | None, list[int], str]:
+    from sparseditto.targets import resolve_target
+
+    if dtype not in DTYPES:
+        raise ValueError(f"Unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}.")
+    if backend not in BACKENDS:
+        raise ValueError(f"Unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}.")
+    n_values = _check_n(n)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
+        raise ValueError(f"Expected budget to be a positive number of candidates, got {budget!r}.")
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if backend == "cuda" and not has_cuda:
+        raise ValueError("backend='cuda' needs a CUDA GPU, but torch.cuda.is_available() is False; "
+                         "use backend='interpret' (Triton interpreter on the CPU) or 'auto'.")
+    resolved = backend if backend != "auto" else ("cuda" if has_cuda else "interpret")
+    if resolved == "interpret" and "triton" not in sys.modules:
+        # The interpreter must be chosen before Triton is first imported in this process.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    tgt, note = resolve_target(target, fallback="A100")
+    return tgt, note, n_values, resolved
+
+
+def _memory_settings(memory) -> dict:
+    if memory is False:
+        return {"use_memory": False}
+    if memory is None or memory is True:
+        return {"use_memory": True, "memory_path": None}
+    if isinstance(memory, (str, os.PathLike)):
+        return {"use_memory": True, "memory_path": str(memory)}
+    if hasattr(memory, "exact_hit") and hasattr(memory, "start_run"):
+        return {"use_memory": True, "memory": memory}
+    raise ValueError(f"memory must be a path, a Memory, None (default file) or False (off), got {memory!r}.")
+
+
+# ---- threads and checkpoints ---------------------------------------------------------------------------
+
+def default_checkpoint_path() -> Path:
+    from sparseditto.artifacts import cache_dir
+
+    return cache_dir() / "checkpoints.sqlite"
+
+
+def derive_thread_id(matrix_key: str, settings: dict) -> str:
+    """Same matrix content + same settings -> same thread (so an interrupted run resumes)."""
+    blob = json.dumps({"matrix": matrix_key, **settings}, sort_keys=True, default=str)
+    return "sd-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _config(thread_id: str, recursion_limit: int) -> dict:
+    return {"configurable": {"thread_id": thread_id}, "recursion_limit": recursion_limit}
+
+
+def _thread_state(graph, thread_id: str) -> str:
+    """'new' (never run), 'resume' (unfinished: crashed or waiting for approval) or 'done'."""
+    snap = graph.get_state({"configurable": {"thread_id": thread_id}})
+    if not snap.values:
+        return "new"
+    if snap.next:
+        return "resume"
+    return "done" if snap.values.get("done") else "resume_broken"
+
+
+def pick_thread(graph, base: str, explicit: bool) -> tuple[str, str]:
+    if explicit:
+        return base, _thread_state(graph, base)
+    for i in range(10_000):
+        tid = base if i == 0 else f"{base}-{i}"
+        state = _thread_state(graph, tid)
+        if state in ("new", "resume"):
+            return tid, state
+    raise RuntimeError(f"too many finished threads for {base}")  # pragma: no cover
+
+
+# ---- progress display ---------------------------------------------------------------------------------
+
+class _Progress:
+    """Streams node messages to the terminal with rich (stderr), one line per message."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.console = None
+        self.status = None
+        if enabled:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+
+    def __enter__(self):
+        if self.console is not None:
+            self.status = self.console.status("starting the SparseDitto graph ...")
+            self.status.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.status is not None:
+            self.status.__exit__(*exc)
+
+    def message(self, chunk: dict) -> None:
+        if self.console is None or not isinstance(chunk, dict):
+            return
+        node, msg = chunk.get("node", "?"), chunk.get("msg", "")
+        self.console.print(f"[bold cyan]{node:>9}[/] {msg}", highlight=False, markup=True, soft_wrap=True)
+        if self.status is not None:
+            self.status.update(f"{node}: {str(msg)[:80]}")
+
+
+# ---- run_graph -----------------------------------------------------------------------------------------
+
+def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None, dtype: str = "float16",
+              backend: str = "auto", llm: Any = None, budget: int | None = None, memory: Any = None,
+              tensor: str | None = None, seed: int = 0, approve: bool | Callable[[dict], Any] = False,
+              thread_id: str | None = None, checkpoint: str | os.PathLike | None = None,
+              progress: bool = False, **options) -> Result:
+    """Find the fastest verified SpMM kernel for ``matrix`` (C = A @ B, B with N columns).
+
+    ``matrix``: torch tensor, scipy.sparse, numpy array, SparseMatrix, or a file path (``tensor``
+    names the weight inside .pt/.safetensors). ``target``: GPU to plan for (or "auto"). ``n``: N,
+    or a list (the first is the one benchmarked; all are verified). ``llm``: chat model or name
+    (None: expert policy, or $SPARSEDITTO_LLM_MODEL). ``memory``: path, Memory, None (default file)
+    or False. ``approve``: True asks on the terminal before accepting a kernel, or a callable
+    ``approve(payload) -> bool``. ``thread_id``/``checkpoint``: resume control (see module doc).
+    Extra ``options`` set `Context` fields (max_debug_attempts, time_budget_s, near_roofline, ...).
+    """
+    t0 = time.time()
+    from sparseditto.graphs.state import Context, build_policy
+
+    tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
+    known = set(Context.__dataclass_fields__)
+    bad = sorted(set(options) - known)
+    if bad:
+        raise ValueError(f"Unknown run_graph option(s) {bad}; accepted extra options: "
+                         f"{sorted(known - {'target', 'n_values', 'dtype', 'backend', 'budget', 'llm', 'seed'})}.")
+    if approve is True and not (sys.stdin and sys.stdin.isatty()):
+        raise ValueError("approve=True asks on the terminal, but stdin is not interactive; "
+                         "pass a callable approve(payload) -> bool instead.")
+    mem_settings = _memory_settings(memory)
+
+    from sparseditto.artifacts import put_matrix
+    from sparseditto.io import load_matrix
+
+    A = matrix if isinstance(matrix, SparseMatrix) else load_matrix(matrix, tensor=tensor, seed=seed)
+    if not isinstance(A, SparseMatrix):  # pragma: no cover - load_matrix's contract
+        raise ValueError(f"load_matrix returned {type(A).__name__}, expected a SparseMatrix.")
+    key = put_matrix(A)
+
+    # A detected GPU may be missing from the table, so 'auto' travels as the Target object itself.
+    ctx = Context(target=tgt if str(target).strip().lower() == "auto" else tgt.name, n_values=n_values,
+                  dtype=dtype, backend=resolved, budget=budget, llm=llm, seed=seed,
+                  approve=bool(approve), **mem_settings, **options)
+    policy = ctx.policy or build_policy(ctx)
+    ctx.policy = policy
+
+    model = getattr(policy, "model", None)
+    settings = {"target": tgt.name, "n": n_values, "dtype": dtype, "backend": resolved, "budget": budget,
+                "policy": getattr(policy, "name", "?"), "llm": _llm_identity(model), "seed": seed,
+                "options": {k: v for k, v in options.items() if k not in ("hooks", "policy", "memory")}}
+    base = thread_id or derive_thread_id(key, settings)
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    from sparseditto.graphs.build import compile_graph
+
+    ckpt = Path(checkpoint) if checkpoint is not None else default_checkpoint_path()
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(str(ckpt), check_same_thread=False)
+    try:
+        saver = SqliteSaver(conn)
+        graph = compile_graph(checkpointer=saver)
+        tid, state = pick_thread(graph, base, explicit=thread_id is not None)
+        from sparseditto.graphs.state import resolved_budget
+
+        per_candidate = 4 + 2 * (ctx.max_debug_attempts + 1)
+        config = _config(tid, 30 + resolved_budget(ctx) * per_candidate * 2)
+        if state == "done":
+            values = graph.get_state(config).values
+            return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=True)
+        if state == "resume_broken":
+            raise ValueError(f"Thread {tid!r} in {ckpt} ended without finishing; use another thread_id.")
+        inp: Any = None
+        if state == "new":
+            inp = {"matrix_key": key, "matrix_name": A.name, "run_id": uuid.uuid4().hex, "started_at": time.time(),
+                   "iteration": 0}
+        with _Progress(progress) as prog:
+            while True:
+                for mode, chunk in graph.stream(inp, config, context=ctx, stream_mode=["updates", "custom"]):
+                    if mode == "custom":
+                        prog.message(chunk)
+                snap = graph.get_state(config)
+                pending = [i for task in snap.tasks for i in (task.interrupts or ())]
+                if not pending:
+                    break
+                answer = _ask(approve, pending[0].value)
+                from langgraph.types import Command
+
+                inp = Command(resume=answer)
+        values = graph.get_state(config).values
+        return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=state == "resume")
+    finally:
+        conn.close()
+
+
+def _llm_identity(model) -> str | None:
+    if model is None:
+        return None
+    for attr in ("model_name", "model", "model_id"):
+        value = getattr(model, attr, None)
+        if isinstance(value, str) and value:
+            return f"{type(model).__name__}:{value}"
+    return type(model).__name__
+
+
+def _ask(approve, payload: dict):
+    if callable(approve):
+        return approve(payload)
+    from rich.prompt import Confirm
+
+    print(json.dumps(payload, indent=2, default=str), file=sys.stderr)
+    return Confirm.ask(payload.get("question", "Accept this kernel?"))
+
+
+def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatrix, wall: float,
+                 resumed: bool) -> Result:
+    final = values.get("final") or {}
+    rec = final.get("candidate") or None
+    dense = values.get("dense")
+    gpu = ctx.backend == "cuda"
+    measured_on = (dense or {}).get("gpu_name") or (rec or {}).get("gpu_name") or (
+        "CPU (Triton interpreter)" if not gpu else "cuda")
+    if rec:
+        best = BestKernel(
+            template=rec["template"], params=rec.get("params") or {}, source=rec.get("source"),
+            source_hash=rec.get("source_hash"), backend=rec.get("backend"), origin=rec.get("origin"),
+            selection=final.get("selection", "measured"), reason=final.get("reason", ""),
+            median_ms=rec.get("median_ms"), dense_ms=rec.get("dense_ms"), expected_ms=rec.get("expected_ms"),
+            speedup_vs_dense=rec.get("speedup_vs_dense"), pct_of_roofline=rec.get("pct_of_roofline"),
+            bottleneck=rec.get("bottleneck"))
+    else:
+        best = BestKernel(template="dense", selection=final.get("selection", "no_candidate"),
+                          reason=final.get("reason", "dense is best"),
+                          median_ms=(dense or {}).get("median_ms"), dense_ms=(dense or {}).get("median_ms"),
+                          speedup_vs_dense=1.0 if gpu else None)
+    speedups, estimated = _speedups(values, ctx, rec, dense, gpu, target)
+    policy = ctx.policy
+    return Result(
+        run_id=values.get("memory_run_id") or values.get("run_id") or thread_id, thread_id=thread_id,
+        matrix_name=values.get("matrix_name") or A.name, matrix_key=values["matrix_key"], shape=A.shape, nnz=A.nnz,
+        target={"name": target.name, "spec": target.model_dump(mode="json"), "measured_on": measured_on,
+                "note": note},
+        backend=ctx.backend, timings_are_gpu=gpu, n_values=list(ctx.n_values), dtype=ctx.dtype,
+        policy=getattr(policy, "name", "expert"), report=values.get("report") or {},
+        candidates=[CandidateRecord.model_validate(c) for c in values.get("candidates") or []],
+        best=best, dense=dense, speedups=speedups, speedups_are_estimates=estimated,
+        memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
+        decisions=list(values.get("decisions") or []), token_usage=dict(values.get("token_usage") or {}),
+        events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
+        wall_seconds=round(wall, 3))
+
+
+def _speedups(values, ctx, rec, dense, gpu, target) -> tuple[dict[str, float], bool]:
+    if rec is None:
+        return ({"dense": 1.0} if gpu and dense else {}), not gpu
+    if gpu:
+        out = {}
+        if rec.get("speedup_vs_dense"):
+            out["dense"] = float(rec["speedup_vs_dense"])
+        for name, ms in (rec.get("baselines") or {}).items():
+            if ms and rec.get("median_ms"):
+                out[name] = float(ms) / float(rec["median_ms"])
+        return out, False
+    from sparseditto.agents.planner import template_table
+    from sparseditto.graphs.state import main_n
+
+    table, _ = template_table(values["report"], main_n(ctx), ctx.dtype, target)
+    dense_est = next((t["estimate_ms"] for t in table if t["name"] == "dense"), None)
+    if dense_est and rec.get("expected_ms"):
+        return {"dense": dense_est / rec["expected_ms"]}, True
+    return {}, True
+
+
+__all__ = ["run_graph", "Result", "BestKernel", "CandidateRecord", "SpMMKernel", "derive_thread_id"]
