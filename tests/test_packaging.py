@@ -7,6 +7,7 @@ at the top level.
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,8 +34,12 @@ def test_editable_install_maps_top_level_dirs():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # build from a copy so setuptools' build/ directory never lands (stale) in the checkout
+    src = tmp_path_factory.mktemp("src") / "sparseditto"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", ".gpu", ".whl", ".site", "*.egg-info", "__pycache__", ".pytest_cache"))
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     wheels = list(out.glob("sparseditto-*.whl"))
