@@ -79,7 +79,7 @@ def save_matrix(matrix: Any, path: str | os.PathLike) -> Path:
         payload = format_smtx(matrix.shape, matrix.indptr, matrix.indices).encode("ascii")
     elif base.endswith(".mtx"):
         payload = format_matrix_market(matrix.shape, matrix.row_ids(), matrix.indices.astype(np.int64),
-                                       matrix.data, dtype=matrix.dtype, name=matrix.name).encode("ascii")
+                                       matrix.data, dtype=matrix.dtype, name=matrix.name).encode("utf-8")
     elif base.endswith(".npz") and not compress:
         sp.save_npz(path, matrix.to_scipy(), compressed=True)
         return path
