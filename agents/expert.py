@@ -38,8 +38,8 @@ from sparseditto.agents.policy import (
 
 # Failures that condemn a template for the rest of the run (not just one parameter set): the
 # kernel computes the wrong thing, cheats, or kills its worker whatever the tile sizes.
-FATAL_CLASSES = {"wrong_result", "unwritten", "input_modified", "static_rejected", "cheating", "crash",
-                 "timeout", "nan_output"}
+FATAL_CLASSES = {"wrong_result", "unwritten_output", "unwritten", "input_modified", "unstable", "static_rejected",
+                 "cheating", "crash", "timeout"}
 # Parameters that set tile sizes / pipeline depth: shrinking them cuts shared memory and registers.
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "BLOCK_SIZE", "BM", "BN", "BK", "TILE_M", "TILE_N", "TILE_K",
              "num_stages", "ROWS_PER_PROGRAM", "GROUP_SIZE")
@@ -110,7 +110,6 @@ class ExpertPolicy:
     # ---- plan ---------------------------------------------------------------------------------
     def plan(self, inp: PlanningInput) -> PlanDecision:
         tried = {params_key(t.template, t.params) for t in inp.tried}
-        tried_sources = {h.get("source_hash") for h in inp.memory_hits if h.get("tried")}
         gpu_timings = bool(inp.target.get("timings_are_gpu", True))
         n = int(inp.n_values[0]) if inp.n_values else 16
         report = inp.report
@@ -120,7 +119,7 @@ class ExpertPolicy:
 
         exact = next((h for h in inp.memory_hits if h.get("kind") == "exact"), None)
         if exact is not None:
-            decision = self._exact_hit(exact, inp, tried, tried_sources)
+            decision = self._exact_hit(exact, inp, tried)
             if decision is not None:
                 return decision
 
@@ -194,7 +193,7 @@ class ExpertPolicy:
     def _stop(self, why: str, inp: PlanningInput) -> PlanDecision:
         return PlanDecision(action="stop", candidates=[], rationale=why)
 
-    def _exact_hit(self, exact: dict, inp: PlanningInput, tried: set, tried_sources: set) -> PlanDecision | None:
+    def _exact_hit(self, exact: dict, inp: PlanningInput, tried: set) -> PlanDecision | None:
         template = exact.get("template") or "dense"
         params = exact.get("params") or {}
         if template == "dense":
@@ -369,7 +368,7 @@ class ExpertPolicy:
         if status in ("compile_error", "compile_failed") or "compil" in status:
             return Diagnosis(failure_class="compile_error", action="switch_template",
                              rationale=f"does not compile ({_first_line(failure.message)}); try another template")
-        for cls in ("wrong_result", "unwritten", "input_modified", "nan_output"):
+        for cls in ("wrong_result", "unwritten_output", "unwritten", "input_modified", "unstable"):
             if status == cls:
                 return Diagnosis(failure_class=cls, action="give_up",
                                  rationale=f"{cls.replace('_', ' ')}: {_first_line(failure.message)}; "
@@ -380,6 +379,10 @@ class ExpertPolicy:
         if status in ("crash", "illegal_address", "worker_died") or "illegal" in text or "segmentation" in text:
             return Diagnosis(failure_class="crash", action="give_up",
                              rationale=f"the worker crashed ({_first_line(failure.message)}); give up")
+        if status == "runtime_error":
+            return Diagnosis(failure_class="runtime_error", action="give_up",
+                             rationale=f"prepare()/spmm() raised ({_first_line(failure.message)}); "
+                                       "drop this parameter set")
         if "wrong" in status or "mismatch" in text:
             return Diagnosis(failure_class="wrong_result", action="give_up",
                              rationale=f"numeric mismatch: {_first_line(failure.message)}")

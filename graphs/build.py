@@ -8,12 +8,12 @@ draw the real edges:
                                                       debugger -> profiler -> planner ... -> finalize -> END
                                                       debugger -> planner (gave up / switch template)
 
-`build_graph(entry="load_input")` puts a loader in front for LangGraph Studio, where a person
+`build_graph(loader=load_input)` puts a loader in front for LangGraph Studio, where a person
 types a matrix path and settings instead of handing over an in-memory matrix.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Callable
 
 from langgraph.graph import START, StateGraph
 
@@ -27,17 +27,19 @@ from sparseditto.graphs.state import Context, InputState, State
 NODES = ("planner", "analyzer", "coder", "debugger", "profiler", "finalize")
 
 
-def build_graph(entry: Literal["planner", "load_input"] = "planner") -> StateGraph:
-    """The uncompiled graph. Compile it with a checkpointer (run_graph) or without (Studio)."""
-    if entry == "load_input":
-        from sparseditto.graphs.studio import load_input
+def build_graph(loader: Callable | None = None) -> StateGraph:
+    """The uncompiled graph. Compile it with a checkpointer (run_graph) or without (Studio).
 
+    ``loader``: an optional first node named ``load_input`` taking `InputState` (Studio's form);
+    without it the graph starts at the planner with ``matrix_key`` already in the input.
+    """
+    if loader is not None:
         builder = StateGraph(State, context_schema=Context, input_schema=InputState)
-        builder.add_node("load_input", load_input)
-    elif entry == "planner":
-        builder = StateGraph(State, context_schema=Context)
+        builder.add_node("load_input", loader)
+        entry = "load_input"
     else:
-        raise ValueError(f"Unknown graph entry {entry!r}; expected 'planner' or 'load_input'.")
+        builder = StateGraph(State, context_schema=Context)
+        entry = "planner"
     builder.add_node("planner", planner)
     builder.add_node("analyzer", analyzer)
     builder.add_node("coder", coder)
@@ -48,6 +50,6 @@ def build_graph(entry: Literal["planner", "load_input"] = "planner") -> StateGra
     return builder
 
 
-def compile_graph(checkpointer=None, entry: Literal["planner", "load_input"] = "planner", **kwargs):
+def compile_graph(checkpointer=None, loader: Callable | None = None, **kwargs):
     """Compiled graph; ``checkpointer`` makes runs resumable by thread id."""
-    return build_graph(entry).compile(checkpointer=checkpointer, name="sparseditto", **kwargs)
+    return build_graph(loader).compile(checkpointer=checkpointer, name="sparseditto", **kwargs)

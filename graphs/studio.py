@@ -88,7 +88,7 @@ def load_input(state: InputState, runtime: Runtime[Context]) -> Command[Literal[
 def _compile():
     from sparseditto.graphs.build import compile_graph
 
-    return compile_graph(checkpointer=None, entry="load_input")
+    return compile_graph(checkpointer=None, loader=load_input)
 
 
 graph = _compile()

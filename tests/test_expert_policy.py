@@ -1,0 +1,219 @@
+"""The expert policy's decisions, on hand-built planning inputs (no kernels run here).
+
+Each test states a situation a performance engineer would recognize and checks the policy does the
+sensible thing: pattern-class preferences, skipping what cannot beat dense, memory first,
+refinement around the best, and the three stop rules.
+"""
+import pytest
+
+from sparseditto.agents.expert import ExpertPolicy, params_key, pattern_preferences
+from sparseditto.agents.policy import FailureReport, PlanningInput, TriedCandidate
+
+
+def entry(name, est_ms, params=None, grid=None, legal=None, bound="memory"):
+    params = params or {"BLOCK_N": 32, "num_warps": 4}
+    return {
+        "name": name, "estimate_ms": est_ms, "bound": bound, "default_params": dict(params),
+        "params": legal or {"BLOCK_N": [16, 32, 64], "num_warps": [2, 4, 8]},
+        "grid": grid or [{"params": dict(params), "estimate_ms": est_ms}],
+    }
+
+
+DENSE = {"name": "dense", "builtin": True, "estimate_ms": 0.020, "bound": "memory", "grid": []}
+
+
+def make_input(pattern="unstructured", sparsity=0.9, density=None, templates=None, tried=(), best=None,
+               hits=(), budget_left=6, gpu=True, roofline_ms=0.004, n=16):
+    return PlanningInput(
+        report={"pattern": pattern, "sparsity": sparsity, "density": 1 - sparsity if density is None else density,
+                "signature": "sig", "shape": [512, 512]},
+        target={"name": "H100", "timings_are_gpu": gpu}, n_values=[n], dtype="float16",
+        memory_hits=list(hits), tried=list(tried), best=best, dense_ms=0.02, roofline_ms=roofline_ms,
+        budget_left=budget_left, templates=templates if templates is not None else [DENSE])
+
+
+def verified(template, ms, params=None):
+    return TriedCandidate(template=template, params=params or {"BLOCK_N": 32, "num_warps": 4}, status="verified",
+                          median_ms=ms, speedup_vs_dense=0.02 / ms)
+
+
+def test_nm_pattern_puts_nm_compressed_first_even_when_csr_estimates_slightly_lower():
+    inp = make_input(pattern="nm", sparsity=0.5,
+                     templates=[DENSE, entry("csr_rowsplit", 0.010), entry("nm_compressed", 0.011),
+                                entry("bitmap_tiles", 0.013)])
+    plan = ExpertPolicy().plan(inp)
+    assert plan.action == "try"
+    assert plan.candidates[0].template == "nm_compressed"
+    assert "nm" in plan.candidates[0].rationale
+    assert {c.template for c in plan.candidates} == {"nm_compressed", "csr_rowsplit", "bitmap_tiles"}
+
+
+def test_estimate_far_worse_than_dense_is_skipped_and_nothing_left_means_stop():
+    inp = make_input(templates=[DENSE, entry("csr_rowsplit", 0.080), entry("bitmap_tiles", 0.012)])
+    plan = ExpertPolicy().plan(inp)
+    assert [c.template for c in plan.candidates] == ["bitmap_tiles"]
+    only_bad = make_input(templates=[DENSE, entry("csr_rowsplit", 0.080)])
+    stop = ExpertPolicy().plan(only_bad)
+    assert stop.action == "stop" and "dense" in stop.rationale and "csr_rowsplit" in stop.rationale
+
+
+def test_dense_pattern_stops_immediately_with_a_reason():
+    inp = make_input(pattern="dense", sparsity=0.02, templates=[DENSE, entry("csr_rowsplit", 0.030)])
+    plan = ExpertPolicy().plan(inp)
+    assert plan.action == "stop"
+    assert "dense" in plan.rationale and "0.98" in plan.rationale
+
+
+def test_budget_exhausted_stops():
+    plan = ExpertPolicy().plan(make_input(templates=[DENSE, entry("csr_rowsplit", 0.01)], budget_left=0))
+    assert plan.action == "stop" and "budget" in plan.rationale
+
+
+def test_exact_memory_hit_is_reverified_first_then_ends_the_search():
+    hit = {"kind": "exact", "template": "bitmap_tiles", "params": {"BLOCK_N": 16}, "source": "SRC",
+           "run_id": "r1", "speedup_vs_dense": 1.8, "median_ms": 0.011, "gpu": "H100"}
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012)]
+    first = ExpertPolicy().plan(make_input(templates=templates, hits=[hit]))
+    assert first.action == "try" and len(first.candidates) == 1
+    spec = first.candidates[0]
+    assert (spec.template, spec.params, spec.source, spec.origin) == ("bitmap_tiles", {"BLOCK_N": 16}, "SRC", "memory")
+    done = ExpertPolicy().plan(make_input(templates=templates, hits=[hit],
+                                          tried=[verified("bitmap_tiles", 0.011, {"BLOCK_N": 16})],
+                                          best=verified("bitmap_tiles", 0.011, {"BLOCK_N": 16})))
+    assert done.action == "stop" and "exact hit" in done.rationale
+    # the stored kernel failing here means: search as if there were no hit
+    failed = TriedCandidate(template="bitmap_tiles", params={"BLOCK_N": 16}, status="wrong_result",
+                            failure_class="wrong_result")
+    again = ExpertPolicy().plan(make_input(templates=templates, hits=[hit], tried=[failed]))
+    assert again.action == "try" and again.candidates[0].template == "csr_rowsplit"
+
+
+def test_exact_hit_where_dense_won_stops_with_dense():
+    hit = {"kind": "exact", "template": "dense", "params": {}, "run_id": "r9", "reason": "nothing beat cuBLAS"}
+    plan = ExpertPolicy().plan(make_input(templates=[DENSE, entry("csr_rowsplit", 0.01)], hits=[hit]))
+    assert plan.action == "stop" and "dense was best" in plan.rationale
+
+
+def test_neighbour_prior_goes_first_with_its_params():
+    hit = {"kind": "neighbour", "template": "csr_balanced", "params": {"BLOCK_N": 64, "num_warps": 8},
+           "distance": 0.05, "matrix_name": "other", "pattern": "unstructured"}
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("csr_balanced", 0.014)]
+    plan = ExpertPolicy().plan(make_input(templates=templates, hits=[hit]))
+    first = plan.candidates[0]
+    assert (first.template, first.params, first.origin) == ("csr_balanced", {"BLOCK_N": 64, "num_warps": 8}, "memory")
+    assert "neighbour" in first.rationale and "other" in first.rationale
+
+
+def test_refines_best_template_with_neighbouring_params_after_exploring_two():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.015)]
+    tried = [verified("csr_rowsplit", 0.015), verified("bitmap_tiles", 0.013)]
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=tried, best=tried[1], roofline_ms=0.001))
+    assert plan.action == "try"
+    first = plan.candidates[0]
+    assert first.template == "bitmap_tiles" and first.params != {"BLOCK_N": 32, "num_warps": 4}
+    changed = {k for k in first.params if first.params[k] != {"BLOCK_N": 32, "num_warps": 4}[k]}
+    assert len(changed) == 1 and "refine" in first.rationale
+    keys = [params_key(c.template, c.params) for c in plan.candidates]
+    assert len(keys) == len(set(keys))
+    assert params_key("bitmap_tiles", {"BLOCK_N": 32, "num_warps": 4}) not in keys
+
+
+def test_plateau_stops_after_two_candidates_without_three_percent():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.015)]
+    tried = [verified("csr_rowsplit", 0.0100), verified("bitmap_tiles", 0.0099, {"BLOCK_N": 16}),
+             verified("bitmap_tiles", 0.0098, {"BLOCK_N": 64})]
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=tried, best=tried[2], roofline_ms=0.001))
+    assert plan.action == "stop" and "plateau" in plan.rationale
+    # a real improvement resets the count
+    tried[2] = verified("bitmap_tiles", 0.0080, {"BLOCK_N": 64})
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=tried, best=tried[2], roofline_ms=0.001))
+    assert plan.action == "try"
+
+
+def test_near_roofline_stops():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012)]
+    best = verified("csr_rowsplit", 0.0045)
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=[best], best=best, roofline_ms=0.004))
+    assert plan.action == "stop" and "roofline" in plan.rationale
+    far = verified("csr_rowsplit", 0.009)
+    assert ExpertPolicy().plan(make_input(templates=templates, tried=[far], best=far, roofline_ms=0.004)).action == "try"
+
+
+def test_interpreter_timings_do_not_drive_refinement_or_plateau():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.015)]
+    tried = [verified("csr_rowsplit", 40.0), verified("bitmap_tiles", 41.0)]
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=tried, best=tried[0], gpu=False))
+    assert plan.action == "try"
+    assert [c.template for c in plan.candidates] == ["csr_balanced"]
+
+
+def test_fatal_failure_drops_the_template():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012)]
+    bad = TriedCandidate(template="csr_rowsplit", params={"BLOCK_N": 64, "num_warps": 4}, status="wrong_result",
+                         failure_class="wrong_result")
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=[bad]))
+    assert all(c.template != "csr_rowsplit" for c in plan.candidates)
+
+
+def test_plan_is_deterministic():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.010), entry("csr_balanced", 0.010)]
+    a = ExpertPolicy().plan(make_input(templates=templates))
+    b = ExpertPolicy().plan(make_input(templates=templates))
+    assert a == b
+
+
+def test_pattern_preferences_follow_sparsity_for_unstructured():
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.97}, 16)[0] == "csr_rowsplit"
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 16)[0] == "bitmap_tiles"
+    assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[0] == "csr_balanced"
+
+
+def test_bad_settings_raise():
+    with pytest.raises(ValueError, match="near_roofline"):
+        ExpertPolicy(near_roofline=1.5)
+    with pytest.raises(ValueError, match="plateau"):
+        ExpertPolicy(plateau=0)
+
+
+# ---- diagnose ------------------------------------------------------------------------------------
+
+def failure(status, message="", template="csr_rowsplit", params=None):
+    return FailureReport(template=template, params=params or {}, status=status, message=message)
+
+
+@pytest.mark.parametrize("status,message,action,cls", [
+    ("static_rejected", "calls torch.mm", "give_up", "static_rejected"),
+    ("compile_error", "NameError: name 'tl' is not defined", "switch_template", "compile_error"),
+    ("wrong_result", "max rel err 0.5 at N=5", "give_up", "wrong_result"),
+    ("unwritten_output", "12 entries never written", "give_up", "unwritten_output"),
+    ("input_modified", "B changed", "give_up", "input_modified"),
+    ("timeout", "worker killed after 300 s", "give_up", "timeout"),
+    ("crash", "worker died: illegal memory access", "give_up", "crash"),
+])
+def test_diagnose_classifies_by_status(status, message, action, cls):
+    d = ExpertPolicy().diagnose(failure(status, message), "source")
+    assert (d.action, d.failure_class) == (action, cls)
+    assert d.rationale
+
+
+def test_shared_memory_overflow_retries_with_smaller_tiles():
+    registry = pytest.importorskip("sparseditto.kernel_templates.registry")
+    names = [t if isinstance(t, str) else t.name for t in registry.list_templates()]
+    for name in names:
+        legal = registry.get_template(name).params
+        tiles = {k: [v for v in vals if isinstance(v, int)] for k, vals in legal.items()
+                 if k.startswith("BLOCK") and len([v for v in vals if isinstance(v, int)]) >= 2}
+        if tiles:
+            break
+    else:
+        pytest.skip("no template with two numeric tile sizes")
+    key, values = next(iter(tiles.items()))
+    params = {key: max(values)}
+    d = ExpertPolicy().diagnose(failure("compile_error", "triton.runtime.errors.OutOfResources: out of resource: "
+                                        "shared memory, Required: 262144, Hardware limit: 232448",
+                                        template=name, params=params), "source")
+    assert d.action == "retry_params" and d.failure_class == "shared_memory_overflow"
+    assert d.params[key] < params[key] and d.params[key] in values
+    smallest = ExpertPolicy().diagnose(failure("runtime_error", "out of resource: shared memory", template=name,
+                                               params={key: min(values)}), "source")
+    assert smallest.action == "switch_template"
