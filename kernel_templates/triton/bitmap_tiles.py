@@ -1,0 +1,286 @@
+"""Bitmap-tile SpMM on tensor cores for 50-95% unstructured sparsity at small N (decode).
+
+Why this template exists: unstructured pruning leaves no blocks and no n:m shape, and at small N
+the SpMM is memory-bound, so the index bytes decide: int32 CSR costs 4 bytes per nonzero (break
+even with dense near 67% sparsity at fp16), a bitmap costs 1 bit per *element* (1/8 byte), so
+A costs 2 bytes per nonzero + 1/8 byte per element and beats dense bytes from ~6% sparsity on.
+"Load as sparse, compute as dense": each program expands the packed values of its rows into a
+dense register tile and runs a tensor-core dot, so no CUDA-core FMA loop over nonzeros is needed.
+
+Layout (repacked in prepare from sparseditto.formats.BitmapTiles, tile_k = 32): one int32 mask
+per (row, 32-column tile), stored tile-major [T, M] so the BLOCK_M masks of one tile are one
+coalesced load; values in CSR order; the offset of each (row, tile) in the values, tile-major.
+Per program (BLOCK_M rows x BLOCK_N columns x a 1/SPLIT_K slice of K), per tile:
+    prefix[r, j]  = popcount(mask[r] & ((1 << j) - 1))       one AND + one POPC per element
+    a[r, j]       = values[offset[r] + prefix[r, j]] if bit j of mask[r] else 0   (predicated load)
+    acc          += a @ B[32 tile rows, BLOCK_N]               tl.dot, fp32 accumulate
+KW tiles are handled per loop step (KW*32 columns) so several masks and gathers are in flight.
+OFFSETS="running" reads the offset only at the first tile of the program's K slice and advances
+it by popcount(mask) per tile (metadata = the masks alone: 1/8 byte per element); "stored" reads
+the per-tile offsets (+1/8 byte per element) but keeps every tile's gather independent of the
+previous tile, which may pipeline better. POPC="auto" uses the hardware popc instruction on CUDA
+and a SWAR popcount elsewhere (the Triton interpreter runs no inline assembly).
+Split-K as in the other tensor-core templates: fp32 partials in a workspace, the last split of a
+tile reduces them in a fixed order in the same launch (so concurrent launches of one prepared
+matrix on several streams are unsafe when SPLIT_K > 1).
+"""
+META = {
+    "name": "bitmap_tiles",
+    "backend": "triton",
+    "format": "bitmap",
+    "description": "Bitmap tiles (32-bit mask per 32 columns + packed values): popcount gather into a dense register tile, tl.dot, fp32 accumulate, split-K",
+    "params": {
+        "BLOCK_M": [16, 32, 64, 128],
+        "KW": [1, 2, 4],
+        "BLOCK_N": ["auto", 16, 32, 64, 128],
+        "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
+        "OFFSETS": ["running", "stored"],
+        "POPC": ["auto", "swar"],
+        "FP32_DOT": ["ieee", "tf32"],
+        "num_warps": ["auto", 2, 4, 8],
+        "num_stages": [1, 2, 3, 4],
+    },
+    "defaults": {
+        "BLOCK_M": 64,
+        "KW": 2,
+        "BLOCK_N": "auto",
+        "SPLIT_K": "auto",
+        "OFFSETS": "running",
+        "POPC": "auto",
+        "FP32_DOT": "ieee",
+        "num_warps": "auto",
+        "num_stages": 3,
+    },
+    "patterns": ["unstructured", "random", "moderate_sparsity"],
+}
+PARAMS = dict(META["defaults"])
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from sparseditto.formats import BitmapTiles
+
+_TILE_K = 32
+_DEFAULT_SMS = 132          # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, UPCAST: tl.constexpr, IN_PREC: tl.constexpr):
+    """acc += a @ b in fp32. UPCAST: the Triton interpreter multiplies bf16 as raw uint16, so there
+    (only) bf16 operands are widened to fp32 first; compiled kernels never set it."""
+    if UPCAST:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a.to(b.dtype), b, acc, input_precision=IN_PREC)
+    return acc
+
+
+@triton.jit
+def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, stride_om, stride_on,
+                NUM_TILES, BM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Store the fp32 tile to C, or (split-K) publish it and let the last arriving split reduce.
+
+    The reduction sums partials in split order (the caller's own partial taken from registers),
+    so the result does not depend on which split finished last.
+    """
+    c_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    c_mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT == 1:
+        tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        w_offs = tl.arange(0, BM)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        w_tile = ws_ptr + tile.to(tl.int64) * (BM * BLOCK_N) + w_offs
+        tl.store(w_tile + pid_k.to(tl.int64) * NUM_TILES * (BM * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.zeros((BM, BLOCK_N), tl.float32)
+            for s in tl.static_range(SPLIT):
+                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (s != pid_k),
+                               other=0.0, cache_modifier=".cg")
+                total += tl.where(pid_k == s, acc, part)
+            tl.store(c_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+@triton.jit
+def _popcount(x, USE_POPC: tl.constexpr):
+    """Population count of int32 lanes: the popc instruction on CUDA, SWAR arithmetic otherwise."""
+    if USE_POPC:
+        c = tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x], dtype=tl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        # Arithmetic shifts are safe: every mask below drops the sign-extended bits.
+        y = x - ((x >> 1) & 0x55555555)
+        y = (y & 0x33333333) + ((y >> 2) & 0x33333333)
+        y = (y + (y >> 4)) & 0x0F0F0F0F
+        y = y + (y >> 8)
+        y = y + (y >> 16)
+        c = y & 0x3F
+    return c
+
+
+@triton.jit
+def _bitmap_kernel(
+    masks_ptr, offs_ptr, vals_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
+    M, N, K, MP, N_TILES, NUM_TILES, NSTEPS,
+    stride_bk, stride_bn, stride_om, stride_on,
+    KW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    RUNNING: tl.constexpr, USE_POPC: tl.constexpr, NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)          # row tile * N_TILES + N tile
+    pid_k = tl.program_id(1)        # split index
+    pid_m = pid // N_TILES
+    pid_n = pid % N_TILES
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)          # < padded M: no mask on A metadata
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    steps_per = tl.cdiv(NSTEPS, SPLIT)
+    s_lo = pid_k * steps_per
+    s_hi = tl.minimum(s_lo + steps_per, NSTEPS)
+    jj = tl.arange(0, 32)
+    bit = (1 << jj)[None, :]
+    below = ((1 << jj) - 1)[None, :]                         # bits under column j (wraps at 31)
+    if RUNNING:
+        off = tl.load(offs_ptr + (s_lo * KW).to(tl.int64) * MP + rows)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for step in tl.range(s_lo, s_hi, num_stages=NUM_STAGES):
+        for w in tl.static_range(KW):
+            t = step * KW + w
+            mask = tl.load(masks_ptr + t.to(tl.int64) * MP + rows)
+            if RUNNING:
+                base = off
+            else:
+                base = tl.load(offs_ptr + t.to(tl.int64) * MP + rows)
+            prefix = _popcount(mask[:, None] & below, USE_POPC)
+            present = (mask[:, None] & bit) != 0
+            a = tl.load(vals_ptr + (base[:, None] + prefix), mask=present, other=0.0)
+            krow = t * 32 + jj
+            b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                        mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+            acc = _dot_acc(a, b, acc, UPCAST, IN_PREC)
+            if RUNNING:
+                off = base + _popcount(mask, USE_POPC)
+
+    _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, pid, pid_k, rows, cols, M, N,
+                stride_om, stride_on, NUM_TILES, BLOCK_M, BLOCK_N, SPLIT)
+
+
+# ---- host side ----------------------------------------------------------------------------------
+
+def _check_params() -> None:
+    for name, legal in META["params"].items():
+        if PARAMS.get(name) not in legal:
+            raise ValueError(f"bitmap_tiles parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in named:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return named[dtype]
+
+
+def prepare(A, dtype, device) -> dict:
+    """BitmapTiles (tile_k = 32) repacked tile-major for coalesced mask/offset loads."""
+    _check_params()
+    dtype = _torch_dtype(dtype)
+    fmt = BitmapTiles.from_matrix(A, tile_k=_TILE_K)
+    M, K = A.shape
+    T = fmt.masks.shape[1]
+    kw, block_m = int(PARAMS["KW"]), int(PARAMS["BLOCK_M"])
+    steps = max(1, -(-T // kw))
+    Tp, Mp = steps * kw, -(-M // block_m) * block_m
+    masks = np.zeros((Tp, Mp), dtype=np.int32)
+    masks[:T, :M] = fmt.masks.T
+    # Offsets [Tp + 1, Mp]: row t = first value of tile t; tiles past the end = the row's end, so a
+    # split starting at any step (even an empty one) reads a valid offset.
+    offs = np.zeros((Tp + 1, Mp), dtype=np.int32)
+    offs[:, :M] = fmt.row_offsets[1:][None, :]
+    offs[:T, :M] = fmt.tile_offsets.T
+    values = fmt.values if fmt.nnz else np.zeros(1, dtype=np.float32)
+    return {
+        "masks": torch.from_numpy(np.ascontiguousarray(masks)).to(device),
+        "offsets": torch.from_numpy(np.ascontiguousarray(offs)).to(device),
+        "values": torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype),
+        "shape": (M, K), "steps": steps, "padded_rows": Mp, "KW": kw, "BLOCK_M": block_m,
+        "nnz": fmt.nnz, "dtype": dtype, "_scratch": {},
+    }
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return _DEFAULT_SMS
+
+
+def _launch_config(packed: dict, N: int, device) -> dict:
+    block_m = packed["BLOCK_M"]
+    block_n = PARAMS["BLOCK_N"]
+    if block_n == "auto":
+        block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
+    n_tiles = -(-N // block_n)
+    tiles = (packed["padded_rows"] // block_m) * n_tiles
+    split = PARAMS["SPLIT_K"]
+    if split == "auto":
+        # ~2 waves of programs, each split keeping >= 2 K steps so its loads can pipeline.
+        want = -(-2 * _sm_count(device) // tiles)
+        cap = max(1, min(16, want, packed["steps"] // 2))
+        split = 1 << (cap.bit_length() - 1)
+    warps = PARAMS["num_warps"]
+    if warps == "auto":
+        warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
+            "num_warps": int(warps)}
+
+
+def _scratch(packed: dict, tiles: int, split: int, bm: int, block_n: int, device):
+    """fp32 partial tiles [split, tiles, bm, block_n] and zeroed arrival counters, cached per shape."""
+    key = (str(device), tiles, split, bm, block_n)
+    if key not in packed["_scratch"]:
+        if split == 1:
+            ws = torch.empty(1, dtype=torch.float32, device=device)
+            cnt = torch.zeros(1, dtype=torch.int32, device=device)
+        else:
+            ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=device)
+            cnt = torch.zeros(tiles, dtype=torch.int32, device=device)
+        packed["_scratch"][key] = (ws, cnt)
+    return packed["_scratch"][key]
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B for B [K, N] (any strides); fp32 accumulation; out in B's dtype."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = int(B.shape[1])
+    if tuple(out.shape) != (M, N):
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    if out.dtype != B.dtype:
+        raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
+    if N == 0:
+        return
+    _check_params()
+    cfg = _launch_config(packed, N, B.device)
+    block_m = packed["BLOCK_M"]
+    ws, cnt = _scratch(packed, cfg["tiles"], cfg["SPLIT"], block_m, cfg["BLOCK_N"], B.device)
+    grid = (cfg["tiles"], cfg["SPLIT"])
+    _bitmap_kernel[grid](
+        packed["masks"], packed["offsets"], packed["values"], B, out, ws, cnt,
+        M, N, K, packed["padded_rows"], cfg["n_tiles"], cfg["tiles"], packed["steps"],
+        B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+        KW=packed["KW"], BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
+        RUNNING=PARAMS["OFFSETS"] == "running",
+        USE_POPC=(B.device.type == "cuda" and PARAMS["POPC"] == "auto"),
+        NUM_STAGES=int(PARAMS["num_stages"]),
+        UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
+        IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
+        num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
+    )

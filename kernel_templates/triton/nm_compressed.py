@@ -1,0 +1,410 @@
+"""N:M compressed SpMM (2:4 and friends) on dense tensor cores: load compressed, expand cheaply, dot.
+
+Why this template exists: an n:m-pruned weight (2:4 above all) needs only the kept values plus a
+few bits of position per value (2:4: 2 bytes + 2 bits = 2.25 bytes per kept value, 56% of dense
+bytes), so at small N, where SpMM is memory-bound, it can beat dense cuBLAS by up to ~1.78x, and
+without the hardware sparse MMA. The catch (measured on an H200, fp16 4096x4096, N=16, cold L2):
+a straightforward expand (a `where` per (slot, position), tl.join into one [BM, 4*BG] tile, one
+dot) ran 26.8 us against cuBLAS's 17.3 us: the expand and its register shuffles, not the bytes,
+were the cost. This template therefore offers two expands (EXPAND):
+
+  * "planes" (default): split the product by position inside the group,
+        A @ B = sum_{p < m} D_p @ B[p::m, :],   D_p[r, g] = value of row r at column g*m + p (or 0).
+    Each D_p is an elementwise function of the compressed tiles, in exactly their [BM, BG] shape:
+    no join, no reshape, no gather, no layout shuffle before the dot. Because positions in a group
+    are strictly increasing, slot s can only sit at positions s..s+m-n, so D_p needs one
+    compare+select per *feasible* slot: (m-n+1) per kept value (3 for 2:4), plus one shift+mask
+    per slot to decode its position. The m dots have the same total K as one dense dot, so the
+    tensor-core work equals dense; B rows p::m are plain strided tile loads from L2.
+  * "select": the simple reference expand: one dense [BM, BG*m] tile where column c takes the
+    slot whose position is c % m (a where per slot per dense element; values and metadata loaded
+    with a repeated index c // m), then one dot. Same bytes from HBM, more instructions.
+
+Layout (repacked in prepare, same for both): per row, per K step of F*BG groups, the values are
+slot-planar [n, F, BG] (every load is a contiguous, unmasked [BM, BG] tile) and the metadata is BG
+words of 8/16/32 bits; word h holds, for sub-tile j < F, the group's n positions
+(ceil(log2 m) bits each) at bits [j*n*b, (j+1)*n*b). For 2:4: uint8 words, F = 2, exactly 2 bits
+per kept value, and one metadata load feeds two sub-tiles. Rows are padded to BLOCK_M and groups
+to whole steps with zeros, so A loads need no masks; only B rows >= K and C are masked.
+
+Groups that hold more than n entries keep their n largest (NMCompressed) and the rest go to a
+residual CSR, which split 0 of each row tile adds with a short gather loop, so results stay
+exact for any matrix. Split-K (SPLIT_K) fills 132 SMs when M/BLOCK_M is small: partial tiles go
+to an fp32 workspace and the last split of a tile (acq_rel atomic counter) reduces them in a fixed
+order in the same launch. Counters make concurrent launches of one prepared matrix on several
+streams unsafe when SPLIT_K > 1.
+"""
+META = {
+    "name": "nm_compressed",
+    "backend": "triton",
+    "format": "nm",
+    "description": "N:M (2:4, 1:2, 4:8, ...) compressed SpMM: slot-planar values + packed positions, per-position plane expand, dense tl.dot, residual CSR for violations",
+    "params": {
+        "NM": ["2:4", "1:2", "1:4", "2:8", "4:8", "auto"],
+        "EXPAND": ["planes", "select"],
+        "BLOCK_M": [16, 32, 64, 128],
+        "BLOCK_G": [16, 32, 64],
+        "BLOCK_N": ["auto", 16, 32, 64, 128],
+        "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
+        "FP32_DOT": ["ieee", "tf32"],
+        "num_warps": ["auto", 2, 4, 8],
+        "num_stages": [1, 2, 3, 4],
+    },
+    "defaults": {
+        "NM": "2:4",
+        "EXPAND": "planes",
+        "BLOCK_M": 64,
+        "BLOCK_G": 32,
+        "BLOCK_N": "auto",
+        "SPLIT_K": "auto",
+        "FP32_DOT": "ieee",
+        "num_warps": "auto",
+        "num_stages": 3,
+    },
+    "patterns": ["nm", "2:4", "n:m", "semi_structured"],
+}
+PARAMS = dict(META["defaults"])
+
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from sparseditto.formats import NMCompressed
+
+_DEFAULT_SMS = 132          # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+_MAX_PLANE_SLOTS = 4        # "planes" keeps each slot in its own register tile: n <= 4
+_AUTO_NM = ((1, 4), (2, 8), (1, 2), (2, 4), (4, 8))
+
+
+@triton.jit
+def _dot_acc(a, b, acc, UPCAST: tl.constexpr, IN_PREC: tl.constexpr):
+    """acc += a @ b in fp32. UPCAST: the Triton interpreter multiplies bf16 as raw uint16, so there
+    (only) bf16 operands are widened to fp32 first; compiled kernels never set it."""
+    if UPCAST:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a.to(b.dtype), b, acc, input_precision=IN_PREC)
+    return acc
+
+
+@triton.jit
+def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, stride_om, stride_on,
+                NUM_TILES, BM: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    """Store the fp32 tile to C, or (split-K) publish it and let the last arriving split reduce.
+
+    The reduction sums partials in split order (the caller's own partial taken from registers),
+    so the result does not depend on which split finished last.
+    """
+    c_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    c_mask = (rows < M)[:, None] & (cols < N)[None, :]
+    if SPLIT == 1:
+        tl.store(c_ptrs, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
+    else:
+        w_offs = tl.arange(0, BM)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        w_tile = ws_ptr + tile.to(tl.int64) * (BM * BLOCK_N) + w_offs
+        tl.store(w_tile + pid_k.to(tl.int64) * NUM_TILES * (BM * BLOCK_N), acc)
+        tl.debug_barrier()  # every thread's partial is written before the release below
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT - 1:
+            total = tl.zeros((BM, BLOCK_N), tl.float32)
+            for s in tl.static_range(SPLIT):
+                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (s != pid_k),
+                               other=0.0, cache_modifier=".cg")
+                total += tl.where(pid_k == s, acc, part)
+            tl.store(c_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+@triton.jit
+def _plane(p: tl.constexpr, pos0, v0, pos1, v1, pos2, v2, pos3, v3,
+           NS: tl.constexpr, MM: tl.constexpr):
+    """D_p: the value at position p of every group (0 if none). Slot s can only hold positions
+    s..s+MM-NS (positions strictly increase within a group), so infeasible slots cost nothing."""
+    d = tl.zeros_like(v0)
+    if p <= MM - NS:
+        d = tl.where(pos0 == p, v0, d)
+    if NS > 1:
+        if p >= 1:
+            if p <= MM - NS + 1:
+                d = tl.where(pos1 == p, v1, d)
+    if NS > 2:
+        if p >= 2:
+            if p <= MM - NS + 2:
+                d = tl.where(pos2 == p, v2, d)
+    if NS > 3:
+        if p >= 3:
+            if p <= MM - NS + 3:
+                d = tl.where(pos3 == p, v3, d)
+    return d
+
+
+@triton.jit
+def _nm_kernel(
+    vals_ptr, meta_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, rptr_ptr, rind_ptr, rval_ptr,
+    M, N, K, N_TILES, NUM_TILES, NSTEPS,
+    stride_bk, stride_bn, stride_om, stride_on,
+    NS: tl.constexpr, MM: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr, F: tl.constexpr,
+    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    EXPAND: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)          # row tile * N_TILES + N tile
+    pid_k = tl.program_id(1)        # split index
+    pid_m = pid // N_TILES
+    pid_n = pid % N_TILES
+    PMASK: tl.constexpr = (1 << PB) - 1
+    VSTEP: tl.constexpr = NS * F * H   # values of one row in one K step
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)          # < padded M: no mask on A
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    steps_per = tl.cdiv(NSTEPS, SPLIT)
+    s_lo = pid_k * steps_per
+    s_hi = tl.minimum(s_lo + steps_per, NSTEPS)
+    v_row = vals_ptr + rows.to(tl.int64)[:, None] * (NSTEPS * VSTEP)
+    m_row = meta_ptr + rows.to(tl.int64)[:, None] * (NSTEPS * H)
+    hh = tl.arange(0, H)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+
+    if EXPAND == "planes":
+        for step in tl.range(s_lo, s_hi, num_stages=NUM_STAGES):
+            w = tl.load(m_row + step * H + hh[None, :]).to(tl.int32)
+            vbase = v_row + step * VSTEP + hh[None, :]
+            for j in tl.static_range(F):
+                code = w >> (j * CB)
+                pos0 = code & PMASK
+                v0 = tl.load(vbase + j * H)
+                pos1 = pos0
+                v1 = v0
+                pos2 = pos0
+                v2 = v0
+                pos3 = pos0
+                v3 = v0
+                if NS > 1:
+                    pos1 = (code >> PB) & PMASK
+                    v1 = tl.load(vbase + (F + j) * H)
+                if NS > 2:
+                    pos2 = (code >> (2 * PB)) & PMASK
+                    v2 = tl.load(vbase + (2 * F + j) * H)
+                if NS > 3:
+                    pos3 = (code >> (3 * PB)) & PMASK
+                    v3 = tl.load(vbase + (3 * F + j) * H)
+                groups = (step * F + j) * H + hh
+                for p in tl.static_range(MM):
+                    d = _plane(p, pos0, v0, pos1, v1, pos2, v2, pos3, v3, NS, MM)
+                    krow = groups * MM + p
+                    b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                                mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+                    acc = _dot_acc(d, b, acc, UPCAST, IN_PREC)
+    else:
+        cc = tl.arange(0, H * MM)       # dense column inside a sub-tile
+        gi = cc // MM                   # its group
+        pc = cc % MM                    # its position inside the group
+        for step in tl.range(s_lo, s_hi, num_stages=NUM_STAGES):
+            w = tl.load(m_row + step * H + gi[None, :]).to(tl.int32)
+            vbase = v_row + step * VSTEP + gi[None, :]
+            for j in tl.static_range(F):
+                code = w >> (j * CB)
+                dense = tl.zeros((BLOCK_M, H * MM), dtype=vals_ptr.dtype.element_ty)
+                for s in tl.static_range(NS):
+                    pos = (code >> (s * PB)) & PMASK
+                    v = tl.load(vbase + (s * F + j) * H)
+                    dense = tl.where(pos == pc[None, :], v, dense)
+                krow = (step * F + j) * (H * MM) + cc
+                b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                            mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+                acc = _dot_acc(dense, b, acc, UPCAST, IN_PREC)
+
+    if HAS_RESIDUAL:
+        if pid_k == 0:
+            # Entries of groups that held more than n: a short CSR gather loop (rarely long).
+            live_row = rows < M
+            r_lo = tl.load(rptr_ptr + rows, mask=live_row, other=0)
+            r_len = tl.load(rptr_ptr + rows + 1, mask=live_row, other=0) - r_lo
+            longest = tl.max(r_len, axis=0)
+            for i in range(0, longest):
+                live = i < r_len
+                col = tl.load(rind_ptr + r_lo + i, mask=live, other=0)
+                val = tl.load(rval_ptr + r_lo + i, mask=live, other=0.0)
+                brow = tl.load(b_ptr + col.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                               mask=live[:, None] & n_mask[None, :], other=0.0)
+                acc += val.to(tl.float32)[:, None] * brow.to(tl.float32)
+
+    _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, pid, pid_k, rows, cols, M, N,
+                stride_om, stride_on, NUM_TILES, BLOCK_M, BLOCK_N, SPLIT)
+
+
+# ---- host side ----------------------------------------------------------------------------------
+
+def _check_params() -> None:
+    for name, legal in META["params"].items():
+        if PARAMS.get(name) not in legal:
+            raise ValueError(f"nm_compressed parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in named:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return named[dtype]
+
+
+def choose_nm(A) -> tuple[int, int]:
+    """NM="auto": the n:m (of 1:4, 2:8, 1:2, 2:4, 4:8) with the fewest bytes, counting each entry
+    that spills to the residual CSR at 6 bytes (fp16 value + int32 column)."""
+    M, K = A.shape
+    rows, cols = A.row_ids(), A.indices.astype(np.int64)
+    best = None
+    for n, m in _AUTO_NM:
+        G = -(-K // m)
+        counts = np.bincount(rows * G + cols // m, minlength=M * G)
+        spill = int(np.maximum(counts - n, 0).sum())
+        bits = n * max(1, math.ceil(math.log2(m)))
+        cost = M * G * n * 2 + M * G * bits / 8 + spill * 6
+        if best is None or cost < best[0]:
+            best = (cost, n, m)
+    return best[1], best[2]
+
+
+def _layout(n: int, m: int) -> dict:
+    """Metadata packing for n:m: bits per position, bits per group, word width, sub-tiles per word."""
+    pb = max(1, math.ceil(math.log2(m)))
+    cb = n * pb
+    if cb > 32:
+        raise ValueError(f"{n}:{m} needs {cb} metadata bits per group; nm_compressed packs at most 32.")
+    wb = 8 if cb <= 8 else (16 if cb <= 16 else 32)
+    return {"PB": pb, "CB": cb, "WB": wb, "F": wb // cb}
+
+
+def _pack(fmt: NMCompressed, block_m: int, h: int, lay: dict):
+    """Slot-planar values [Mp, steps, n, F, H] and metadata words [Mp, steps, H] (see module doc)."""
+    n, F = fmt.n, lay["F"]
+    M = fmt.shape[0]
+    G = fmt.groups_per_row
+    steps = max(1, -(-G // (F * h)))
+    Gp, Mp = steps * F * h, -(-M // block_m) * block_m
+    vals = np.zeros((Mp, Gp, n), dtype=np.float32)
+    vals[:M, :G] = fmt.values.reshape(M, G, n)
+    pos = np.broadcast_to(np.arange(n, dtype=np.uint64), (Mp, Gp, n)).copy()  # canonical padding
+    pos[:M, :G] = fmt.positions.reshape(M, G, n)
+    planar = vals.reshape(Mp, steps, F, h, n).transpose(0, 1, 4, 2, 3)
+    code = (pos << (np.arange(n, dtype=np.uint64) * np.uint64(lay["PB"]))).sum(axis=2, dtype=np.uint64)
+    code = code.reshape(Mp, steps, F, h)
+    words = (code << (np.arange(F, dtype=np.uint64) * np.uint64(lay["CB"]))[None, None, :, None]).sum(
+        axis=2, dtype=np.uint64)
+    if lay["WB"] == 8:
+        words = words.astype(np.uint8)
+    elif lay["WB"] == 16:
+        words = words.astype(np.uint16).view(np.int16)
+    else:
+        words = words.astype(np.uint32).view(np.int32)
+    return np.ascontiguousarray(planar), np.ascontiguousarray(words), steps, Mp
+
+
+def prepare(A, dtype, device) -> dict:
+    """NMCompressed (kept values, positions, residual CSR) repacked slot-planar for the kernel."""
+    _check_params()
+    dtype = _torch_dtype(dtype)
+    if PARAMS["NM"] == "auto":
+        n, m = choose_nm(A)
+    else:
+        n, m = (int(x) for x in PARAMS["NM"].split(":"))
+    lay = _layout(n, m)
+    if PARAMS["EXPAND"] == "planes" and n > _MAX_PLANE_SLOTS:
+        raise ValueError(f"EXPAND='planes' supports n <= {_MAX_PLANE_SLOTS} kept values per group, got {n}:{m}; "
+                         "use EXPAND='select'.")
+    if PARAMS["EXPAND"] == "select" and m & (m - 1):
+        raise ValueError(f"EXPAND='select' needs a power-of-two group size m, got {n}:{m}; use EXPAND='planes'.")
+    fmt = NMCompressed.from_matrix(A, n=n, m=m)
+    h, block_m = int(PARAMS["BLOCK_G"]), int(PARAMS["BLOCK_M"])
+    planar, words, steps, Mp = _pack(fmt, block_m, h, lay)
+    packed = {
+        "values": torch.from_numpy(planar.reshape(-1)).to(device=device, dtype=dtype),
+        "meta": torch.from_numpy(words.reshape(-1)).to(device),
+        "shape": tuple(A.shape), "n": n, "m": m, "steps": steps, "padded_rows": Mp,
+        "layout": lay, "BLOCK_G": h, "BLOCK_M": block_m, "dtype": dtype, "_scratch": {},
+        "residual_nnz": 0 if fmt.residual is None else fmt.residual.nnz,
+    }
+    if fmt.residual is not None:
+        r = fmt.residual.to_torch(device=device, dtype=dtype)
+        packed.update(r_indptr=r["indptr"], r_indices=r["indices"], r_values=r["values"])
+    return packed
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return _DEFAULT_SMS
+
+
+def _launch_config(packed: dict, N: int, device) -> dict:
+    block_m = packed["BLOCK_M"]
+    block_n = PARAMS["BLOCK_N"]
+    if block_n == "auto":
+        block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
+    n_tiles = -(-N // block_n)
+    tiles = (packed["padded_rows"] // block_m) * n_tiles
+    split = PARAMS["SPLIT_K"]
+    if split == "auto":
+        # ~2 waves of programs, each split keeping >= 2 K steps so its loads can pipeline.
+        want = -(-2 * _sm_count(device) // tiles)
+        cap = max(1, min(16, want, packed["steps"] // 2))
+        split = 1 << (cap.bit_length() - 1)
+    warps = PARAMS["num_warps"]
+    if warps == "auto":
+        warps = 8 if block_m * block_n >= 128 * 128 else 4
+    return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
+            "num_warps": int(warps)}
+
+
+def _scratch(packed: dict, tiles: int, split: int, bm: int, block_n: int, device):
+    """fp32 partial tiles [split, tiles, bm, block_n] and zeroed arrival counters, cached per shape."""
+    key = (str(device), tiles, split, bm, block_n)
+    if key not in packed["_scratch"]:
+        if split == 1:
+            ws = torch.empty(1, dtype=torch.float32, device=device)
+            cnt = torch.zeros(1, dtype=torch.int32, device=device)
+        else:
+            ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=device)
+            cnt = torch.zeros(tiles, dtype=torch.int32, device=device)
+        packed["_scratch"][key] = (ws, cnt)
+    return packed["_scratch"][key]
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B for B [K, N] (any strides); fp32 accumulation; out in B's dtype."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = int(B.shape[1])
+    if tuple(out.shape) != (M, N):
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    if out.dtype != B.dtype:
+        raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
+    if N == 0:
+        return
+    _check_params()
+    cfg = _launch_config(packed, N, B.device)
+    block_m, lay = packed["BLOCK_M"], packed["layout"]
+    ws, cnt = _scratch(packed, cfg["tiles"], cfg["SPLIT"], block_m, cfg["BLOCK_N"], B.device)
+    has_res = "r_indptr" in packed
+    res = (packed["r_indptr"], packed["r_indices"], packed["r_values"]) if has_res else (cnt, cnt, ws)
+    grid = (cfg["tiles"], cfg["SPLIT"])
+    _nm_kernel[grid](
+        packed["values"], packed["meta"], B, out, ws, cnt, *res,
+        M, N, K, cfg["n_tiles"], cfg["tiles"], packed["steps"],
+        B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+        NS=packed["n"], MM=packed["m"], PB=lay["PB"], CB=lay["CB"], F=lay["F"],
+        H=packed["BLOCK_G"], BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
+        EXPAND=PARAMS["EXPAND"], HAS_RESIDUAL=has_res, NUM_STAGES=int(PARAMS["num_stages"]),
+        UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
+        IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
+        num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
+    )
