@@ -1,0 +1,183 @@
+"""CSR SpMM in CUDA C++ through CuPy: a (sub-)warp per row, fp32 accumulation, fp32/fp16/bf16.
+
+Why this template exists: it is the hand-written CUDA-core baseline the Triton templates are
+measured against, and the place to reach for warp-level primitives Triton does not expose
+(shuffles for the cross-lane row reduction, explicit vector loads). Two layouts, chosen per call
+from N when LAYOUT="auto":
+  * "nnz"  (N <= 8: SpMV and decode) GROUP lanes share a row and split its nonzeros; each lane
+           keeps TILE_N columns of C in registers; a shuffle reduction combines the lanes.
+  * "cols" (N > 8) a warp per row, lanes over 32*VEC columns of B; each batch of 32 nonzeros is
+           loaded once (coalesced) and broadcast with __shfl_sync; B strips load as 8/16-byte
+           vectors when aligned.
+The kernels live in csr_vector.cu; the registry inlines that file into CUDA_SRC when it
+instantiates this template, so a candidate's source is self-contained. prepare() compiles them
+with cupy.RawModule (NVRTC, -std=c++17, name_expressions for every instantiation this PARAMS can
+reach for the dtype) and keeps the kernel handles in the packed dict, so compilation is part of
+the separately timed preparation and spmm() is a single launch on torch's current stream.
+"""
+META = {
+    "name": "csr_vector",
+    "backend": "cuda",
+    "format": "csr",
+    "description": "CUDA C++ CSR SpMM: sub-warp per row with shuffle reduction (small N) or warp per row with lanes over N (large N)",
+    "params": {
+        "LAYOUT": ["auto", "nnz", "cols"],
+        "GROUP": ["auto", 2, 4, 8, 16, 32],
+        "TILE_N": ["auto", 1, 2, 4, 8],
+        "VEC": ["auto", 1, 2, 4, 8],
+        "WARPS_PER_BLOCK": [1, 2, 4, 8],
+    },
+    "defaults": {
+        "LAYOUT": "auto",
+        "GROUP": "auto",
+        "TILE_N": "auto",
+        "VEC": "auto",
+        "WARPS_PER_BLOCK": 4,
+    },
+    "patterns": ["unstructured", "banded", "power_law"],
+    "cuda_source": "csr_vector.cu",
+}
+PARAMS = dict(META["defaults"])
+
+CUDA_SRC = r"""@SPARSEDITTO_INLINE csr_vector.cu@"""
+
+import numpy as np
+import torch
+
+from sparseditto.formats import CSR
+
+try:  # CuPy needs a GPU and a CUDA runtime; prepare() and the launch planning work without it.
+    import cupy as cp
+except ImportError:  # pragma: no cover - exercised on machines without CuPy
+    cp = None
+
+_DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+_NNZ_LAYOUT_MAX_N = 8
+_PLACEHOLDER = "@SPARSEDITTO_INLINE"
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in named:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return named[dtype]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def _element_size(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def reachable_kernels(dtype, group: int) -> tuple:
+    """Every kernel instantiation plan_launch can pick for this dtype and group (one compile)."""
+    tag = _DTYPE_TAGS[dtype]
+    max_vec = 16 // _element_size(dtype)  # one 16-byte vector per lane at most
+    names = set()
+    if PARAMS["LAYOUT"] in ("auto", "nnz"):
+        tiles = (1, 2, 4, 8) if PARAMS["TILE_N"] == "auto" else (int(PARAMS["TILE_N"]),)
+        names.update(f"csr_vector_nnz<{tag}, {group}, {t}>" for t in tiles)
+    if PARAMS["LAYOUT"] in ("auto", "cols"):
+        vecs = (1, 2, 4, 8) if PARAMS["VEC"] == "auto" else (int(PARAMS["VEC"]),)
+        names.update(f"csr_vector_cols<{tag}, {max(1, min(v, max_vec))}>" for v in vecs)
+    return tuple(sorted(names))
+
+
+def _compile(dtype, group: int, device) -> dict:
+    """NVRTC-compile the reachable kernels on `device`; {name expression: kernel}."""
+    if cp is None:
+        raise RuntimeError("csr_vector needs CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
+    if CUDA_SRC.startswith(_PLACEHOLDER):
+        raise RuntimeError("CUDA_SRC is still the placeholder: instantiate this template through "
+                           "sparseditto.kernel_templates.registry, which inlines csr_vector.cu.")
+    names = reachable_kernels(dtype, group)
+    with cp.cuda.Device(device.index if device.index is not None else 0):
+        module = cp.RawModule(code=CUDA_SRC, options=("-std=c++17",), name_expressions=names)
+        return {name: module.get_function(name) for name in names}
+
+
+def prepare(A, dtype, device) -> dict:
+    """int32 CSR on `device` (values in `dtype`), the lane-group size, and (on a GPU) the kernels."""
+    dtype = _torch_dtype(dtype)
+    if dtype not in _DTYPE_TAGS:
+        raise ValueError(f"csr_vector supports float32, float16 and bfloat16 values, got {dtype}.")
+    device = torch.device(device)
+    csr = CSR.from_matrix(A, index_dtype="int32")
+    tensors = csr.to_torch(device=device, dtype=dtype)
+    mean_row = float(csr.nnz) / max(1, A.shape[0])
+    group = PARAMS["GROUP"]
+    if group == "auto":
+        group = max(2, min(32, _next_pow2(int(np.ceil(mean_row)))))
+    kernels = _compile(dtype, int(group), device) if device.type == "cuda" else {}
+    return {**tensors, "shape": tuple(A.shape), "nnz": csr.nnz, "group": int(group), "kernels": kernels}
+
+
+def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
+    """Kernel name expression, grid, block and the vector-load flag for one call (pure Python)."""
+    dtype = _torch_dtype(dtype)
+    tag = _DTYPE_TAGS[dtype]
+    esize = _element_size(dtype)
+    M = packed["shape"][0]
+    warps = int(PARAMS["WARPS_PER_BLOCK"])
+    layout = PARAMS["LAYOUT"]
+    if layout == "auto":
+        layout = "nnz" if N <= _NNZ_LAYOUT_MAX_N else "cols"
+    if layout == "nnz":
+        group = int(packed["group"])
+        tile = PARAMS["TILE_N"]
+        tile = min(_next_pow2(N), 8) if tile == "auto" else int(tile)
+        rows_per_block = warps * 32 // group
+        grid = (-(-M // rows_per_block), -(-N // tile), 1)
+        vec = tile
+        name = f"csr_vector_nnz<{tag}, {group}, {tile}>"
+    else:
+        vec = PARAMS["VEC"]
+        vec = _next_pow2(-(-N // 32)) if vec == "auto" else int(vec)
+        vec = max(1, min(vec, 16 // esize))
+        grid = (-(-M // warps), -(-N // (32 * vec)), 1)
+        name = f"csr_vector_cols<{tag}, {vec}>"
+    if grid[1] > 65535:
+        raise ValueError(f"N = {N} needs {grid[1]} column tiles, more than CUDA's grid.y limit of 65535; "
+                         "use a wider TILE_N/VEC or LAYOUT='cols'.")
+    vec_ok = int(b_ptr % (vec * esize) == 0 and ldb % vec == 0)
+    return {"name": name, "grid": grid, "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "layout": layout}
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B (B [K, N] on the GPU, any strides), fp32 accumulation, out in B's dtype."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = B.shape[1]
+    if tuple(out.shape) != (M, N):
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    if B.dtype != packed["values"].dtype or out.dtype != B.dtype:
+        raise ValueError(f"Expected B and out in the prepared dtype {packed['values'].dtype}, "
+                         f"got B {B.dtype} and out {out.dtype}.")
+    if not B.is_cuda or not packed["kernels"]:
+        raise ValueError(f"csr_vector runs on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    if N == 0:
+        return
+    # The kernels walk columns with unit stride; other layouts go through a contiguous copy.
+    # With N == 1 only column 0 is touched, so the column stride never matters.
+    b = B if B.stride(1) == 1 or N == 1 else B.contiguous()
+    target = out if out.stride(1) == 1 or N == 1 else torch.empty((M, N), dtype=out.dtype, device=out.device)
+    plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0))
+    kernel = packed["kernels"][plan["name"]]
+    # Raw device pointers (8-byte values): no per-call DLPack conversion on the hot path.
+    ptr = np.uint64
+    args = (ptr(packed["indptr"].data_ptr()), ptr(packed["indices"].data_ptr()),
+            ptr(packed["values"].data_ptr()), ptr(b.data_ptr()), ptr(target.data_ptr()),
+            np.int32(M), np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)),
+            np.int32(plan["vec_ok"]))
+    with torch.cuda.device(b.device), cp.cuda.Device(b.device.index):
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            kernel(plan["grid"], plan["block"], args)
+    if target is not out:
+        out.copy_(target)

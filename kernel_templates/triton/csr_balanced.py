@@ -1,0 +1,250 @@
+"""CSR SpMM split by nonzeros (merge-path style): every program gets the same number of nonzeros.
+
+Why this template exists: on skewed matrices (power-law graphs, a few dense rows) a row-split kernel
+is only as fast as the program that drew the longest row, while most SMs idle. Here program p owns
+nonzeros [p*P, (p+1)*P) with P = NNZ_PER_PROGRAM, whatever rows they fall in, so the work per
+program is equal by construction.
+
+How rows crossing a program boundary are combined, deterministically (no atomics, so two runs give
+bit-identical results and verification is stable):
+  * prepare() gives each program a row range [row_lo, row_hi] (found by binary search of indptr,
+    numpy searchsorted). Ranges tile all M rows: empty rows are owned by exactly one program and
+    written as zeros, so every element of C is written.
+  * A row entirely inside one program's nonzeros is written straight to C.
+  * A row cut by a boundary ("shared row") gets one fp32 partial per program that touches it:
+    slot 0 of a program holds its first row's partial, slot 1 its last row's.
+  * A second small launch sums the partials of each shared row in program order and writes C.
+    That launch is skipped when no row is shared.
+Chunks of BLOCK_NNZ nonzeros start at multiples of BLOCK_NNZ on padded arrays (unmasked, vector
+loads), exactly as in csr_rowsplit.
+"""
+META = {
+    "name": "csr_balanced",
+    "backend": "triton",
+    "format": "csr",
+    "description": "CSR SpMM with equal nonzeros per program (nnz split) and a deterministic fix-up for rows crossing programs",
+    "params": {
+        "NNZ_PER_PROGRAM": ["auto", 64, 128, 256, 512, 1024, 2048, 4096],
+        "BLOCK_N": ["auto", 1, 2, 4, 8, 16, 32, 64, 128, 256],
+        "BLOCK_NNZ": [8, 16, 32, 64, 128],
+        "INDEX_BITS": ["auto", 32, 16],
+        "num_warps": ["auto", 1, 2, 4, 8],
+        "num_stages": [1, 2, 3, 4],
+    },
+    "defaults": {
+        "NNZ_PER_PROGRAM": "auto",
+        "BLOCK_N": "auto",
+        "BLOCK_NNZ": 32,
+        "INDEX_BITS": "auto",
+        "num_warps": "auto",
+        "num_stages": 2,
+    },
+    "patterns": ["power_law", "unstructured"],
+}
+PARAMS = dict(META["defaults"])
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from sparseditto.formats import CSR
+
+_PAD_TO = 128
+_INT16_COLUMN_LIMIT = 32768
+
+
+@triton.jit
+def _csr_balanced_kernel(
+    indptr_ptr, indices_ptr, values_ptr, row_lo_ptr, row_hi_ptr, b_ptr, out_ptr, part_ptr,
+    nnz, N, nnz_per_program,
+    stride_bk, stride_bn, stride_om, stride_on,
+    BLOCK_N: tl.constexpr, BLOCK_NNZ: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    lanes = tl.arange(0, BLOCK_NNZ)
+    lo = pid * nnz_per_program
+    hi = tl.minimum(lo + nnz_per_program, nnz)
+    row_lo = tl.load(row_lo_ptr + pid)
+    row_hi = tl.load(row_hi_ptr + pid)
+    for row in range(row_lo, row_hi + 1):
+        row_start = tl.load(indptr_ptr + row)
+        row_end = tl.load(indptr_ptr + row + 1)
+        start = tl.maximum(row_start, lo)
+        end = tl.minimum(row_end, hi)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k0 in range((start // BLOCK_NNZ) * BLOCK_NNZ, end, BLOCK_NNZ):
+            offs = k0 + lanes
+            live = (offs >= start) & (offs < end)
+            cols = tl.load(indices_ptr + offs).to(tl.int64)
+            vals = tl.where(live, tl.load(values_ptr + offs).to(tl.float32), 0.0)
+            b = tl.load(b_ptr + cols[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                        mask=live[:, None] & n_mask[None, :], other=0.0)
+            acc += tl.sum(vals[:, None] * b.to(tl.float32), axis=0)
+        owned = (row_start >= lo) & (row_end <= hi)
+        tl.store(out_ptr + tl.cast(row, tl.int64) * stride_om + offs_n * stride_on,
+                 acc.to(out_ptr.dtype.element_ty), mask=n_mask & owned)
+        slot = (row != row_lo).to(tl.int64)
+        tl.store(part_ptr + (pid.to(tl.int64) * 2 + slot) * N + offs_n, acc, mask=n_mask & (owned == 0))
+
+
+@triton.jit
+def _csr_balanced_fixup_kernel(
+    shared_rows_ptr, first_prog_ptr, last_prog_ptr, row_lo_ptr, part_ptr, out_ptr,
+    N, stride_om, stride_on,
+    BLOCK_N: tl.constexpr,
+):
+    i = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    row = tl.load(shared_rows_ptr + i)
+    p_first = tl.load(first_prog_ptr + i)
+    p_last = tl.load(last_prog_ptr + i)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for p in range(p_first, p_last + 1):
+        slot = (tl.load(row_lo_ptr + p) != row).to(tl.int64)
+        acc += tl.load(part_ptr + (tl.cast(p, tl.int64) * 2 + slot) * N + offs_n, mask=n_mask, other=0.0)
+    tl.store(out_ptr + tl.cast(row, tl.int64) * stride_om + offs_n * stride_on,
+             acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in named:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return named[dtype]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def _pad(t, length: int):
+    if t.shape[0] == length:
+        return t
+    return torch.cat([t, torch.zeros(length - t.shape[0], dtype=t.dtype, device=t.device)])
+
+
+def _nnz_per_program(nnz: int) -> int:
+    """"auto": about 2K programs for big matrices, never fewer than 128 nonzeros per program."""
+    chosen = PARAMS["NNZ_PER_PROGRAM"]
+    if chosen != "auto":
+        return int(chosen)
+    return int(min(4096, max(128, _next_pow2(-(-nnz // 2048)))))
+
+
+def split_by_nonzeros(indptr: np.ndarray, nnz_per_program: int) -> dict:
+    """Row ranges of each program and the shared rows to fix up (vectorized numpy).
+
+    Program p owns nonzeros [p*P, min((p+1)*P, nnz)). Its first row is the row holding nonzero p*P
+    (program 0: row 0, so leading empty rows are covered); its last row is the row just before the
+    next program's first row, or that row itself when the next program starts inside it. The last
+    program ends at row M-1. Ranges therefore cover every row; a row is shared when its nonzeros
+    span several programs.
+    """
+    indptr = np.asarray(indptr, dtype=np.int64)
+    M = indptr.shape[0] - 1
+    nnz = int(indptr[-1])
+    P = int(nnz_per_program)
+    programs = max(1, -(-nnz // P))
+    starts = np.arange(programs, dtype=np.int64) * P
+    row_lo = np.searchsorted(indptr, starts, side="right") - 1
+    row_lo[0] = 0
+    row_lo = np.minimum(row_lo, M - 1)
+    row_hi = np.empty(programs, dtype=np.int64)
+    row_hi[-1] = M - 1
+    if programs > 1:
+        nxt = row_lo[1:]
+        row_hi[:-1] = np.where(indptr[nxt] == starts[1:], nxt - 1, nxt)
+    lengths = np.diff(indptr)
+    first_prog = indptr[:-1] // P
+    last_prog = np.maximum(indptr[1:] - 1, 0) // P
+    shared = np.flatnonzero((lengths > 0) & (first_prog != last_prog))
+    return {
+        "programs": programs,
+        "row_lo": row_lo.astype(np.int32),
+        "row_hi": row_hi.astype(np.int32),
+        "shared_rows": shared.astype(np.int32),
+        "shared_first": first_prog[shared].astype(np.int32),
+        "shared_last": last_prog[shared].astype(np.int32),
+    }
+
+
+def prepare(A, dtype, device) -> dict:
+    """CSR on `device` (padded for aligned chunk loads) plus the nonzero split and fix-up lists."""
+    dtype = _torch_dtype(dtype)
+    M, K = A.shape
+    bits = PARAMS["INDEX_BITS"]
+    if bits == "auto":
+        bits = 16 if K <= _INT16_COLUMN_LIMIT else 32
+    if bits == 16 and K > _INT16_COLUMN_LIMIT:
+        raise ValueError(f"INDEX_BITS=16 needs K <= {_INT16_COLUMN_LIMIT}, got K = {K}.")
+    csr = CSR.from_matrix(A, index_dtype="int16" if bits == 16 else "int32")
+    tensors = csr.to_torch(device=device, dtype=dtype)
+    padded = -(-max(csr.nnz, 1) // _PAD_TO) * _PAD_TO
+    P = _nnz_per_program(csr.nnz)
+    split = split_by_nonzeros(A.indptr, P)
+
+    def dev(a):
+        return torch.from_numpy(a).to(device)
+
+    return {
+        "indptr": tensors["indptr"],
+        "indices": _pad(tensors["indices"], padded),
+        "values": _pad(tensors["values"], padded),
+        "row_lo": dev(split["row_lo"]),
+        "row_hi": dev(split["row_hi"]),
+        "shared_rows": dev(split["shared_rows"]),
+        "shared_first": dev(split["shared_first"]),
+        "shared_last": dev(split["shared_last"]),
+        "programs": split["programs"],
+        "nnz_per_program": P,
+        "shape": (M, K),
+        "nnz": csr.nnz,
+    }
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = B.shape[1]
+    if tuple(out.shape) != (M, N):
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    if N == 0:
+        return
+    block_n = PARAMS["BLOCK_N"]
+    if block_n == "auto":
+        block_n = min(_next_pow2(N), 128)
+    block_nnz = int(PARAMS["BLOCK_NNZ"])
+    warps = PARAMS["num_warps"]
+    if warps == "auto":
+        warps = max(1, min(8, (block_n * block_nnz) // 512))
+    programs = packed["programs"]
+    n_tiles = triton.cdiv(N, block_n)
+    n_shared = int(packed["shared_rows"].shape[0])
+    # Partials exist only for programs that touch a shared row; a 1-element buffer otherwise.
+    partials = torch.empty((programs * 2 * N) if n_shared else 1, dtype=torch.float32, device=out.device)
+    _csr_balanced_kernel[(programs, n_tiles)](
+        packed["indptr"], packed["indices"], packed["values"], packed["row_lo"], packed["row_hi"],
+        B, out, partials,
+        packed["nnz"], N, packed["nnz_per_program"],
+        B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+        BLOCK_N=block_n, BLOCK_NNZ=block_nnz,
+        num_warps=warps, num_stages=int(PARAMS["num_stages"]),
+    )
+    if n_shared:
+        _csr_balanced_fixup_kernel[(n_shared, n_tiles)](
+            packed["shared_rows"], packed["shared_first"], packed["shared_last"], packed["row_lo"],
+            partials, out, N, out.stride(0), out.stride(1),
+            BLOCK_N=block_n, num_warps=max(1, min(4, block_n // 32)),
+        )
