@@ -1,0 +1,61 @@
+"""The plain, picklable description of "what to run" that crosses into the worker process.
+
+Callers hand the harness a registry ``Candidate`` (pydantic, duck-typed here so the harness does not
+depend on the template package) or a raw source string. Both become a `CandidateSpec`, which is
+what travels over the pipe to the sandboxed worker.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .source_loader import source_hash
+
+CANDIDATE_BACKENDS = ("triton", "cuda", "builtin")
+BUILTIN_TEMPLATES = ("dense",)
+_CUPY_IMPORT = re.compile(r"^\s*(import\s+cupy|from\s+cupy\b)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    source: str
+    backend: str            # "triton" | "cuda" | "builtin"
+    template: str = "custom"
+    params: dict = field(default_factory=dict)
+    source_hash: str = ""
+
+    @property
+    def is_builtin_dense(self) -> bool:
+        return self.backend == "builtin" and self.template == "dense"
+
+    @property
+    def label(self) -> str:
+        return f"{self.template}[{self.source_hash[:10]}]" if self.source_hash else self.template
+
+
+def as_spec(candidate) -> CandidateSpec:
+    """Normalize a Candidate-like object or a source string into a `CandidateSpec`."""
+    if isinstance(candidate, CandidateSpec):
+        return candidate
+    if isinstance(candidate, str):
+        backend = "cuda" if _CUPY_IMPORT.search(candidate) else "triton"
+        return CandidateSpec(source=candidate, backend=backend, source_hash=source_hash(candidate))
+    source = getattr(candidate, "source", None)
+    backend = getattr(candidate, "backend", None)
+    if backend is None:
+        raise ValueError(f"Expected a Candidate (with .source and .backend) or a source string, "
+                         f"got {type(candidate).__name__}.")
+    backend = str(backend)
+    if backend not in CANDIDATE_BACKENDS:
+        raise ValueError(f"Unknown candidate backend {backend!r}; expected one of {CANDIDATE_BACKENDS}.")
+    template = str(getattr(candidate, "template", None) or "custom")
+    if backend == "builtin":
+        if template not in BUILTIN_TEMPLATES:
+            raise ValueError(f"Unknown builtin template {template!r}; expected one of {BUILTIN_TEMPLATES}.")
+        source = source or ""
+    elif not isinstance(source, str) or not source.strip():
+        raise ValueError(f"Candidate {template!r} has no source text (got {type(source).__name__}).")
+    params = dict(getattr(candidate, "params", None) or {})
+    digest = getattr(candidate, "source_hash", None) or source_hash(source)
+    return CandidateSpec(source=source, backend=backend, template=template, params=params,
+                         source_hash=str(digest))

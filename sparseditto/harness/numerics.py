@@ -1,0 +1,155 @@
+"""Test inputs, fp64 references and the tolerance rule shared by verification and benchmarking.
+
+Tolerance (elementwise, for output entry (i, j))::
+
+    |C_ij - R_ij| <= atol + rtol_i * (|A| @ |B|)_ij
+    rtol_i = rtol_dtype + 4 * sqrt(k_i) * 2^-24
+
+``R`` is the fp64 product of the *dtype-rounded* A and B the kernel actually received; ``k_i`` is the
+number of nonzeros in row i. ``rtol_dtype`` covers rounding the fp32 accumulator to the output dtype
+(4 units of roundoff for halves: 2^-9 for float16, 2^-6 for bfloat16; 1e-4 for float32, which
+admits any fp32 summation order but not TF32 inputs, matching torch.matmul's fp32 default; 1e-10 for
+float64). The sqrt(k) term is the typical growth of fp32 accumulation error with the row length.
+Scaling by ``|A| @ |B|`` (not |C|) keeps the bound meaningful under cancellation, and ``atol`` is
+tiny so an empty row must come out as exact zeros.
+
+Values are chosen so a lazy kernel cannot hide: A's nonzeros are ±U(0.5, 1.5)/sqrt(k_i) (every row's
+output is O(1), never tiny next to atol) and B is U(-1, 1), both drawn fresh from the seed for
+every check, never the matrix's stored values alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
+RTOL = {"float16": 2.0 ** -9, "bfloat16": 2.0 ** -6, "float32": 1e-4, "float64": 1e-10}
+ATOL = {"float16": 1e-6, "bfloat16": 1e-6, "float32": 1e-9, "float64": 1e-15}
+ACC_UNIT = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -24, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+ACC_FACTOR = 4.0
+SCALED_CHECK_FACTOR = 2.0 ** -6
+
+
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"Unsupported dtype {dtype!r}; expected one of {DTYPE_NAMES}.")
+    return dtype
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+            "float64": torch.float64}[check_dtype(dtype)]
+
+
+def round_to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float64 values to ``dtype`` and back, so the reference sees what the kernel sees."""
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float64)).to(torch_dtype(dtype)).to(
+        torch.float64).numpy()
+
+
+def draw_matrix_values(matrix, rng: np.random.Generator, dtype: str) -> np.ndarray:
+    """Fresh nonzero values on ``matrix``'s pattern: ±U(0.5, 1.5)/sqrt(row length), dtype-rounded."""
+    lengths = matrix.row_lengths()
+    per_row = 1.0 / np.sqrt(np.maximum(lengths, 1).astype(np.float64))
+    magnitude = rng.uniform(0.5, 1.5, matrix.nnz)
+    sign = np.where(rng.random(matrix.nnz) < 0.5, -1.0, 1.0)
+    return round_to_dtype(sign * magnitude * np.repeat(per_row, lengths), dtype)
+
+
+def draw_dense(rng: np.random.Generator, shape: tuple[int, int], dtype: str, scale: float = 1.0) -> np.ndarray:
+    return round_to_dtype(rng.uniform(-1.0, 1.0, shape) * scale, dtype)
+
+
+def with_values(matrix, values64: np.ndarray, dtype: str):
+    """The same pattern carrying new values and the dtype name the kernel is asked to use."""
+    from sparseditto.matrix import SparseMatrix
+
+    store = np.float64 if dtype == "float64" else np.float32
+    return SparseMatrix(matrix.indptr, matrix.indices, values64.astype(store), tuple(matrix.shape),
+                        dtype, matrix.name, dict(matrix.meta))
+
+
+@dataclass
+class Reference:
+    """fp64 product, its magnitude bound |A| @ |B|, and the elementwise tolerance."""
+
+    value: np.ndarray
+    bound: np.ndarray
+    tol: np.ndarray
+    rtol: float
+
+    @classmethod
+    def compute(cls, matrix, values64: np.ndarray, b64: np.ndarray, dtype: str) -> "Reference":
+        a = sp.csr_array((values64, matrix.indices, matrix.indptr), shape=tuple(matrix.shape))
+        value = np.asarray(a @ b64, dtype=np.float64)
+        a_abs = sp.csr_array((np.abs(values64), matrix.indices, matrix.indptr), shape=tuple(matrix.shape))
+        bound = np.asarray(a_abs @ np.abs(b64), dtype=np.float64)
+        k = matrix.row_lengths().astype(np.float64)
+        rtol_rows = RTOL[dtype] + ACC_FACTOR * np.sqrt(k) * ACC_UNIT[dtype]
+        tol = ATOL[dtype] + rtol_rows[:, None] * bound
+        return cls(value=value, bound=bound, tol=tol, rtol=RTOL[dtype])
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    rel_err: float
+    max_abs_err: float
+    tol_ratio: float
+    n_bad: int
+    message: str
+    nonfinite: int = 0
+
+
+def compare(got: np.ndarray, expected: np.ndarray, ref: Reference, what: str = "output") -> Comparison:
+    """Elementwise check of ``got`` against ``expected`` with ``ref``'s tolerance; explains failures."""
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != expected.shape:
+        return Comparison(False, float("inf"), float("inf"), float("inf"), got.size,
+                          f"{what} has shape {got.shape}, expected {expected.shape}")
+    finite = np.isfinite(got)
+    nonfinite = int((~finite).sum())
+    err = np.where(finite, np.abs(got - expected), np.inf)
+    ratio = err / ref.tol
+    bad = ratio > 1.0
+    n_bad = int(bad.sum())
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    max_abs = float(err.max()) if err.size else 0.0
+    rel = max_abs / scale if scale > 0 else max_abs
+    worst = float(ratio.max()) if ratio.size else 0.0
+    if n_bad == 0:
+        return Comparison(True, rel, max_abs, worst, 0, "", nonfinite)
+    i, j = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    msg = (f"{n_bad} of {got.size} {what} entries outside tolerance; worst at ({i}, {j}): got "
+           f"{got[i, j]:.6g}, expected {expected[i, j]:.6g} (tol {ref.tol[i, j]:.3g})")
+    if nonfinite:
+        msg += f"; {nonfinite} entries are NaN/Inf"
+    msg += "; " + describe_locations(bad)
+    if np.all(got[finite] == 0) and np.any(expected != 0):
+        msg += "; the output is all zeros"
+    return Comparison(False, rel, max_abs, worst, n_bad, msg, nonfinite)
+
+
+def describe_locations(mask: np.ndarray) -> str:
+    """Where the bad entries are: rows/columns involved, with hints the debugger can act on."""
+    rows = np.flatnonzero(mask.any(axis=1))
+    cols = np.flatnonzero(mask.any(axis=0))
+    m, n = mask.shape
+    parts = [f"rows affected: {len(rows)}/{m} ({_preview(rows)})",
+             f"columns affected: {len(cols)}/{n} ({_preview(cols)})"]
+    if len(cols) and len(cols) < n and cols.min() > 0 and np.array_equal(cols, np.arange(cols.min(), n)):
+        parts.append(f"only the trailing columns {cols.min()}..{n - 1} are wrong (N-tail masking?)")
+    if len(rows) and len(rows) < m and np.array_equal(rows, np.arange(rows.min(), m)):
+        parts.append(f"only the trailing rows {rows.min()}..{m - 1} are wrong (grid too small?)")
+    return "; ".join(parts)
+
+
+def _preview(idx: np.ndarray, limit: int = 8) -> str:
+    shown = ", ".join(str(int(v)) for v in idx[:limit])
+    return shown + (", ..." if len(idx) > limit else "")

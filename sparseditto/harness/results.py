@@ -1,0 +1,141 @@
+"""Result models of the harness tools.
+
+Every tool the agents call returns one of these pydantic models rather than raising: a kernel that
+fails to compile, crashes its worker or computes a wrong answer is an *outcome* the debugger agent
+reads, not an exception that would end the graph. They are plain JSON-able data so they can go into
+the SQLite memory, the graph state and the reports unchanged.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+VerifyStatus = Literal[
+    "verified",          # every check passed
+    "static_rejected",   # the AST checks refused the source (vendor GEMM, I/O, escapes, caches...)
+    "compile_error",     # syntax/import error, Triton or CUDA compilation failure
+    "runtime_error",     # prepare()/spmm() raised a Python exception
+    "crash",             # the worker process died, or its CUDA context was poisoned
+    "timeout",           # the worker ran past the limit and was killed
+    "wrong_result",      # outputs outside the tolerance (or NaN/Inf written by the kernel)
+    "unwritten_output",  # some output entries were never written (NaN pre-fill survived)
+    "input_modified",    # B or a tensor of the packed format changed during spmm()
+    "unstable",          # two runs on identical inputs disagree beyond the tolerance
+]
+
+ExecBackend = Literal["cuda", "interpret"]
+
+
+class StaticCheckResult(BaseModel):
+    """Outcome of the AST checks on a candidate source (`static_checks.check_source`)."""
+
+    ok: bool
+    violations: list[str] = Field(default_factory=list)
+    syntax_error: str | None = None  # set when the source does not even parse
+
+
+class CompileResult(BaseModel):
+    """Outcome of `compile_candidate`: imported, JIT-compiled (and optionally nvcc-compiled)."""
+
+    ok: bool
+    log: str = ""
+    seconds: float = 0.0
+    backend: str = ""            # execution backend used: "cuda" or "interpret"
+    failure_class: str | None = None
+    violations: list[str] = Field(default_factory=list)
+
+
+class NCheck(BaseModel):
+    """One numerical comparison of a candidate run against the fp64 reference (or a rerun).
+
+    ``rel_err`` is the normwise error max|C - ref| / max|ref|; ``tol_ratio`` is the elementwise
+    worst max(|C - ref| / (atol + rtol_i * (|A| @ |B|)_ij)), the number that decides ``ok``
+    (ok iff tol_ratio <= 1). ``tol`` is the dtype's base relative tolerance. ``kind`` says which
+    run: "base" (fresh values), "repeat" (same inputs again, compared with the first run) or
+    "scaled" (fresh inputs scaled by 2^-6, written into B's storage in place).
+    """
+
+    n: int
+    rel_err: float
+    max_abs_err: float
+    tol: float
+    ok: bool
+    kind: str = "base"
+    tol_ratio: float = 0.0
+
+
+class VerifyResult(BaseModel):
+    """Outcome of `run_and_verify`. ``status`` is the one field the graph routes on."""
+
+    ok: bool
+    status: VerifyStatus
+    failure_class: str | None = None
+    message: str = ""
+    checks: list[NCheck] = Field(default_factory=list)
+    log: str = ""
+    seconds: float = 0.0
+    backend: str = ""
+    gpu_timings: bool = False    # True when the candidate ran on a GPU (backend "cuda")
+    violations: list[str] = Field(default_factory=list)
+
+
+class Timing(BaseModel):
+    """Distribution of one measured operation, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    repeats: int
+    min_ms: float | None = None
+
+
+class BaselineTiming(BaseModel):
+    """One vendor/library baseline. A failed baseline is kept with its reason, never dropped."""
+
+    name: str
+    ok: bool
+    timing: Timing | None = None
+    error: str | None = None
+    note: str | None = None
+
+
+class BenchResult(BaseModel):
+    """Outcome of `bench`: candidate vs dense cuBLAS vs vendor sparse baselines, same process.
+
+    ``candidate`` is the eager launch (what users without CUDA graphs pay); ``candidate_graph`` is
+    one launch replayed from a CUDA graph, the kernel's own time. Both with a cold L2.
+    ``speedup_vs_dense`` = dense.median / candidate.median (eager vs eager, like for like);
+    ``speedup_vs_best_baseline`` uses the fastest ok baseline (dense included).
+    ``conversion_ms`` is one prepare() call (format build + upload), never hidden in the kernel time.
+    """
+
+    n: int
+    dtype: str
+    backend: str
+    gpu_name: str
+    timings_are_gpu: bool
+    candidate: Timing
+    candidate_graph: Timing | None = None
+    conversion_ms: float
+    dense: Timing
+    dense_graph: Timing | None = None
+    baselines: list[BaselineTiming] = Field(default_factory=list)
+    speedup_vs_dense: float
+    speedup_vs_dense_graph: float | None = None
+    speedup_vs_best_baseline: float | None = None
+    best_baseline: str | None = None
+    reverified: bool
+    reverify_message: str = ""
+    l2_flush_bytes: int = 0
+    notes: list[str] = Field(default_factory=list)
+
+
+class NcuResult(BaseModel):
+    """Outcome of `profile_ncu`. ``available`` False carries the reason in ``note``."""
+
+    available: bool
+    note: str = ""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    raw_csv: str | None = None
+    kernels: list[str] = Field(default_factory=list)

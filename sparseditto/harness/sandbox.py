@@ -1,0 +1,344 @@
+"""A pool of sandboxed worker processes that run untrusted candidate kernels.
+
+Why processes: a generated kernel can segfault, call ``os._exit``, loop forever, or make an illegal
+GPU memory access that poisons the CUDA context for the rest of the process. None of that may take
+down the agent graph. Each backend ("cuda", "interpret") gets one long-lived worker started with the
+``spawn`` method (forking a process that holds a CUDA context is unsafe, and the interpreter worker
+must set ``TRITON_INTERPRET=1`` before Triton is imported). Workers are reused between candidates, so
+the multi-second start (importing torch and triton) is paid rarely, and replaced after a timeout, a
+crash or a sticky CUDA error.
+
+Usage::
+
+    with WorkerPool() as pool:
+        reply = pool.call("verify", payload, backend="interpret", timeout=60)
+
+Programs that use the default pool (`get_pool`) on the ``spawn`` start method need the usual
+``if __name__ == "__main__":`` guard in their main script.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import multiprocessing
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+EXEC_BACKENDS = ("cuda", "interpret")
+_ENV_LOCK = threading.Lock()
+_WORKER_IDS = itertools.count()
+_LOG_TAIL_CHARS = 6000
+
+
+@dataclass
+class WorkerReply:
+    """What came back from one task. Only ``status == "ok"`` carries a ``value``."""
+
+    status: Literal["ok", "error", "timeout", "crash"]
+    value: Any = None
+    error: str = ""            # traceback (error) or human-readable reason (timeout/crash)
+    log: str = ""              # worker stdout/stderr written during this task
+    seconds: float = 0.0
+    exitcode: int | None = None
+    signal_name: str | None = None
+    restarted: bool = False    # the worker was replaced after this task
+
+
+def resolve_backend(backend: str) -> str:
+    """'auto' -> 'cuda' when torch sees a GPU, else 'interpret'; validates explicit names."""
+    if backend == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "interpret"
+    if backend not in EXEC_BACKENDS:
+        raise ValueError(f"Unknown execution backend {backend!r}; expected 'auto' or one of {EXEC_BACKENDS}.")
+    if backend == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("Execution backend 'cuda' requested, but torch sees no CUDA GPU; "
+                             "use backend='interpret' (or 'auto').")
+    return backend
+
+
+def _tail(path: Path, limit: int = _LOG_TAIL_CHARS) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - limit))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _describe_exit(exitcode: int | None) -> tuple[str, str | None]:
+    if exitcode is None:
+        return "worker vanished", None
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"worker killed by {name}", name
+    return f"worker exited with code {exitcode}", None
+
+
+class _Worker:
+    """One spawned process plus its pipe and log file."""
+
+    def __init__(self, backend: str, ctx, log_dir: Path, cache_dir: str | None) -> None:
+        self.backend = backend
+        self._ctx = ctx
+        self._log_dir = log_dir
+        self._cache_dir = cache_dir
+        self.proc = None
+        self.conn = None
+        self.ready = False
+        self.info: dict = {}
+        self.log_path: Path | None = None
+        self.start()
+
+    def start(self) -> None:
+        from . import worker as worker_module
+
+        self.log_path = self._log_dir / f"worker-{self.backend}-{os.getpid()}-{next(_WORKER_IDS)}.log"
+        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
+        proc = self._ctx.Process(
+            target=worker_module.worker_main,
+            args=(child_conn, self.backend, str(self.log_path), self._cache_dir),
+            name=f"sparseditto-{self.backend}-worker", daemon=True)
+        # The child inherits the environment at start(); setting TRITON_INTERPRET here as well as
+        # in the child covers a __main__ module that imports triton during spawn's re-import.
+        with _ENV_LOCK:
+            saved = os.environ.get("TRITON_INTERPRET")
+            if self.backend == "interpret":
+                os.environ["TRITON_INTERPRET"] = "1"
+            else:
+                os.environ.pop("TRITON_INTERPRET", None)
+            try:
+                proc.start()
+            finally:
+                if saved is None:
+                    os.environ.pop("TRITON_INTERPRET", None)
+                else:
+                    os.environ["TRITON_INTERPRET"] = saved
+        child_conn.close()
+        self.proc, self.conn, self.ready = proc, parent_conn, False
+
+    def wait_ready(self, timeout: float) -> WorkerReply | None:
+        """Block until the worker has imported its libraries; a failure comes back as a reply."""
+        if self.ready:
+            return None
+        reply = self._receive(time.monotonic() + timeout, expect="ready")
+        if reply.status == "ok":
+            self.ready = True
+            self.info = reply.value or {}
+            return None
+        return reply
+
+    def _receive(self, deadline: float, expect: str) -> WorkerReply:
+        start = time.monotonic()
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return WorkerReply(status="timeout", seconds=time.monotonic() - start,
+                                   error=f"no reply from the {self.backend} worker in time",
+                                   log=_tail(self.log_path))
+            try:
+                has_data = self.conn.poll(min(0.1, remaining))
+            except (EOFError, OSError):
+                has_data = True
+            if has_data:
+                try:
+                    message = self.conn.recv()
+                except (EOFError, OSError, ConnectionResetError):
+                    return self._crash_reply(start)
+                kind = message[0]
+                if kind == "ready" and expect == "ready":
+                    return WorkerReply(status="ok", value=message[1], seconds=time.monotonic() - start)
+                if kind == "result":
+                    _, value, log, restart = message
+                    return WorkerReply(status="ok", value=value, log=log, restarted=restart,
+                                       seconds=time.monotonic() - start)
+                if kind == "error":
+                    _, tb, log, restart = message
+                    return WorkerReply(status="error", error=tb, log=log, restarted=restart,
+                                       seconds=time.monotonic() - start)
+                continue  # stray message (e.g. a late "ready"): keep waiting
+            if not self.proc.is_alive():
+                if self.conn.poll(0):
+                    continue
+                return self._crash_reply(start)
+
+    def _crash_reply(self, start: float) -> WorkerReply:
+        self.proc.join(timeout=5)
+        exitcode = self.proc.exitcode
+        reason, sig = _describe_exit(exitcode)
+        return WorkerReply(status="crash", error=reason, exitcode=exitcode, signal_name=sig,
+                           log=_tail(self.log_path), seconds=time.monotonic() - start)
+
+    def call(self, task: str, payload: Any, timeout: float) -> WorkerReply:
+        start = time.monotonic()
+        try:
+            self.conn.send((task, payload))
+        except (BrokenPipeError, OSError):
+            return self._crash_reply(start)
+        return self._receive(start + timeout, expect="result")
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=10)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def shutdown(self, grace: float = 2.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("__exit__", None))
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(timeout=grace)
+        self.kill()
+
+
+class WorkerPool:
+    """One reusable sandboxed worker per execution backend, replaced whenever it breaks.
+
+    ``call`` never raises for anything the candidate does: timeouts and crashes come back as a
+    `WorkerReply` with status "timeout"/"crash" and the worker's log tail, and a fresh worker is
+    started in the background for the next call. Calls on one backend are serialized (one lock per
+    worker); the two backends can run side by side.
+    """
+
+    def __init__(self, *, cache_dir: str | os.PathLike | None = None,
+                 log_dir: str | os.PathLike | None = None, start_timeout: float = 300.0) -> None:
+        self._ctx = multiprocessing.get_context("spawn")
+        self._cache_dir = str(cache_dir) if cache_dir is not None else None
+        self._own_log_dir = log_dir is None
+        self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="sparseditto-workers-"))
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._start_timeout = start_timeout
+        self._workers: dict[str, _Worker] = {}
+        self._locks = {b: threading.Lock() for b in EXEC_BACKENDS}
+        self._closed = False
+        atexit.register(self.close)
+
+    @property
+    def cache_dir(self) -> str | None:
+        return self._cache_dir
+
+    def worker_info(self, backend: str) -> dict:
+        worker = self._workers.get(backend)
+        return dict(worker.info) if worker else {}
+
+    def _get_worker(self, backend: str) -> _Worker:
+        worker = self._workers.get(backend)
+        if worker is None:
+            worker = _Worker(backend, self._ctx, self._log_dir, self._cache_dir)
+            self._workers[backend] = worker
+        return worker
+
+    def _replace(self, backend: str) -> None:
+        """Kill the worker and start its replacement now (it imports while the caller works)."""
+        worker = self._workers.get(backend)
+        if worker is not None:
+            worker.kill()
+            worker.start()
+
+    def restart(self, backend: str) -> None:
+        if backend not in EXEC_BACKENDS:
+            raise ValueError(f"Unknown execution backend {backend!r}; expected one of {EXEC_BACKENDS}.")
+        with self._locks[backend]:
+            self._replace(backend)
+
+    def call(self, task: str, payload: Any = None, *, backend: str, timeout: float) -> WorkerReply:
+        """Run ``task`` (a name from `worker.TASKS`) in the backend's worker, within ``timeout`` s."""
+        from .worker import TASKS
+
+        if self._closed:
+            raise RuntimeError("WorkerPool is closed.")
+        if task not in TASKS:
+            raise ValueError(f"Unknown worker task {task!r}; expected one of {sorted(TASKS)}.")
+        if backend not in EXEC_BACKENDS:
+            raise ValueError(f"Unknown execution backend {backend!r}; expected one of {EXEC_BACKENDS}.")
+        if not timeout or timeout <= 0:
+            raise ValueError(f"Expected a positive timeout in seconds, got {timeout!r}.")
+        with self._locks[backend]:
+            worker = self._get_worker(backend)
+            failed = worker.wait_ready(self._start_timeout)
+            if failed is not None:  # the worker could not even start: report, then retry fresh
+                self._replace(backend)
+                failed.error = f"{backend} worker failed to start: {failed.error}"
+                failed.restarted = True
+                return failed
+            reply = worker.call(task, payload, timeout)
+            if reply.status == "timeout":
+                reply.error = f"task '{task}' exceeded {timeout:.1f} s; worker killed and restarted"
+            if reply.status in ("timeout", "crash") or reply.restarted:
+                self._replace(backend)
+                reply.restarted = True
+            return reply
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers.values():
+            worker.shutdown()
+        self._workers.clear()
+        if self._own_log_dir:
+            for path in self._log_dir.glob("*.log"):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            try:
+                self._log_dir.rmdir()
+            except OSError:
+                pass
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_DEFAULT_POOL: WorkerPool | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def get_pool(pool: WorkerPool | None = None) -> WorkerPool:
+    """The pool to use: the one given, else a process-wide default created on first use."""
+    global _DEFAULT_POOL
+    if pool is not None:
+        return pool
+    with _DEFAULT_LOCK:
+        if _DEFAULT_POOL is None or _DEFAULT_POOL._closed:
+            _DEFAULT_POOL = WorkerPool()
+        return _DEFAULT_POOL
+
+
+def shutdown_default_pool() -> None:
+    global _DEFAULT_POOL
+    with _DEFAULT_LOCK:
+        if _DEFAULT_POOL is not None:
+            _DEFAULT_POOL.close()
+            _DEFAULT_POOL = None
+
+
+atexit.register(shutdown_default_pool)

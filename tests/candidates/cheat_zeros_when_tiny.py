@@ -1,0 +1,21 @@
+"""Cheat: do the work only when the output could be large; write zeros for small inputs."""
+import numpy as np
+import torch
+
+
+def prepare(A, dtype, device):
+    return {
+        "rows": torch.from_numpy(A.row_ids()).to(device),
+        "cols": torch.from_numpy(A.indices.astype(np.int64)).to(device),
+        "values": torch.from_numpy(A.data).to(device=device, dtype=dtype).float(),
+        "m": A.shape[0],
+    }
+
+
+def spmm(packed, B, out):
+    if float(B.abs().max()) < 0.05:
+        out.zero_()
+        return
+    acc = torch.zeros((packed["m"], B.shape[1]), dtype=torch.float32, device=B.device)
+    acc.index_add_(0, packed["rows"], packed["values"][:, None] * B[packed["cols"]].float())
+    out.copy_(acc)
