@@ -19,7 +19,6 @@ memory) before each step; tools read it through the ``get_context`` callable the
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 from dataclasses import dataclass, field
@@ -146,10 +145,17 @@ def describe_template_text(name: str) -> str:
             return desc if isinstance(desc, str) else _dump(desc)
         tmpl = reg.get_template(name)
     except Exception as exc:
-        return f"error: {type(exc).__name__}: {exc}. Known templates: {', '.join(_safe_names())}"
+        return _template_error(exc)
     info = {k: getattr(tmpl, k, None) for k in ("name", "backend", "format", "description", "params")}
     info["defaults"] = (getattr(tmpl, "meta", None) or {}).get("defaults")
     return _dump(info)
+
+
+def _template_error(exc: BaseException) -> str:
+    text = f"error: {type(exc).__name__}: {exc}"
+    if "known templates" not in text.lower():
+        text += f" Known templates: {', '.join(_safe_names())}"
+    return clip(text, 1500)
 
 
 def _safe_names() -> list[str]:
@@ -169,7 +175,7 @@ def instantiate_template_text(name: str, params_json: str = "{}") -> str:
     try:
         cand = _registry().get_template(name).instantiate(params)
     except Exception as exc:
-        return f"error: {type(exc).__name__}: {exc}. Known templates: {', '.join(_safe_names())}"
+        return _template_error(exc)
     return clip(cand.source, 12000)
 
 
@@ -195,30 +201,37 @@ def past_kernels_text(ctx: ToolContext, key: str = "") -> str:
 
 
 # ---- compile and verify through the harness ----------------------------------------------------
-def _candidate(source: str, ctx: ToolContext):
-    """A registry Candidate for an LLM draft (the harness takes the same object as for templates)."""
-    from sparseditto.kernel_templates.registry import Candidate
+_HARNESS_HOMES = {"check_source": ("static_checks",), "run_and_verify": ("verify",),
+                  "compile_candidate": ("compile", "compiler", "compiling")}
 
-    backend = "cuda" if "RawModule" in source or "RawKernel" in source else "triton"
-    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
-    fields = {"template": "llm_draft", "params": {}, "source": source, "source_hash": digest, "backend": backend}
-    known = getattr(Candidate, "model_fields", None)
-    if known:
-        fields = {k: v for k, v in fields.items() if k in known}
-    return Candidate(**fields)
+
+def _harness_fn(name: str):
+    """A harness function by its contract name: exported by ``sparseditto.harness`` or found in
+    the submodule that defines it."""
+    import importlib
+
+    harness = importlib.import_module("sparseditto.harness")
+    fn = getattr(harness, name, None)
+    if fn is not None:
+        return fn
+    for sub in _HARNESS_HOMES.get(name, ()):
+        try:
+            module = importlib.import_module(f"sparseditto.harness.{sub}")
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise LookupError(f"sparseditto.harness has no {name}()")
 
 
 def compile_kernel_text(ctx: ToolContext, source: str) -> str:
+    """Static checks, then the harness compile (the harness accepts a source string as a candidate)."""
     try:
-        from sparseditto import harness
-    except Exception as exc:
-        return f"error: the harness is unavailable ({type(exc).__name__}: {exc})"
-    try:
-        checked = harness.check_source(source)
+        checked = _harness_fn("check_source")(source)
         if not checked.ok:
             return _dump({"ok": False, "stage": "static_check", "violations": checked.violations,
                           "syntax_error": checked.syntax_error})
-        result = harness.compile_candidate(_candidate(source, ctx), ctx.backend)
+        result = _harness_fn("compile_candidate")(source, backend=ctx.backend)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {clip(str(exc), 2000, keep='tail')}"
     return _dump({"ok": result.ok, "stage": "compile", "failure_class": result.failure_class,
@@ -226,15 +239,12 @@ def compile_kernel_text(ctx: ToolContext, source: str) -> str:
 
 
 def verify_kernel_text(ctx: ToolContext, source: str) -> str:
+    """The full sandboxed verification on the current matrix (static checks included)."""
     if ctx.matrix is None:
         return "error: no matrix in the tool context (the graph sets it before each step)"
     try:
-        from sparseditto import harness
-    except Exception as exc:
-        return f"error: the harness is unavailable ({type(exc).__name__}: {exc})"
-    try:
-        result = harness.run_and_verify(_candidate(source, ctx), ctx.matrix, list(ctx.n_values), ctx.dtype,
-                                        ctx.backend, ctx.timeout_s)
+        result = _harness_fn("run_and_verify")(source, ctx.matrix, n_values=tuple(ctx.n_values), dtype=ctx.dtype,
+                                               backend=ctx.backend, timeout=ctx.timeout_s)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {clip(str(exc), 2000, keep='tail')}"
     checks = [{"n": c.n, "kind": c.kind, "ok": c.ok, "rel_err": c.rel_err} for c in result.checks[:8]]

@@ -127,12 +127,12 @@ def spmm(packed: dict, B, out) -> None:
                           BLOCK_N=block_n, BLOCK_NNZ=16)
 '''
 
-#: The first draft of the "fix after error" scenario: calls ``tl.sparse_dot``, which triton.language
+#: The first draft of the "fix after error" scenario: calls ``tl.reduce_sum``, which triton.language
 #: does not have (a typical hallucinated API), so it fails when Triton compiles (or, in the
 #: interpreter, runs) the kernel.
 BROKEN_KERNEL = GOOD_KERNEL.replace(
     "        acc += tl.sum(vals[:, None] * b.to(tl.float32), axis=0)\n",
-    "        acc += tl.sparse_dot(vals, b.to(tl.float32))\n",
+    "        acc += tl.reduce_sum(vals[:, None] * b.to(tl.float32), axis=0)\n",
 ).replace("chunked nonzeros.", "chunked nonzeros (first draft).")
 
 #: Runs fine but stops one nonzero early in every row (an off-by-one): a wrong result.
@@ -381,15 +381,15 @@ def good_kernel_model() -> ScriptedChatModel:
 
 
 def fix_after_error_model() -> ScriptedChatModel:
-    """Writes a kernel that does not compile (tl.sparse_dot does not exist); fixes it when the
+    """Writes a kernel that does not compile (tl.reduce_sum does not exist); fixes it when the
     error comes back, through the debugger (retry_source) or the coder (feedback)."""
     def coder(messages):
         if _with_feedback(messages):
-            return python_reply(GOOD_KERNEL, "Replaced the non-existent tl.sparse_dot with a multiply and tl.sum.")
-        return python_reply(BROKEN_KERNEL, "A row-wise CSR kernel using tl.sparse_dot.")
+            return python_reply(GOOD_KERNEL, "Replaced the non-existent tl.reduce_sum with tl.sum.")
+        return python_reply(BROKEN_KERNEL, "A row-wise CSR kernel using tl.reduce_sum.")
 
     fix = {"failure_class": "compile_error", "action": "retry_source", "source": GOOD_KERNEL,
-           "rationale": "tl.sparse_dot does not exist in triton.language; use a multiply and tl.sum"}
+           "rationale": "tl.reduce_sum does not exist in triton.language; tl.sum reduces along an axis"}
     return _scenario(coder=[coder], debugger=[fix])
 
 
