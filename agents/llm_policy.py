@@ -271,7 +271,8 @@ def _legal_params(entry: dict | None, name: str) -> dict | None:
 
 
 def validate_plan(decision: PlanDecision, inp: PlanningInput) -> list[str]:
-    """Problems that make a plan unusable (empty list = valid)."""
+    """Problems that make a plan unusable (empty list = valid). Parameter values that spell a
+    legal value ("32" for 32) are normalized in place."""
     problems: list[str] = []
     if decision.action == "stop":
         return problems
@@ -298,14 +299,43 @@ def validate_plan(decision: PlanDecision, inp: PlanningInput) -> list[str]:
         legal = _legal_params(entries.get(spec.template), spec.template)
         if legal is None:
             continue
-        for key, value in spec.params.items():
+        for key, value in list(spec.params.items()):
             if key not in legal:
                 problems.append(f"candidate {i + 1}: {spec.template} has no parameter '{key}' "
                                 f"(parameters: {', '.join(legal)})")
-            elif value not in list(legal[key]):
+                continue
+            choices = list(legal[key])
+            fixed = _coerce_choice(value, choices)
+            if fixed is _ILLEGAL:
                 problems.append(f"candidate {i + 1}: {spec.template}.{key}={value!r} is not legal "
-                                f"(legal: {list(legal[key])})")
+                                f"(legal: {choices})")
+            else:
+                spec.params[key] = fixed
     return problems
+
+
+_ILLEGAL = object()
+
+
+def _coerce_choice(value: Any, choices: list) -> Any:
+    """``value`` if legal, else the legal choice it spells ("32" or 32.0 for 32, "True" for True);
+    models often quote numbers in JSON. ``_ILLEGAL`` when nothing matches."""
+    for choice in choices:  # the legal value itself (so 4.0 comes back as the legal 4)
+        if choice == value and isinstance(choice, bool) == isinstance(value, bool):
+            return choice
+    text = str(value).strip()
+    for choice in choices:
+        if str(choice) == text or (isinstance(choice, (int, float)) and not isinstance(choice, bool)
+                                   and _as_number(text) == choice):
+            return choice
+    return _ILLEGAL
+
+
+def _as_number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def validate_diagnosis(diag: Diagnosis, known_templates: list[str]) -> list[str]:
@@ -417,7 +447,19 @@ class LLMPolicy:
             except NotImplementedError:
                 runnable = None
         if runnable is not None:
-            out = runnable.invoke(messages)
+            try:
+                out = runnable.invoke(messages)
+            except Exception as exc:
+                if not _is_bad_request(exc):
+                    raise
+                # The server rejects structured-output requests (response_format / tools): ask
+                # for JSON in the text from now on, and answer this step that way.
+                self.structured_output = "json"
+                self.events.append({"event": "structured_output_switch", "kind": "event", "decision": decision,
+                                    "reason": clip(f"{type(exc).__name__}: {exc}", 500), "mode": "json"})
+                log.warning("the model server rejected a structured-output request (%s); using JSON in text",
+                            clip(str(exc), 200))
+                return self._structured(decision, system, prompt, schema)
             raw, parsed, error = (out.get("raw"), out.get("parsed"), out.get("parsing_error")) \
                 if isinstance(out, dict) and "raw" in out else (None, out, None)
             usage = self._count(raw) if raw is not None else {}
@@ -552,6 +594,12 @@ class LLMPolicy:
             return diag
         except Exception as exc:
             return self._fallback("diagnose", exc, lambda: self.fallback.diagnose(failure, source))
+
+
+def _is_bad_request(exc: BaseException) -> bool:
+    """An HTTP 400 from the model server (e.g. openai.BadRequestError): the request shape, not the
+    connection, is the problem."""
+    return "BadRequest" in type(exc).__name__ or getattr(exc, "status_code", None) == 400
 
 
 def _as_jsonable(obj: Any) -> Any:

@@ -126,6 +126,19 @@ def test_plan_in_json_mode_parses_json_inside_prose():
     assert "JSON schema of the answer" in model.prompts[0]
 
 
+def test_server_without_structured_output_switches_to_json_in_text():
+    class BadRequestError(Exception):
+        status_code = 400
+
+    policy, model, fallback = policy_with([BadRequestError("response_format json_schema is not supported"),
+                                           json.dumps(GOOD_PLAN), json.dumps(GOOD_PLAN)])
+    assert policy.plan(planning_input()).candidates[0].template == "csr_rowsplit"
+    assert policy.plan(planning_input()).candidates[0].template == "csr_rowsplit"
+    assert fallback.asked == [] and policy.structured_output == "json"
+    assert model.structured_schemas == ["PlanDecision"]  # asked natively once, then text
+    assert [e["event"] for e in policy.events] == ["structured_output_switch", "llm_call", "llm_call"]
+
+
 def test_plan_is_trimmed_to_budget_and_stop_drops_candidates():
     policy, _, _ = policy_with([GOOD_PLAN, {"action": "stop", "rationale": "done", "candidates": GOOD_PLAN["candidates"]}])
     assert len(policy.plan(planning_input(budget_left=1)).candidates) == 1
@@ -151,6 +164,15 @@ def test_invalid_plan_falls_back_with_the_reason(bad_plan, why):
     event = policy.events[-1]
     assert event["event"] == "fallback" and event["decision"] == "plan" and why in event["reason"]
     assert event["kind"] in STEP_KINDS
+
+
+def test_quoted_numbers_are_normalized_to_legal_values():
+    plan = {"action": "try", "rationale": "r",
+            "candidates": [{"template": "csr_rowsplit", "params": {"BLOCK_N": "32", "num_warps": 4.0}}]}
+    policy, _, fallback = policy_with([plan])
+    decision = policy.plan(planning_input())
+    assert decision.candidates[0].params == {"BLOCK_N": 32, "num_warps": 4} and fallback.asked == []
+    assert type(decision.candidates[0].params["num_warps"]) is int
 
 
 def test_garbage_answer_falls_back():
