@@ -560,7 +560,8 @@ class Memory:
                 "params": cand["params"], "source": cand["source"], "source_hash": cand["source_hash"],
                 "backend": cand.get("backend"), "origin": cand["origin"], "status": cand["status"],
                 "timings": cand["timings"], "metrics": cand["metrics"],
-                "run_best_template": run["best_template"],
+                "run_best_template": run["best_template"], "matrix_name": run["matrix_name"],
+                "signature": run["signature"], "n_bucket": run["n_bucket"], "dtype": run["dtype"], "gpu": run["gpu"],
                 "best_speedup_vs_dense": run["best_speedup_vs_dense"], "versions": run["versions"],
                 "created": run["created"],
             }
