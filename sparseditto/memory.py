@@ -270,10 +270,22 @@ class Memory:
         conn = sqlite3.connect(str(self.path), timeout=30.0, check_same_thread=False)
         self.db = sqlite_utils.Database(conn)
         self._lock = threading.RLock()
-        self.db.execute("PRAGMA foreign_keys = ON")
-        if isinstance(self.path, Path):
-            self.db.enable_wal()
-        self._create_schema()
+        try:
+            version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise ValueError(f"Memory file {self.path} has schema version {version}, newer than this "
+                                 f"sparseditto's {SCHEMA_VERSION}; upgrade sparseditto or use another file.")
+            self.db.execute("PRAGMA foreign_keys = ON")
+            if isinstance(self.path, Path):
+                self.db.enable_wal()
+            self._create_schema()
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            raise ValueError(f"Memory file {self.path} is not a usable SQLite database ({exc}); "
+                             "point --memory / SPARSEDITTO_MEMORY at another file.") from exc
+        except ValueError:
+            conn.close()
+            raise
 
     # -- lifecycle --
     def close(self) -> None:

@@ -55,6 +55,19 @@ def test_wal_mode_and_default_path(tmp_path, monkeypatch, mem):
         Memory(tmp_path)
 
 
+def test_unusable_files_are_clear_errors(tmp_path):
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database at all, just text" * 100)
+    with pytest.raises(ValueError, match="is not a usable SQLite database"):
+        Memory(junk)
+    newer = tmp_path / "newer.sqlite"
+    conn = sqlite3.connect(newer)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(ValueError, match="schema version 99, newer than"):
+        Memory(newer)
+
+
 def test_n_bucket():
     assert [n_bucket(n) for n in (1, 2, 16, 17, 128, 129, 1024, 1025)] == [
         "1", "<=16", "<=16", "<=128", "<=128", "<=1024", "<=1024", ">1024"]
