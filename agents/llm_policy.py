@@ -7,8 +7,10 @@ conversation:
   roofline, applicable templates with cost estimates, memory hits, the last few candidates tried
   (one line each) and the budget; the answer is a structured :class:`PlanDecision`, validated
   against the applicable templates and their legal parameters.
-* ``code``: the coder prompt (``prompts/coder.md``: the candidate contract and the static-check
-  rules) + the template source being adapted + the last feedback; the model may call tools
+* ``code`` (for candidates the planner marked ``origin="llm"``; plain template instances and
+  remembered kernels go to the fallback unchanged): the coder prompt (``prompts/coder.md``: the
+  candidate contract and the static-check rules) + the template source being adapted + the last
+  feedback; the model may call tools
   (``agents/tools.py``: triton API introspection, templates, memory, compile, verify) for a few
   rounds, then answers with one ```python block, which becomes a :class:`CodeProposal`
   (origin "llm"). The graph then treats it like any template instance: static checks, sandbox,
@@ -563,9 +565,11 @@ class LLMPolicy:
             return self._fallback("plan", exc, lambda: self.fallback.plan(inp))
 
     def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None) -> CodeProposal:
-        # A kernel remembered from an earlier run is reused exactly as stored ("ditto"), and a
-        # planner that already wrote the full source needs no second opinion.
-        if spec.source and spec.origin in ("memory", "llm") and is_complete_source(spec.source):
+        # Only origin "llm" asks the model to write code. A plain template instance ("template":
+        # the planner chose parameters, not new code) is instantiated as is, a kernel remembered
+        # from an earlier run is reused exactly as stored ("ditto"), and a full source the
+        # planner already wrote needs no second opinion: the fallback policy does all three.
+        if spec.origin != "llm" or (spec.source and is_complete_source(spec.source)):
             return self.fallback.code(spec, template_source, feedback)
         try:
             prompt = code_prompt(spec, template_source, feedback, self.context)

@@ -185,7 +185,7 @@ def test_garbage_answer_falls_back():
 
 def test_unreachable_server_falls_back_for_every_decision():
     policy, model, fallback = policy_with(unreachable_model())
-    spec = CandidateSpec(template="csr_rowsplit")
+    spec = CandidateSpec(template="csr_rowsplit", origin="llm")
     assert policy.plan(planning_input()).rationale == "fallback plan"
     assert policy.code(spec, "# template", None).source == "# fallback source"
     assert policy.diagnose(FailureReport(template="csr_rowsplit", status="crash"), "src").rationale == "fallback diagnosis"
@@ -242,7 +242,7 @@ def test_huge_report_is_compacted():
 def test_coder_extracts_the_python_block_and_sees_contract_and_feedback():
     reply = python_reply(GOOD_KERNEL, "Row-wise CSR with chunked loads.") + "\nAnything else?"
     policy, model, fallback = policy_with([reply])
-    spec = CandidateSpec(template="csr_rowsplit", params={"BLOCK_N": 32}, rationale="adapt it")
+    spec = CandidateSpec(template="csr_rowsplit", params={"BLOCK_N": 32}, rationale="adapt it", origin="llm")
     proposal = policy.code(spec, "# TEMPLATE SOURCE MARKER\n", "CompilationError: at 12:4 bad thing")
     assert proposal.source == GOOD_KERNEL and proposal.origin == "llm"
     assert proposal.rationale == "Row-wise CSR with chunked loads." and fallback.asked == []
@@ -254,15 +254,16 @@ def test_coder_extracts_the_python_block_and_sees_contract_and_feedback():
 
 def test_coder_reply_without_a_complete_module_falls_back():
     policy, _, fallback = policy_with(["```python\ndef spmm(packed, B, out):\n    pass\n```"])
-    assert policy.code(CandidateSpec(template="t"), "src").source == "# fallback source"
+    assert policy.code(CandidateSpec(template="t", origin="llm"), "src").source == "# fallback source"
     assert "no ```python block" in policy.events[-1]["reason"] and fallback.asked == ["code"]
 
 
-def test_remembered_kernel_is_reused_without_asking_the_model():
+def test_plain_template_instances_and_remembered_kernels_do_not_ask_the_model():
     policy, model, fallback = policy_with([])
     spec = CandidateSpec(template="csr_rowsplit", origin="memory", source=GOOD_KERNEL)
     assert policy.code(spec, "src").source == GOOD_KERNEL
-    assert model.calls == [] and fallback.asked == ["code"] and policy.events == []
+    assert policy.code(CandidateSpec(template="csr_rowsplit", params={"BLOCK_N": 32}), "src").source == "# fallback source"
+    assert model.calls == [] and fallback.asked == ["code", "code"] and policy.events == []
 
 
 def test_extract_helpers():
@@ -283,7 +284,7 @@ def test_tool_loop_runs_triton_language_api_and_returns_real_names():
         python_reply(GOOD_KERNEL),
     ])
     policy = LLMPolicy(model, RecordingFallback())
-    proposal = policy.code(CandidateSpec(template="csr_rowsplit"), "src")
+    proposal = policy.code(CandidateSpec(template="csr_rowsplit", origin="llm"), "src")
     assert proposal.source == GOOD_KERNEL
     assert set(model.bound_tools) == {"triton_language_api", "describe_template", "instantiate_template",
                                       "past_kernels", "compile_kernel", "verify_kernel"}
@@ -300,7 +301,7 @@ def test_tool_rounds_are_bounded():
     looping = [tool_call_message("triton_language_api", query="sum")] * 3
     model = ScriptedChatModel(responses=[*looping, python_reply(GOOD_KERNEL)])
     policy = LLMPolicy(model, RecordingFallback(), max_tool_rounds=2)
-    assert policy.code(CandidateSpec(template="t"), "src").source == GOOD_KERNEL
+    assert policy.code(CandidateSpec(template="t", origin="llm"), "src").source == GOOD_KERNEL
     assert len(model.calls) == 4
     assert "tool budget spent" in model.calls[-1][-1].content
 
@@ -378,7 +379,7 @@ def test_token_usage_is_accumulated_from_every_reply():
         AIMessage(content=python_reply(GOOD_KERNEL), usage_metadata=usage),
     ])
     policy.plan(planning_input())
-    policy.code(CandidateSpec(template="csr_rowsplit"), "src")
+    policy.code(CandidateSpec(template="csr_rowsplit", origin="llm"), "src")
     assert policy.usage == TokenUsage(prompt_tokens=250, completion_tokens=45, total_tokens=295, calls=3)
     assert policy.events[-1]["usage"] == {"prompt_tokens": 150, "completion_tokens": 25, "total_tokens": 175, "calls": 2}
     # the fake estimates usage when a script item carries none
@@ -534,7 +535,7 @@ def test_coder_can_verify_its_draft_through_the_harness(small_matrix):
     ])
     policy = LLMPolicy(model, RecordingFallback())
     policy.set_context(matrix=small_matrix, dtype="float16", backend="interpret", n_values=[1, 7])
-    assert policy.code(CandidateSpec(template="csr_rowsplit"), "src").source == GOOD_KERNEL
+    assert policy.code(CandidateSpec(template="csr_rowsplit", origin="llm"), "src").source == GOOD_KERNEL
     broken, good, cheat = [json.loads(m.content) for m in model.calls[-1] if isinstance(m, ToolMessage)]
     assert not broken["ok"] and "reduce_sum" in broken["message"]
     assert good["ok"] and good["status"] == "verified" and {c["n"] for c in good["checks"]} >= {1, 7}
