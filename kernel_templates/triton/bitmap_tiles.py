@@ -98,7 +98,7 @@ def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, st
         if arrived == SPLIT - 1:
             total = tl.zeros((BM, BLOCK_N), tl.float32)
             for s in tl.static_range(SPLIT):
-                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (s != pid_k),
+                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (pid_k != s),
                                other=0.0, cache_modifier=".cg")
                 total += tl.where(pid_k == s, acc, part)
             tl.store(c_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
@@ -123,13 +123,25 @@ def _popcount(x, USE_POPC: tl.constexpr):
 
 
 @triton.jit
+def _load_b(ptrs, krow, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Load a [rows, BLOCK_N] tile of B, masking only what can actually fall outside B."""
+    if EVEN_K and EVEN_N:
+        b = tl.load(ptrs)
+    elif EVEN_K:
+        b = tl.load(ptrs, mask=n_mask[None, :], other=0.0)
+    else:
+        b = tl.load(ptrs, mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+    return b
+
+
+@triton.jit
 def _bitmap_kernel(
     masks_ptr, offs_ptr, vals_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, MP, N_TILES, NUM_TILES, NSTEPS,
     stride_bk, stride_bn, stride_om, stride_on,
     KW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     RUNNING: tl.constexpr, USE_POPC: tl.constexpr, NUM_STAGES: tl.constexpr,
-    UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, IN_PREC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     pid = tl.program_id(0)          # row tile * N_TILES + N tile
     pid_k = tl.program_id(1)        # split index
@@ -159,8 +171,8 @@ def _bitmap_kernel(
             present = (mask[:, None] & bit) != 0
             a = tl.load(vals_ptr + (base[:, None] + prefix), mask=present, other=0.0)
             krow = t * 32 + jj
-            b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
-                        mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+            b = _load_b(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                        krow, K, n_mask, EVEN_K, EVEN_N)
             acc = _dot_acc(a, b, acc, UPCAST, IN_PREC)
             if RUNNING:
                 off = base + _popcount(mask, USE_POPC)
@@ -230,8 +242,9 @@ def _launch_config(packed: dict, N: int, device) -> dict:
     tiles = (packed["padded_rows"] // block_m) * n_tiles
     split = PARAMS["SPLIT_K"]
     if split == "auto":
-        # ~2 waves of programs, each split keeping >= 2 K steps so its loads can pipeline.
-        want = -(-2 * _sm_count(device) // tiles)
+        # ~4 programs per SM: the value gathers depend on the masks loaded in the same step, so
+        # latency is hidden by programs, not by the pipeline; each split keeps >= 2 K steps.
+        want = -(-4 * _sm_count(device) // tiles)
         cap = max(1, min(16, want, packed["steps"] // 2))
         split = 1 << (cap.bit_length() - 1)
     warps = PARAMS["num_warps"]
@@ -282,5 +295,6 @@ def spmm(packed: dict, B, out) -> None:
         NUM_STAGES=int(PARAMS["num_stages"]),
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
         IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
+        EVEN_K=(K % (_TILE_K * packed["KW"]) == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
         num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
     )

@@ -31,22 +31,24 @@ META = {
     "params": {
         "BM": ["auto", 8, 16, 32, 64, 128],
         "BK": ["auto", 8, 16, 32, 64, 128],
+        "GROUP": ["auto", 1, 2, 4, 8],
         "BLOCK_N": ["auto", 16, 32, 64, 128, 256],
         "SPLIT": ["auto", 1, 2, 4, 8],
         "ORDER": ["length", "natural"],
         "FP32_DOT": ["ieee", "tf32"],
         "num_warps": ["auto", 1, 2, 4, 8],
-        "num_stages": [1, 2, 3, 4, 5],
+        "num_stages": ["auto", 2, 3, 4, 5, 6],
     },
     "defaults": {
         "BM": "auto",
         "BK": "auto",
+        "GROUP": "auto",
         "BLOCK_N": "auto",
         "SPLIT": "auto",
         "ORDER": "length",
         "FP32_DOT": "ieee",
         "num_warps": "auto",
-        "num_stages": 3,
+        "num_stages": "auto",
     },
     "patterns": ["block", "block_sparse", "blocked", "structured_block"],
 }
@@ -65,6 +67,9 @@ _BLOCK_SIZES = (16, 32, 64, 128)
 _MIN_DOT = 16
 _AUTO_FILL_SLACK = 1.15   # "auto" block shape: largest block storing <= 15% more than the best
 _DEFAULT_SMS = 132        # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+_GROUP_TARGET_K = 64      # "auto" GROUP: put >= 64 columns of blocks into each dot ...
+_GROUP_MAX_PAD = 0.125    # ... unless padding block rows to whole groups adds > 12.5% blocks
+_STAGE_SMEM_BUDGET = 96 * 1024  # shared memory the "auto" pipeline depth may spend on A/B buffers
 
 
 @triton.jit
@@ -99,7 +104,7 @@ def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, st
         if arrived == SPLIT - 1:
             total = tl.zeros((BM, BLOCK_N), tl.float32)
             for s in tl.static_range(SPLIT):
-                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (s != pid_k),
+                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (pid_k != s),
                                other=0.0, cache_modifier=".cg")
                 total += tl.where(pid_k == s, acc, part)
             tl.store(c_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
@@ -107,20 +112,34 @@ def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, st
 
 
 @triton.jit
+def _load_b(ptrs, krow, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, CHECK_NEG: tl.constexpr):
+    """Load a [rows, BLOCK_N] tile of B, masking only what can actually fall outside B."""
+    if EVEN_K and EVEN_N and not CHECK_NEG:
+        b = tl.load(ptrs)
+    else:
+        ok = krow < K
+        if CHECK_NEG:
+            ok = ok & (krow >= 0)
+        b = tl.load(ptrs, mask=ok[:, None] & n_mask[None, :], other=0.0)
+    return b
+
+
+@triton.jit
 def _bsr_tc_kernel(
-    indptr_ptr, indices_ptr, blocks_ptr, order_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
+    gptr_ptr, gidx_ptr, blocks_ptr, order_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, K, N_TILES, NUM_TILES,
     stride_bk, stride_bn, stride_om, stride_on,
-    BM: tl.constexpr, BK: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    NUM_STAGES: tl.constexpr, UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
+    BM: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr,
+    UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
 ):
     pid = tl.program_id(0)          # slot * N_TILES + N tile: a block row's N tiles are adjacent
     pid_k = tl.program_id(1)        # split index
     slot = pid // N_TILES
     pid_n = pid % N_TILES
     brow = tl.load(order_ptr + slot)
-    start = tl.load(indptr_ptr + brow)
-    end = tl.load(indptr_ptr + brow + 1)
+    start = tl.load(gptr_ptr + brow)
+    end = tl.load(gptr_ptr + brow + 1)
     if SPLIT > 1:
         chunk = tl.cdiv(end - start, SPLIT)
         lo = tl.minimum(start + pid_k * chunk, end)
@@ -129,22 +148,23 @@ def _bsr_tc_kernel(
         lo = start
         hi = end
 
+    GK: tl.constexpr = GROUP * BK   # K extent of one group of blocks stored side by side
     rm = tl.arange(0, BM)
-    rk = tl.arange(0, BK)
+    rc = tl.arange(0, GK)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
-    a_ptrs = blocks_ptr + lo.to(tl.int64) * (BM * BK) + (rm[:, None] * BK + rk[None, :])
-    idx_ptr = indices_ptr + lo
+    a_base = blocks_ptr + lo.to(tl.int64) * (BM * GK) + (rm[:, None] * GK + rc[None, :])
     acc = tl.zeros((BM, BLOCK_N), tl.float32)
-    for _ in tl.range(lo, hi, num_stages=NUM_STAGES):
-        bcol = tl.load(idx_ptr)
-        a = tl.load(a_ptrs)                                   # padded block: no mask
-        kk = bcol * BK + rk
-        b = tl.load(b_ptr + kk.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
-                    mask=(kk < K)[:, None] & n_mask[None, :], other=0.0)
+    for g in tl.range(lo, hi, num_stages=NUM_STAGES):
+        a = tl.load(a_base + (g - lo) * (BM * GK))       # groups of a block row are contiguous
+
+        if GROUP == 1:
+            kk = tl.load(gidx_ptr + g) * BK + rc
+        else:
+            kk = tl.load(gidx_ptr + g * GROUP + rc // BK) * BK + rc % BK     # -1 * BK.. for padding
+        b = _load_b(b_ptr + kk.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                    kk, K, n_mask, EVEN_K, EVEN_N, GROUP > 1)
         acc = _dot_acc(a, b, acc, UPCAST, IN_PREC)
-        a_ptrs += BM * BK
-        idx_ptr += 1
 
     _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, pid, pid_k, brow * BM + rm, cols, M, N,
                 stride_om, stride_on, NUM_TILES, BM, BLOCK_N, SPLIT)
@@ -211,28 +231,61 @@ def _resolve_block_shape(A) -> tuple[int, int]:
     return max(int(bm), _MIN_DOT), max(int(bk), _MIN_DOT)
 
 
+def choose_group(lengths: np.ndarray, bk: int) -> int:
+    """GROUP="auto": blocks per loop step so that one dot spans >= 64 columns (bigger loads in
+    flight per step), backing off while the zero blocks that pad rows to whole groups exceed 12.5%."""
+    total = max(int(lengths.sum()), 1)
+    group = max(1, min(8, _GROUP_TARGET_K // bk))
+    while group > 1 and (int((-(-lengths // group)).sum()) * group - total) / total > _GROUP_MAX_PAD:
+        group //= 2
+    return group
+
+
+def _group_blocks(bsr, group: int):
+    """Store each block row's blocks `group` at a time side by side: [ngroups, bm, group*bk].
+
+    Rows are padded to whole groups with zero blocks whose block-column id is -1 (the kernel masks
+    their B rows). Returns (group pointer [Mb+1], block-column ids [ngroups*group], grouped blocks).
+    """
+    bm, bk = bsr.block_shape
+    lengths = np.diff(bsr.indptr.astype(np.int64))
+    groups = -(-lengths // group)
+    gptr = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(groups, out=gptr[1:])
+    ngroups = int(gptr[-1])
+    brow = np.repeat(np.arange(lengths.size), lengths)
+    pos = np.arange(bsr.nblocks, dtype=np.int64) - bsr.indptr[brow].astype(np.int64)
+    slot = (gptr[brow] + pos // group) * group + pos % group
+    gidx = np.full(max(ngroups * group, 1), -1, dtype=np.int32)
+    gidx[slot] = bsr.indices
+    blocks = np.zeros((max(ngroups, 1) * group, bm, bk), dtype=np.float32)
+    blocks[slot] = bsr.blocks
+    blocks = blocks.reshape(-1, group, bm, bk).transpose(0, 2, 1, 3).reshape(-1, bm, group * bk)
+    return gptr.astype(np.int32), gidx, np.ascontiguousarray(blocks)
+
+
 def prepare(A, dtype, device) -> dict:
-    """BSR at the chosen block shape on `device`, plus the launch order of the block rows."""
+    """BSR at the chosen block shape, grouped for the kernel, plus the launch order of block rows."""
     _check_params()
     dtype = _torch_dtype(dtype)
     bm, bk = _resolve_block_shape(A)
     bsr = BSR.from_matrix(A, block_shape=(bm, bk))
-    t = bsr.to_torch(device=device, dtype=dtype)
-    blocks, indices = t["blocks"], t["indices"]
-    if bsr.nblocks == 0:  # keep valid (never read) pointers for an all-zero matrix
-        blocks = torch.zeros((1, bm, bk), dtype=dtype, device=device)
-        indices = torch.zeros(1, dtype=torch.int32, device=device)
     lengths = np.diff(bsr.indptr.astype(np.int64))
+    group = PARAMS["GROUP"]
+    group = choose_group(lengths, bk) if group == "auto" else int(group)
+    gptr, gidx, blocks = _group_blocks(bsr, group)
     if PARAMS["ORDER"] == "length":
         order = np.argsort(-lengths, kind="stable").astype(np.int32)
     else:
         order = np.arange(lengths.size, dtype=np.int32)
     return {
-        "indptr": t["indptr"], "indices": indices, "blocks": blocks,
+        "gptr": torch.from_numpy(gptr).to(device),
+        "gidx": torch.from_numpy(gidx).to(device),
+        "blocks": torch.from_numpy(blocks).to(device=device, dtype=dtype),
         "order": torch.from_numpy(order).to(device),
-        "shape": tuple(A.shape), "block_shape": (bm, bk),
+        "shape": tuple(A.shape), "block_shape": (bm, bk), "group": group,
         "block_rows": int(lengths.size), "nblocks": bsr.nblocks,
-        "max_row_blocks": int(lengths.max()) if lengths.size else 0,
+        "max_row_groups": int(np.diff(gptr.astype(np.int64)).max()) if lengths.size else 0,
         "dtype": dtype, "_scratch": {},
     }
 
@@ -244,7 +297,7 @@ def _sm_count(device) -> int:
 
 
 def _launch_config(packed: dict, N: int, device) -> dict:
-    bm, _ = packed["block_shape"]
+    bm, bk = packed["block_shape"]
     block_n = PARAMS["BLOCK_N"]
     if block_n == "auto":
         block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128 if bm <= 64 else 64)
@@ -252,16 +305,22 @@ def _launch_config(packed: dict, N: int, device) -> dict:
     tiles = packed["block_rows"] * n_tiles
     split = PARAMS["SPLIT"]
     if split == "auto":
-        # Aim for ~2 waves of programs; each split should still own >= 2 blocks of a long row.
+        # Aim for ~2 waves of programs; each split should still own >= 2 groups of a long row.
         want = -(-2 * _sm_count(device) // max(tiles, 1))
-        cap = max(1, min(8, want, packed["max_row_blocks"] // 2))
+        cap = max(1, min(8, want, packed["max_row_groups"] // 2))
         split = 1 << (cap.bit_length() - 1)
     warps = PARAMS["num_warps"]
     if warps == "auto":
         area = bm * block_n
         warps = 2 if area <= 512 else (8 if area >= 128 * 128 else 4)
+    stages = PARAMS["num_stages"]
+    if stages == "auto":
+        # The block-column load feeds B's address, so Triton prefetches A/B only
+        # (num_stages - 1) // 2 steps ahead: small steps want deep pipelines, big ones fit 2-3.
+        step_bytes = (bm * packed["group"] * bk + packed["group"] * bk * block_n) * packed["dtype"].itemsize
+        stages = max(2, min(5, _STAGE_SMEM_BUDGET // step_bytes + 1))
     return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
-            "num_warps": int(warps)}
+            "num_warps": int(warps), "num_stages": int(stages)}
 
 
 def _scratch(packed: dict, tiles: int, split: int, bm: int, block_n: int, device):
@@ -296,12 +355,13 @@ def spmm(packed: dict, B, out) -> None:
     ws, cnt = _scratch(packed, cfg["tiles"], cfg["SPLIT"], bm, cfg["BLOCK_N"], B.device)
     grid = (cfg["tiles"], cfg["SPLIT"])
     _bsr_tc_kernel[grid](
-        packed["indptr"], packed["indices"], packed["blocks"], packed["order"], B, out, ws, cnt,
+        packed["gptr"], packed["gidx"], packed["blocks"], packed["order"], B, out, ws, cnt,
         M, N, K, cfg["n_tiles"], cfg["tiles"],
         B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-        BM=bm, BK=bk, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
-        NUM_STAGES=int(PARAMS["num_stages"]),
+        BM=bm, BK=bk, GROUP=packed["group"], BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
+        EVEN_K=(K % bk == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
+        NUM_STAGES=cfg["num_stages"],
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
         IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
-        num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

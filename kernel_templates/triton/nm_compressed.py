@@ -41,7 +41,8 @@ META = {
     "description": "N:M (2:4, 1:2, 4:8, ...) compressed SpMM: slot-planar values + packed positions, per-position plane expand, dense tl.dot, residual CSR for violations",
     "params": {
         "NM": ["2:4", "1:2", "1:4", "2:8", "4:8", "auto"],
-        "EXPAND": ["planes", "select"],
+        "EXPAND": ["auto", "bits", "planes", "select"],
+        "BITS_LOGIC": ["ptx", "triton"],
         "BLOCK_M": [16, 32, 64, 128],
         "BLOCK_G": [16, 32, 64],
         "BLOCK_N": ["auto", 16, 32, 64, 128],
@@ -52,7 +53,8 @@ META = {
     },
     "defaults": {
         "NM": "2:4",
-        "EXPAND": "planes",
+        "EXPAND": "auto",
+        "BITS_LOGIC": "ptx",
         "BLOCK_M": 64,
         "BLOCK_G": 32,
         "BLOCK_N": "auto",
@@ -77,6 +79,37 @@ from sparseditto.formats import NMCompressed
 _DEFAULT_SMS = 132          # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
 _MAX_PLANE_SLOTS = 4        # "planes" keeps each slot in its own register tile: n <= 4
 _AUTO_NM = ((1, 4), (2, 8), (1, 2), (2, 4), (4, 8))
+
+
+def _bits24_ptx(j: int) -> str:
+    """PTX for EXPAND="bits" (2:4), one call per pair of 16-bit values (pack=2).
+
+    Operands: $0..$3 = planes D0..D3 (two 16-bit lanes each), $4/$5 = metadata words of the two
+    lanes, $6/$7 = slot-0 / slot-1 value pairs. Bits 4j..4j+3 of a metadata word are the group's
+    occupancy b0..b3 (exactly two set). Lane masks come from one shift + one sign-replicating
+    byte permute per bit (bit -> bit 7 of byte 0 / byte 2 -> 0xFFFF per lane), then
+        D0 = b0 ? v0 : 0            D3 = b3 ? v1 : 0
+        D1 = b1 ? (b0 ? v1 : v0) : 0   D2 = b2 ? (b3 ? v0 : v1) : 0
+    as and/lop3 on both lanes at once: 16 instructions per two groups, no unpacking.
+    """
+    lines = ["{", ".reg .b32 c, t, z, m0, m1, m2, m3, x, y;", "mov.b32 z, 0;",
+             "prmt.b32 c, $4, $5, 0x5410;"]          # lane 0 metadata in bits 0..15, lane 1 in 16..31
+    for i in range(4):
+        shift = 7 - 4 * j - i
+        if shift > 0:
+            lines += [f"shl.b32 t, c, {shift};", f"prmt.b32 m{i}, t, z, 0xAA88;"]
+        else:
+            lines += [f"prmt.b32 m{i}, c, z, 0xAA88;"]
+    lines += ["and.b32 $0, $6, m0;", "and.b32 $3, $7, m3;", "xor.b32 x, $6, $7;",
+              "lop3.b32 y, $6, x, m0, 0x78;",        # v0 ^ (x & m0): v1 where b0, else v0
+              "and.b32 $1, y, m1;",
+              "lop3.b32 y, $7, x, m3, 0x78;",        # v1 ^ (x & m3): v0 where b3, else v1
+              "and.b32 $2, y, m2;", "}"]
+    return " ".join(lines)
+
+
+_BITS24_PTX_J0 = tl.constexpr(_bits24_ptx(0))
+_BITS24_PTX_J1 = tl.constexpr(_bits24_ptx(1))
 
 
 @triton.jit
@@ -111,7 +144,7 @@ def _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, tile, pid_k, rows, cols, M, N, st
         if arrived == SPLIT - 1:
             total = tl.zeros((BM, BLOCK_N), tl.float32)
             for s in tl.static_range(SPLIT):
-                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (s != pid_k),
+                part = tl.load(w_tile + s * NUM_TILES * (BM * BLOCK_N), mask=c_mask & (pid_k != s),
                                other=0.0, cache_modifier=".cg")
                 total += tl.where(pid_k == s, acc, part)
             tl.store(c_ptrs, total.to(out_ptr.dtype.element_ty), mask=c_mask)
@@ -142,6 +175,29 @@ def _plane(p: tl.constexpr, pos0, v0, pos1, v1, pos2, v2, pos3, v3,
 
 
 @triton.jit
+def _load_b(ptrs, krow, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Load a [rows, BLOCK_N] tile of B, masking only what can actually fall outside B."""
+    if EVEN_K and EVEN_N:
+        b = tl.load(ptrs)
+    elif EVEN_K:
+        b = tl.load(ptrs, mask=n_mask[None, :], other=0.0)
+    else:
+        b = tl.load(ptrs, mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+    return b
+
+
+@triton.jit
+def _plane_dot(d, groups, p, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc,
+               UPCAST: tl.constexpr, IN_PREC: tl.constexpr, MM: tl.constexpr,
+               EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """acc += D_p @ B[groups * MM + p, cols]: plane p meets the B rows at offset p of each group."""
+    krow = groups * MM + p
+    b = _load_b(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                krow, K, n_mask, EVEN_K, EVEN_N)
+    return _dot_acc(d, b, acc, UPCAST, IN_PREC)
+
+
+@triton.jit
 def _nm_kernel(
     vals_ptr, meta_ptr, b_ptr, out_ptr, ws_ptr, cnt_ptr, rptr_ptr, rind_ptr, rval_ptr,
     M, N, K, N_TILES, NUM_TILES, NSTEPS,
@@ -149,7 +205,8 @@ def _nm_kernel(
     NS: tl.constexpr, MM: tl.constexpr, PB: tl.constexpr, CB: tl.constexpr, F: tl.constexpr,
     H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     EXPAND: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NUM_STAGES: tl.constexpr,
-    UPCAST: tl.constexpr, IN_PREC: tl.constexpr,
+    UPCAST: tl.constexpr, IN_PREC: tl.constexpr, USE_PTX: tl.constexpr,
+    EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     pid = tl.program_id(0)          # row tile * N_TILES + N tile
     pid_k = tl.program_id(1)        # split index
@@ -169,7 +226,40 @@ def _nm_kernel(
     hh = tl.arange(0, H)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
 
-    if EXPAND == "planes":
+    if EXPAND == "bits":
+        # 2:4 only (NS == 2, MM == 4, F == 2): metadata nibble = occupancy bits of the group.
+        for step in tl.range(s_lo, s_hi, num_stages=NUM_STAGES):
+            w = tl.load(m_row + step * H + hh[None, :]).to(tl.int32)
+            vbase = v_row + step * VSTEP + hh[None, :]
+            for j in tl.static_range(F):
+                v0 = tl.load(vbase + j * H)
+                v1 = tl.load(vbase + (F + j) * H)
+                if USE_PTX:
+                    if j == 0:
+                        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+                            _BITS24_PTX_J0, "=r,=r,=r,=r,r,r,r,r", [w, v0, v1],
+                            dtype=(v0.dtype, v0.dtype, v0.dtype, v0.dtype), is_pure=True, pack=2)
+                    else:
+                        d0, d1, d2, d3 = tl.inline_asm_elementwise(
+                            _BITS24_PTX_J1, "=r,=r,=r,=r,r,r,r,r", [w, v0, v1],
+                            dtype=(v0.dtype, v0.dtype, v0.dtype, v0.dtype), is_pure=True, pack=2)
+                else:
+                    nib = w >> (4 * j)
+                    b0 = (nib & 1) != 0
+                    b1 = (nib & 2) != 0
+                    b2 = (nib & 4) != 0
+                    b3 = (nib & 8) != 0
+                    z = tl.zeros_like(v0)
+                    d0 = tl.where(b0, v0, z)
+                    d1 = tl.where(b1, tl.where(b0, v1, v0), z)
+                    d2 = tl.where(b2, tl.where(b3, v0, v1), z)
+                    d3 = tl.where(b3, v1, z)
+                groups = (step * F + j) * H + hh
+                acc = _plane_dot(d0, groups, 0, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc, UPCAST, IN_PREC, MM, EVEN_K, EVEN_N)
+                acc = _plane_dot(d1, groups, 1, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc, UPCAST, IN_PREC, MM, EVEN_K, EVEN_N)
+                acc = _plane_dot(d2, groups, 2, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc, UPCAST, IN_PREC, MM, EVEN_K, EVEN_N)
+                acc = _plane_dot(d3, groups, 3, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc, UPCAST, IN_PREC, MM, EVEN_K, EVEN_N)
+    elif EXPAND == "planes":
         for step in tl.range(s_lo, s_hi, num_stages=NUM_STAGES):
             w = tl.load(m_row + step * H + hh[None, :]).to(tl.int32)
             vbase = v_row + step * VSTEP + hh[None, :]
@@ -195,10 +285,8 @@ def _nm_kernel(
                 groups = (step * F + j) * H + hh
                 for p in tl.static_range(MM):
                     d = _plane(p, pos0, v0, pos1, v1, pos2, v2, pos3, v3, NS, MM)
-                    krow = groups * MM + p
-                    b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
-                                mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
-                    acc = _dot_acc(d, b, acc, UPCAST, IN_PREC)
+                    acc = _plane_dot(d, groups, p, b_ptr, cols, n_mask, K, stride_bk, stride_bn, acc,
+                                     UPCAST, IN_PREC, MM, EVEN_K, EVEN_N)
     else:
         cc = tl.arange(0, H * MM)       # dense column inside a sub-tile
         gi = cc // MM                   # its group
@@ -214,8 +302,8 @@ def _nm_kernel(
                     v = tl.load(vbase + (s * F + j) * H)
                     dense = tl.where(pos == pc[None, :], v, dense)
                 krow = (step * F + j) * (H * MM) + cc
-                b = tl.load(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
-                            mask=(krow < K)[:, None] & n_mask[None, :], other=0.0)
+                b = _load_b(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
+                            krow, K, n_mask, EVEN_K, EVEN_N)
                 acc = _dot_acc(dense, b, acc, UPCAST, IN_PREC)
 
     if HAS_RESIDUAL:
@@ -273,19 +361,34 @@ def choose_nm(A) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def _layout(n: int, m: int) -> dict:
-    """Metadata packing for n:m: bits per position, bits per group, word width, sub-tiles per word."""
+def _layout(n: int, m: int, expand: str) -> dict:
+    """Metadata packing: bits per position (PB), bits per group (CB), word width (WB) and
+    sub-tiles per word (F). "bits" stores the group's occupancy mask (m bits) instead of positions."""
     pb = max(1, math.ceil(math.log2(m)))
-    cb = n * pb
+    cb = m if expand == "bits" else n * pb
     if cb > 32:
         raise ValueError(f"{n}:{m} needs {cb} metadata bits per group; nm_compressed packs at most 32.")
     wb = 8 if cb <= 8 else (16 if cb <= 16 else 32)
     return {"PB": pb, "CB": cb, "WB": wb, "F": wb // cb}
 
 
-def _pack(fmt: NMCompressed, block_m: int, h: int, lay: dict):
+def _resolve_expand(n: int, m: int) -> str:
+    expand = PARAMS["EXPAND"]
+    if expand == "auto":
+        expand = "bits" if (n, m) == (2, 4) else "planes"
+    if expand == "bits" and (n, m) != (2, 4):
+        raise ValueError(f"EXPAND='bits' is specialized for 2:4, got {n}:{m}; use EXPAND='planes' or 'select'.")
+    if expand == "planes" and n > _MAX_PLANE_SLOTS:
+        raise ValueError(f"EXPAND='planes' supports n <= {_MAX_PLANE_SLOTS} kept values per group, got {n}:{m}; "
+                         "use EXPAND='select'.")
+    if expand == "select" and m & (m - 1):
+        raise ValueError(f"EXPAND='select' needs a power-of-two group size m, got {n}:{m}; use EXPAND='planes'.")
+    return expand
+
+
+def _pack(fmt: NMCompressed, block_m: int, h: int, lay: dict, expand: str):
     """Slot-planar values [Mp, steps, n, F, H] and metadata words [Mp, steps, H] (see module doc)."""
-    n, F = fmt.n, lay["F"]
+    n, m, F = fmt.n, fmt.m, lay["F"]
     M = fmt.shape[0]
     G = fmt.groups_per_row
     steps = max(1, -(-G // (F * h)))
@@ -295,7 +398,10 @@ def _pack(fmt: NMCompressed, block_m: int, h: int, lay: dict):
     pos = np.broadcast_to(np.arange(n, dtype=np.uint64), (Mp, Gp, n)).copy()  # canonical padding
     pos[:M, :G] = fmt.positions.reshape(M, G, n)
     planar = vals.reshape(Mp, steps, F, h, n).transpose(0, 1, 4, 2, 3)
-    code = (pos << (np.arange(n, dtype=np.uint64) * np.uint64(lay["PB"]))).sum(axis=2, dtype=np.uint64)
+    if expand == "bits":   # occupancy: bit p set when some slot sits at position p
+        code = np.bitwise_or.reduce(np.left_shift(np.uint64(1), pos), axis=2)
+    else:                  # slot s's position at bits [s*PB, (s+1)*PB)
+        code = (pos << (np.arange(n, dtype=np.uint64) * np.uint64(lay["PB"]))).sum(axis=2, dtype=np.uint64)
     code = code.reshape(Mp, steps, F, h)
     words = (code << (np.arange(F, dtype=np.uint64) * np.uint64(lay["CB"]))[None, None, :, None]).sum(
         axis=2, dtype=np.uint64)
@@ -316,20 +422,16 @@ def prepare(A, dtype, device) -> dict:
         n, m = choose_nm(A)
     else:
         n, m = (int(x) for x in PARAMS["NM"].split(":"))
-    lay = _layout(n, m)
-    if PARAMS["EXPAND"] == "planes" and n > _MAX_PLANE_SLOTS:
-        raise ValueError(f"EXPAND='planes' supports n <= {_MAX_PLANE_SLOTS} kept values per group, got {n}:{m}; "
-                         "use EXPAND='select'.")
-    if PARAMS["EXPAND"] == "select" and m & (m - 1):
-        raise ValueError(f"EXPAND='select' needs a power-of-two group size m, got {n}:{m}; use EXPAND='planes'.")
+    expand = _resolve_expand(n, m)
+    lay = _layout(n, m, expand)
     fmt = NMCompressed.from_matrix(A, n=n, m=m)
     h, block_m = int(PARAMS["BLOCK_G"]), int(PARAMS["BLOCK_M"])
-    planar, words, steps, Mp = _pack(fmt, block_m, h, lay)
+    planar, words, steps, Mp = _pack(fmt, block_m, h, lay, expand)
     packed = {
         "values": torch.from_numpy(planar.reshape(-1)).to(device=device, dtype=dtype),
         "meta": torch.from_numpy(words.reshape(-1)).to(device),
         "shape": tuple(A.shape), "n": n, "m": m, "steps": steps, "padded_rows": Mp,
-        "layout": lay, "BLOCK_G": h, "BLOCK_M": block_m, "dtype": dtype, "_scratch": {},
+        "layout": lay, "expand": expand, "BLOCK_G": h, "BLOCK_M": block_m, "dtype": dtype, "_scratch": {},
         "residual_nnz": 0 if fmt.residual is None else fmt.residual.nnz,
     }
     if fmt.residual is not None:
@@ -403,8 +505,11 @@ def spmm(packed: dict, B, out) -> None:
         B.stride(0), B.stride(1), out.stride(0), out.stride(1),
         NS=packed["n"], MM=packed["m"], PB=lay["PB"], CB=lay["CB"], F=lay["F"],
         H=packed["BLOCK_G"], BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
-        EXPAND=PARAMS["EXPAND"], HAS_RESIDUAL=has_res, NUM_STAGES=int(PARAMS["num_stages"]),
+        EXPAND=packed["expand"], HAS_RESIDUAL=has_res, NUM_STAGES=int(PARAMS["num_stages"]),
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
         IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
+        USE_PTX=(B.device.type == "cuda" and PARAMS["BITS_LOGIC"] == "ptx"
+                 and packed["values"].element_size() == 2 and B.element_size() == 2),
+        EVEN_K=(K % (lay["F"] * packed["BLOCK_G"] * packed["m"]) == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
         num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
     )
