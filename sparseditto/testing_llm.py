@@ -348,11 +348,15 @@ def templates_in_prompt(messages: list[BaseMessage]) -> list[str]:
     return _TEMPLATE_LINE.findall(text[start: end if end > 0 else None])
 
 
-def plan_first_template(origin: str = "llm", fallback_template: str = "csr_rowsplit") -> Callable:
-    """A planner responder: try the first applicable non-dense template listed in the prompt."""
+def plan_first_template(origin: str = "llm", prefer: tuple[str, ...] = ("csr_rowsplit",),
+                        fallback_template: str = "csr_rowsplit") -> Callable:
+    """A planner responder: try one applicable template listed in the prompt (the first of
+    ``prefer`` that is listed, else the first non-dense one). The scenario kernels are CSR
+    kernels, so adapting the CSR template keeps the trajectory's template names honest."""
     def respond(messages: list[BaseMessage]) -> dict:
         names = [n for n in templates_in_prompt(messages) if n != "dense"]
-        template = names[0] if names else fallback_template
+        preferred = [n for n in prefer if n in names]
+        template = preferred[0] if preferred else (names[0] if names else fallback_template)
         return {"action": "try", "rationale": f"scripted: adapt {template}",
                 "candidates": [{"template": template, "params": {}, "origin": origin,
                                 "rationale": f"scripted LLM candidate from {template}"}]}

@@ -542,3 +542,11 @@ def test_coder_can_verify_its_draft_through_the_harness(small_matrix):
     assert not cheat["ok"] and cheat["stage"] == "static_check" and "torch.mm" in " ".join(cheat["violations"])
     with pytest.raises(ValueError, match="Unknown ToolContext field"):
         policy.set_context(colour="red")
+
+
+def test_scripted_planner_reads_the_templates_from_the_prompt():
+    listed = [dict(TEMPLATES[1]), {"name": "csr_balanced", "estimate_ms": 0.02}, TEMPLATES[2]]
+    policy = LLMPolicy(good_kernel_model(), RecordingFallback())
+    assert policy.plan(planning_input(templates=listed)).candidates[0].template == "bitmap_tiles"
+    policy = LLMPolicy(good_kernel_model(), RecordingFallback())
+    assert policy.plan(planning_input()).candidates[0].template == "csr_rowsplit"  # preferred when listed
