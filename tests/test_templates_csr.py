@@ -26,27 +26,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 @pytest.fixture(scope="module", autouse=True)
 def _interpreter_index_fix():
-    """Triton 3.6's interpreter turns scalar tensors into Python ints with int(ndarray), which
-    NumPy >= 2.4 refuses for 1-element arrays (triton-lang/triton#9171), so any loop whose bounds
-    are loaded values fails under TRITON_INTERPRET. Apply the upstream fix for this module only."""
-    if DEVICE == "cuda":
-        yield
-        return
-    import triton.runtime.interpreter as interp
+    """Triton 3.6's interpreter cannot take loop bounds from loaded values under NumPy >= 2.4
+    (triton-lang/triton#9171); the harness's interpreter worker installs the upstream fix, and so
+    do these in-process runs."""
+    if DEVICE == "cpu":
+        from sparseditto.harness.interpreter_compat import patch_triton_interpreter
 
-    original = interp._patch_lang_tensor
-    if getattr(original, "sparseditto_index_fix", False):
-        yield
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
-
-    patched.sparseditto_index_fix = True
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(interp, "_patch_lang_tensor", patched)
-        yield
+        patch_triton_interpreter()
+    yield
 
 
 _LOADED: dict[str, object] = {}
@@ -125,12 +112,12 @@ CASES = [
     ("csr_rowsplit", {}, "small", 33, torch.float16),
     ("csr_rowsplit", {"ROWS_PER_PROGRAM": 4, "REORDER": "length", "BLOCK_NNZ": 16, "INDEX_BITS": 32},
      "small", 7, torch.float32),
-    ("csr_rowsplit", {"BLOCK_N": 8, "BLOCK_NNZ": 8, "num_warps": 1}, "small", 20, torch.float32),
+    ("csr_rowsplit", {"BLOCK_N": 8, "BLOCK_NNZ": 8, "num_warps": 1}, "small", 12, torch.float32),
     ("csr_rowsplit", {}, "small", 1, torch.bfloat16),
     ("csr_rowsplit", {"ROWS_PER_PROGRAM": 2, "REORDER": "length"}, "skewed", 5, torch.float32),
     ("csr_balanced", {}, "small", 33, torch.float16),
     ("csr_balanced", {"NNZ_PER_PROGRAM": 64, "BLOCK_NNZ": 16, "INDEX_BITS": 32}, "skewed", 7, torch.float32),
-    ("csr_balanced", {"NNZ_PER_PROGRAM": 128, "BLOCK_NNZ": 64, "BLOCK_N": 4}, "small", 9, torch.float32),
+    ("csr_balanced", {"NNZ_PER_PROGRAM": 128, "BLOCK_NNZ": 64, "BLOCK_N": 4}, "small", 6, torch.float32),
     ("csr_balanced", {"NNZ_PER_PROGRAM": 64}, "small", 1, torch.bfloat16),
     ("compact_rows_cols", {}, "pruned", 33, torch.float16),
     ("compact_rows_cols", {"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_N": 16, "num_warps": 1}, "pruned", 7, torch.float32),

@@ -77,7 +77,7 @@ def _csr_balanced_kernel(
         end = tl.minimum(row_end, hi)
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         for k0 in range((start // BLOCK_NNZ) * BLOCK_NNZ, end, BLOCK_NNZ):
-            offs = k0 + lanes
+            offs = tl.multiple_of(k0, BLOCK_NNZ) + lanes  # aligned chunk: vector loads of A
             live = (offs >= start) & (offs < end)
             cols = tl.load(indices_ptr + offs).to(tl.int64)
             vals = tl.where(live, tl.load(values_ptr + offs).to(tl.float32), 0.0)

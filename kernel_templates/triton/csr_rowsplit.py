@@ -85,7 +85,7 @@ def _csr_rowsplit_kernel(
         acc = tl.zeros([BLOCK_N], dtype=tl.float32)
         first = (start // BLOCK_NNZ) * BLOCK_NNZ
         for k0 in range(first, end, BLOCK_NNZ):
-            offs = k0 + lanes
+            offs = tl.multiple_of(k0, BLOCK_NNZ) + lanes  # aligned chunk: vector loads of A
             live = (offs >= start) & (offs < end)
             cols = tl.load(indices_ptr + offs).to(tl.int64)
             vals = tl.where(live, tl.load(values_ptr + offs).to(tl.float32), 0.0)
