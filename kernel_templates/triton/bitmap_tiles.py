@@ -52,6 +52,9 @@ META = {
         "num_stages": 3,
     },
     "patterns": ["unstructured", "random", "moderate_sparsity"],
+    # Tried first by the registry's bounded search (each entry overrides the defaults).
+    "grid": [{}, {"OFFSETS": "stored"}, {"BLOCK_M": 32}, {"KW": 4}, {"BLOCK_M": 128, "num_warps": 8},
+             {"SPLIT_K": 1}],
 }
 PARAMS = dict(META["defaults"])
 

@@ -51,6 +51,8 @@ META = {
         "num_stages": "auto",
     },
     "patterns": ["block", "block_sparse", "blocked", "structured_block"],
+    # Tried first by the registry's bounded search (each entry overrides the defaults).
+    "grid": [{}, {"GROUP": 1}, {"SPLIT": 1}, {"num_stages": 3}, {"ORDER": "natural"}, {"BLOCK_N": 32}],
 }
 PARAMS = dict(META["defaults"])
 

@@ -64,6 +64,9 @@ META = {
         "num_stages": 3,
     },
     "patterns": ["nm", "2:4", "n:m", "semi_structured"],
+    # Tried first by the registry's bounded search (each entry overrides the defaults).
+    "grid": [{}, {"BLOCK_M": 128, "num_warps": 8}, {"BLOCK_M": 32}, {"EXPAND": "planes"},
+             {"BITS_LOGIC": "triton"}, {"SPLIT_K": 1}, {"EXPAND": "select"}],
 }
 PARAMS = dict(META["defaults"])
 
