@@ -238,6 +238,10 @@ class WorkerPool:
         atexit.register(self.close)
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
     def cache_dir(self) -> str | None:
         return self._cache_dir
 
@@ -328,9 +332,25 @@ def get_pool(pool: WorkerPool | None = None) -> WorkerPool:
     if pool is not None:
         return pool
     with _DEFAULT_LOCK:
-        if _DEFAULT_POOL is None or _DEFAULT_POOL._closed:
+        if _DEFAULT_POOL is None or _DEFAULT_POOL.closed:
             _DEFAULT_POOL = WorkerPool()
         return _DEFAULT_POOL
+
+
+def set_default_pool(pool: WorkerPool | None) -> WorkerPool | None:
+    """Install ``pool`` as the process-wide default (e.g. one with a test cache dir); returns the
+    previous default, which the caller owns from then on."""
+    global _DEFAULT_POOL
+    if pool is not None and not isinstance(pool, WorkerPool):
+        raise ValueError(f"Expected a WorkerPool, got {type(pool).__name__}.")
+    with _DEFAULT_LOCK:
+        previous, _DEFAULT_POOL = _DEFAULT_POOL, pool
+    return previous
+
+
+def default_pool_if_started() -> WorkerPool | None:
+    with _DEFAULT_LOCK:
+        return _DEFAULT_POOL if _DEFAULT_POOL is not None and not _DEFAULT_POOL.closed else None
 
 
 def shutdown_default_pool() -> None:

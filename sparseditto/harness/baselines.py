@@ -1,0 +1,278 @@
+"""Vendor and library baselines a generated kernel must beat, measured in the candidate's process.
+
+* ``cublas_dense``        torch.matmul on the densified A (cuBLAS; the floor every candidate faces)
+* ``cusparse_csr_torch``  torch CSR tensor @ B (cuSPARSE SpMM)
+* ``cusparse_csr_cupy``   cupyx.scipy.sparse.csr_matrix @ cupy array (cuSPARSE through CuPy, DLPack)
+* ``cusparselt_2to4``     torch.sparse.to_sparse_semi_structured (cuSPARSELt/CUTLASS 2:4), only for
+                          matrices that are exactly 2:4 along rows, fp16/bf16, sm80+
+* ``triton_bsr_torch``    torch.sparse._triton_ops.bsr_dense_mm on a BSR tensor (block 16/32/64)
+
+A baseline that cannot run (unsupported dtype, no GPU, wrong pattern, library missing) is kept with
+``ok=False`` and the reason, never dropped, so a report always says why a number is missing. Each
+baseline's output is checked against the fp64 reference once before timing: a fast wrong baseline
+would make every candidate look slow. On the interpreter backend only the CPU-capable ones run
+(torch dense and torch CSR) and their timings are wall clock, not GPU.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from .results import BaselineTiming
+
+BASELINE_NAMES = ("cublas_dense", "cusparse_csr_torch", "cusparse_csr_cupy", "cusparselt_2to4",
+                  "triton_bsr_torch")
+CPU_BASELINES = ("cublas_dense", "cusparse_csr_torch")
+BSR_BLOCK_SIZES = (32, 16, 64)  # 32 first: it wins ties (the usual default)
+
+
+class BaselineUnavailable(Exception):
+    """This baseline cannot run on this matrix/dtype/device; the message says why."""
+
+
+def is_2to4_rows(matrix) -> tuple[bool, str]:
+    """Every group of 4 consecutive columns of every row holds at most 2 nonzeros (K % 4 == 0)."""
+    m, k = matrix.shape
+    if k % 4:
+        return False, f"K = {k} is not a multiple of 4"
+    if matrix.nnz == 0:
+        return True, ""
+    groups = matrix.row_ids() * (k // 4) + matrix.indices.astype(np.int64) // 4
+    worst = int(np.bincount(groups).max())
+    if worst > 2:
+        return False, f"a group of 4 columns holds {worst} nonzeros (not 2:4 along rows)"
+    return True, ""
+
+
+def choose_bsr_block(matrix) -> int:
+    """Block size among 16/32/64 that stores the fewest elements (nonzero blocks x b^2)."""
+    best, best_cost = 32, None
+    rows = matrix.row_ids()
+    cols = matrix.indices.astype(np.int64)
+    for b in BSR_BLOCK_SIZES:
+        n_col_blocks = -(-matrix.shape[1] // b)
+        nblocks = np.unique((rows // b) * n_col_blocks + cols // b).size if matrix.nnz else 0
+        cost = nblocks * b * b
+        if best_cost is None or cost < best_cost:
+            best, best_cost = b, cost
+    return best
+
+
+# ---- builders: each returns (run() -> output tensor, note) or raises BaselineUnavailable ----------
+
+def _dense(ctx) -> tuple[Callable, str | None]:
+    import torch
+
+    a = ctx["matrix"].to_torch(dtype=ctx["tdtype"], device=ctx["device"], layout="dense")
+    out = torch.empty((a.shape[0], ctx["B"].shape[1]), dtype=ctx["tdtype"], device=ctx["device"])
+    note = None if ctx["device"] == "cuda" else "CPU torch.matmul (interpreter backend), not cuBLAS"
+    return (lambda: torch.matmul(a, ctx["B"], out=out)), note
+
+
+def _csr_torch(ctx) -> tuple[Callable, str | None]:
+    import torch
+
+    m = ctx["matrix"]
+    index = torch.int32 if m.nnz < 2 ** 31 - 1 else torch.int64
+    a = torch.sparse_csr_tensor(
+        torch.from_numpy(m.indptr).to(index), torch.from_numpy(m.indices.astype(np.int64)).to(index),
+        torch.from_numpy(m.data).to(ctx["tdtype"]), size=tuple(m.shape)).to(ctx["device"])
+    B = ctx["B"]
+    note = None if ctx["device"] == "cuda" else "CPU torch CSR (interpreter backend), not cuSPARSE"
+    return (lambda: torch.sparse.mm(a, B)), note
+
+
+def _csr_cupy(ctx) -> tuple[Callable, str | None]:
+    if ctx["device"] != "cuda":
+        raise BaselineUnavailable("needs a CUDA GPU")
+    try:
+        import cupy
+        import cupyx.scipy.sparse as cusparse
+    except ImportError as exc:
+        raise BaselineUnavailable(f"CuPy is not installed ({exc})") from None
+    import torch
+
+    m = ctx["matrix"]
+    values = torch.from_numpy(m.data).to(device="cuda", dtype=ctx["tdtype"])
+    indptr = torch.from_numpy(m.indptr.astype(np.int32)).cuda()
+    indices = torch.from_numpy(m.indices).cuda()
+    a = cusparse.csr_matrix((cupy.from_dlpack(values), cupy.from_dlpack(indices), cupy.from_dlpack(indptr)),
+                            shape=tuple(m.shape))
+    b = cupy.from_dlpack(ctx["B"].contiguous())
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def run():
+        with stream:
+            return a @ b
+
+    return run, None
+
+
+def _cusparselt(ctx) -> tuple[Callable, str | None]:
+    import torch
+
+    if ctx["device"] != "cuda":
+        raise BaselineUnavailable("needs a CUDA GPU")
+    if ctx["dtype"] not in ("float16", "bfloat16"):
+        raise BaselineUnavailable(f"2:4 semi-structured sparsity needs float16/bfloat16, got {ctx['dtype']}")
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        raise BaselineUnavailable(f"2:4 sparse tensor cores need sm80+, this GPU is sm{major}{minor}")
+    ok, why = is_2to4_rows(ctx["matrix"])
+    if not ok:
+        raise BaselineUnavailable(f"matrix is not 2:4 along rows: {why}")
+    from torch.sparse import to_sparse_semi_structured
+
+    a = to_sparse_semi_structured(
+        ctx["matrix"].to_torch(dtype=ctx["tdtype"], device="cuda", layout="dense"))
+    B = ctx["B"]
+    return (lambda: torch.mm(a, B)), f"backend {type(a).__name__}"
+
+
+def _triton_bsr(ctx) -> tuple[Callable, str | None]:
+    import torch
+
+    if ctx["device"] != "cuda":
+        raise BaselineUnavailable("needs a CUDA GPU (torch's Triton BSR kernels)")
+    try:
+        from torch.sparse._triton_ops import bsr_dense_mm
+    except ImportError as exc:
+        raise BaselineUnavailable(f"torch.sparse._triton_ops unavailable ({exc})") from None
+    if bsr_dense_mm is None:
+        raise BaselineUnavailable("torch was built without Triton support for BSR")
+    m = ctx["matrix"]
+    b = choose_bsr_block(m)
+    M, K = m.shape
+    n = ctx["B"].shape[1]
+    Mp, Kp, Np = -(-M // b) * b, -(-K // b) * b, -(-n // 16) * 16
+    dense = torch.zeros((Mp, Kp), dtype=ctx["tdtype"], device="cuda")
+    dense[:M, :K] = m.to_torch(dtype=ctx["tdtype"], device="cuda", layout="dense")
+    a = dense.to_sparse_bsr((b, b))
+    B = ctx["B"]
+    if (Kp, Np) != tuple(B.shape):
+        padded = torch.zeros((Kp, Np), dtype=ctx["tdtype"], device="cuda")
+        padded[:K, :n] = B
+        B = padded
+    out = torch.empty((Mp, Np), dtype=ctx["tdtype"], device="cuda")
+    note = f"block {b}x{b}"
+    if (Mp, Kp, Np) != (M, K, n):
+        note += f"; zero-padded to M={Mp}, K={Kp}, N={Np} (bsr_dense_mm needs N % 16 == 0 and whole blocks)"
+    return (lambda: bsr_dense_mm(a, B, out=out)[:M, :n]), note
+
+
+BUILDERS = {
+    "cublas_dense": _dense,
+    "cusparse_csr_torch": _csr_torch,
+    "cusparse_csr_cupy": _csr_cupy,
+    "cusparselt_2to4": _cusparselt,
+    "triton_bsr_torch": _triton_bsr,
+}
+
+
+def check_names(include) -> tuple[str, ...]:
+    names = tuple(include) if include is not None else BASELINE_NAMES
+    unknown = [n for n in names if n not in BUILDERS]
+    if unknown:
+        raise ValueError(f"Unknown baseline(s) {unknown}; expected names from {BASELINE_NAMES}.")
+    return names
+
+
+def measure_baselines(matrix, B, dtype: str, backend: str, *, ref=None, repeats: int = 50,
+                      warmup: int = 5, include=None) -> list[BaselineTiming]:
+    """Time each baseline on (matrix, B) in this process. Runs in the worker.
+
+    ``matrix`` carries the values to use (already rounded to ``dtype``); ``ref`` (a
+    numerics.Reference for the same A and B) enables the correctness check of each baseline.
+    """
+    import torch
+
+    from .numerics import compare, torch_dtype
+    from .timing import time_fn
+
+    names = check_names(include)
+    device = "cuda" if backend == "cuda" else "cpu"
+    ctx = {"matrix": matrix, "B": B, "dtype": dtype, "tdtype": torch_dtype(dtype), "device": device}
+    results = []
+    for name in names:
+        if device != "cuda" and name not in CPU_BASELINES:
+            results.append(BaselineTiming(name=name, ok=False, error="needs a CUDA GPU (interpreter backend)"))
+            continue
+        try:
+            run, note = BUILDERS[name](ctx)
+            first = run()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if ref is not None:
+                got = _as_dense_tensor(first)
+                cmp = compare(got.to(torch.float64).cpu().numpy(), ref.value, ref, what=name)
+                if not cmp.ok:
+                    results.append(BaselineTiming(name=name, ok=False, note=note,
+                                                  error=f"output disagrees with the fp64 reference: {cmp.message}"))
+                    continue
+            timing = time_fn(run, backend, repeats=repeats, warmup=warmup)
+            results.append(BaselineTiming(name=name, ok=True, timing=timing, note=note))
+        except BaselineUnavailable as exc:
+            results.append(BaselineTiming(name=name, ok=False, error=str(exc)))
+        except Exception as exc:  # a library refusing this shape/dtype is a result, not a crash
+            results.append(BaselineTiming(name=name, ok=False, error=f"{type(exc).__name__}: {str(exc)[:400]}"))
+        finally:
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return results
+
+
+def _as_dense_tensor(x):
+    import torch
+
+    if not isinstance(x, torch.Tensor):  # a CuPy array
+        x = torch.from_dlpack(x)
+    return x.to_dense() if x.layout != torch.strided else x
+
+
+def baselines_task(payload: dict) -> list[dict]:
+    """Worker entry for `run_baselines`: the matrix's own values, a seeded B."""
+    import torch
+
+    from .numerics import Reference, draw_dense, round_to_dtype, torch_dtype, with_values
+
+    matrix, n, dtype, backend = payload["matrix"], payload["n"], payload["dtype"], payload["backend"]
+    device = "cuda" if backend == "cuda" else "cpu"
+    rng = np.random.default_rng(payload["seed"])
+    values = round_to_dtype(matrix.data, dtype)
+    a = with_values(matrix, values, dtype)
+    b64 = draw_dense(rng, (matrix.shape[1], n), dtype)
+    B = torch.from_numpy(b64).to(device=device, dtype=torch_dtype(dtype))
+    ref = Reference.compute(matrix, values, b64, dtype)
+    out = measure_baselines(a, B, dtype, backend, ref=ref, repeats=payload["repeats"],
+                            warmup=payload["warmup"], include=payload["include"])
+    return [r.model_dump() for r in out]
+
+
+def run_baselines(matrix, n: int, dtype: str = "float16", *, backend: str = "auto", repeats: int = 50,
+                  warmup: int = 5, include=None, seed: int = 0, timeout: float = 600.0,
+                  pool=None) -> list[BaselineTiming]:
+    """Measure the baselines for ``matrix`` @ B[K, n] in a sandboxed worker; never raises for a
+    failing library: a worker crash or timeout marks every requested baseline as failed."""
+    from .numerics import check_dtype
+    from .sandbox import get_pool, resolve_backend
+    from .timing import check_repeats
+    from .verify import check_matrix
+
+    check_matrix(matrix)
+    if int(n) <= 0:
+        raise ValueError(f"Expected a positive N, got {n!r}.")
+    check_dtype(dtype)
+    check_repeats(repeats, warmup)
+    names = check_names(include)
+    exec_backend = resolve_backend(backend)
+    payload = {"matrix": matrix, "n": int(n), "dtype": dtype, "backend": exec_backend,
+               "repeats": int(repeats), "warmup": int(warmup), "include": names, "seed": int(seed)}
+    start = time.perf_counter()
+    reply = get_pool(pool).call("baselines", payload, backend=exec_backend, timeout=timeout)
+    if reply.status == "ok":
+        return [BaselineTiming(**r) for r in reply.value]
+    reason = reply.error.strip().splitlines()[-1] if reply.error.strip() else reply.status
+    reason = f"baseline worker {reply.status} after {time.perf_counter() - start:.1f} s: {reason}"
+    return [BaselineTiming(name=name, ok=False, error=reason) for name in names]

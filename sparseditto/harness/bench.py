@@ -1,0 +1,210 @@
+"""Benchmark a candidate against dense cuBLAS and the vendor sparse baselines (`bench`).
+
+Everything runs in one sandboxed worker process, so the candidate and the baselines see the same
+GPU state, clocks and allocator. The steps, in order:
+
+1. ``prepare`` on the matrix's own values, timed on its own (``conversion_ms``; never hidden);
+2. one checked run (a kernel that is wrong now is not timed: `BenchError` with "wrong_result");
+3. eager cold-L2 timing, then the same launch inside a CUDA graph (a capture failure is noted and
+   the eager number kept);
+4. dense ``torch.matmul`` on the densified A (eager and graph), then the other baselines;
+5. re-verification: the output buffers the timed runs wrote, B and the packed tensors, compared
+   again with the fp64 reference (``reverified``).
+
+On the interpreter backend the same steps run with wall-clock timing and
+``timings_are_gpu=False``; those numbers say nothing about GPU speed.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .candidate_spec import as_spec
+from .results import BaselineTiming, BenchResult, VerifyResult
+
+
+class BenchError(RuntimeError):
+    """The candidate could not be benchmarked; ``result`` says why with the verify vocabulary
+    (static_rejected, compile_error, runtime_error, crash, timeout, wrong_result, ...)."""
+
+    def __init__(self, result: VerifyResult) -> None:
+        super().__init__(f"{result.status}: {result.message}")
+        self.result = result
+
+
+def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "auto",
+          repeats: int = 50, warmup: int = 5, baselines=True, seed: int = 0,
+          timeout: float = 600.0, pool=None, check_static: bool = True) -> BenchResult:
+    """Time ``candidate`` on ``matrix`` @ B[K, n]. ``baselines`` is True (all), False (dense only),
+    or a list of baseline names. Raises `BenchError` when the candidate fails to run correctly."""
+    from .baselines import check_names
+    from .numerics import check_dtype
+    from .sandbox import get_pool, resolve_backend
+    from .static_checks import check_source
+    from .timing import check_repeats
+    from .verify import check_matrix, result_from_reply
+
+    check_matrix(matrix)
+    if int(n) <= 0:
+        raise ValueError(f"Expected a positive N, got {n!r}.")
+    check_dtype(dtype)
+    check_repeats(repeats, warmup)
+    include = () if baselines is False else (None if baselines is True else check_names(baselines))
+    spec = as_spec(candidate)
+    exec_backend = resolve_backend(backend)
+    common = dict(backend=exec_backend, gpu_timings=exec_backend == "cuda")
+    if check_static and not spec.is_builtin_dense:
+        static = check_source(spec.source)
+        if not static.ok:
+            raise BenchError(VerifyResult(
+                ok=False, status="compile_error" if static.syntax_error else "static_rejected",
+                failure_class="syntax_error" if static.syntax_error else "static_violation",
+                message="; ".join(static.violations[:6]), violations=static.violations, **common))
+    if spec.backend == "cuda" and exec_backend != "cuda":
+        raise BenchError(VerifyResult(ok=False, status="compile_error", failure_class="backend_unavailable",
+                                      message="CUDA C++ (CuPy) candidates need a GPU", **common))
+    payload = {"spec": spec, "matrix": matrix, "n": int(n), "dtype": dtype, "backend": exec_backend,
+               "repeats": int(repeats), "warmup": int(warmup), "include": include, "seed": int(seed)}
+    reply = get_pool(pool).call("bench", payload, backend=exec_backend, timeout=timeout)
+    if reply.status == "ok" and "result" in reply.value:
+        return BenchResult(**reply.value["result"])
+    if reply.status == "ok":
+        raise BenchError(VerifyResult(**reply.value["failure"]))
+    raise BenchError(result_from_reply(reply, **common))
+
+
+# ---- worker side ---------------------------------------------------------------------------------
+
+def bench_task(payload: dict) -> dict:
+    from .execution import CandidateFailure, load_candidate
+
+    backend = payload["backend"]
+    start = time.perf_counter()
+    try:
+        module = load_candidate(payload["spec"])
+        return {"result": _bench(module, payload).model_dump()}
+    except CandidateFailure as failure:
+        return {"failure": VerifyResult(
+            ok=False, status=failure.status, failure_class=failure.failure_class,
+            message=failure.message, log=failure.log, seconds=time.perf_counter() - start,
+            backend=backend, gpu_timings=backend == "cuda").model_dump()}
+
+
+def _bench(module, payload: dict) -> BenchResult:
+    import torch
+
+    from .baselines import BASELINE_NAMES, measure_baselines
+    from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, synchronize
+    from .numerics import Reference, compare, draw_dense, round_to_dtype, torch_dtype, with_values
+    from .timing import flush_buffer, time_cuda_graph, time_fn
+
+    matrix, n, dtype, backend = payload["matrix"], payload["n"], payload["dtype"], payload["backend"]
+    repeats, warmup = payload["repeats"], payload["warmup"]
+    device = device_for(backend)
+    tdtype = torch_dtype(dtype)
+    on_gpu = backend == "cuda"
+    notes: list[str] = []
+    rng = np.random.default_rng(payload["seed"])
+
+    values = round_to_dtype(matrix.data, dtype)
+    a = with_values(matrix, values, dtype)
+    synchronize(device)
+    t0 = time.perf_counter()
+    packed = call_prepare(module, a, dtype, device)
+    conversion_ms = (time.perf_counter() - t0) * 1e3
+    snapshot = Snapshot.take(packed)
+
+    m, k = matrix.shape
+    b64 = draw_dense(rng, (k, n), dtype)
+    B = torch.from_numpy(b64).to(device=device, dtype=tdtype)
+    b_before = B.clone()
+    ref = Reference.compute(matrix, values, b64, dtype)
+
+    out = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
+    call_spmm(module, packed, B, out, device)
+    first = compare(out.to(torch.float64).cpu().numpy(), ref.value, ref)
+    if not first.ok:
+        raise CandidateFailure("wrong_result", "wrong_values", f"N={n} (bench input): {first.message}")
+
+    def run_eager():
+        module.spmm(packed, B, out)
+
+    try:
+        candidate = time_fn(run_eager, backend, repeats=repeats, warmup=warmup)
+    except Exception as exc:
+        from .execution import failure_from_exception
+
+        raise failure_from_exception(exc, "spmm (timing)") from None
+
+    candidate_graph = None
+    out_graph = None
+    if on_gpu:
+        out_graph = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
+        try:
+            candidate_graph = time_cuda_graph(lambda: module.spmm(packed, B, out_graph),
+                                              repeats=repeats, warmup=warmup)
+        except Exception as exc:
+            notes.append(f"CUDA graph capture of the candidate failed, eager timing kept: "
+                         f"{type(exc).__name__}: {str(exc)[:300]}")
+            out_graph = None
+            torch.cuda.synchronize()
+
+    dense_a = a.to_torch(dtype=tdtype, device=device, layout="dense")
+    out_dense = torch.empty((m, n), dtype=tdtype, device=device)
+    dense = time_fn(lambda: torch.matmul(dense_a, B, out=out_dense), backend, repeats=repeats, warmup=warmup)
+    dense_graph = None
+    if on_gpu:
+        try:
+            dense_graph = time_cuda_graph(lambda: torch.matmul(dense_a, B, out=out_dense),
+                                          repeats=repeats, warmup=warmup)
+        except Exception as exc:
+            notes.append(f"CUDA graph capture of dense matmul failed: {type(exc).__name__}: {exc}")
+    dense_check = compare(out_dense.to(torch.float64).cpu().numpy(), ref.value, ref, what="dense")
+    if not dense_check.ok:
+        notes.append(f"dense torch.matmul disagrees with the fp64 reference: {dense_check.message}")
+    del dense_a, out_dense
+
+    baseline_results = [BaselineTiming(name="cublas_dense", ok=True, timing=dense,
+                                       note=None if on_gpu else "CPU torch.matmul, not cuBLAS")]
+    include = payload["include"]
+    others = [b for b in (BASELINE_NAMES if include is None else include) if b != "cublas_dense"]
+    if others:
+        baseline_results += measure_baselines(a, B, dtype, backend, ref=ref, repeats=repeats,
+                                              warmup=warmup, include=others)
+
+    # Re-verification after timing: the buffers the timed launches wrote, and untouched inputs.
+    reverified, problems = True, []
+    for label, buf in (("eager", out), ("graph", out_graph)):
+        if buf is None:
+            continue
+        cmp = compare(buf.to(torch.float64).cpu().numpy(), ref.value, ref, what=f"{label} output")
+        if not cmp.ok:
+            reverified = False
+            problems.append(cmp.message)
+    if not torch.equal(B, b_before):
+        reverified = False
+        problems.append("B was modified during timing")
+    changed = snapshot.changed(packed)
+    if changed:
+        reverified = False
+        problems.append(f"packed tensors modified during timing: {', '.join(changed)}")
+
+    ok_baselines = [b for b in baseline_results if b.ok and b.timing is not None]
+    best = min(ok_baselines, key=lambda b: b.timing.median_ms) if ok_baselines else None
+    gpu_name = torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter; not GPU timings)"
+    return BenchResult(
+        n=n, dtype=dtype, backend=backend, gpu_name=gpu_name, timings_are_gpu=on_gpu,
+        candidate=candidate, candidate_graph=candidate_graph, conversion_ms=conversion_ms,
+        dense=dense, dense_graph=dense_graph, baselines=baseline_results,
+        speedup_vs_dense=_ratio(dense.median_ms, candidate.median_ms),
+        speedup_vs_dense_graph=(_ratio(dense_graph.median_ms, candidate_graph.median_ms)
+                                if dense_graph is not None and candidate_graph is not None else None),
+        speedup_vs_best_baseline=_ratio(best.timing.median_ms, candidate.median_ms) if best else None,
+        best_baseline=best.name if best else None,
+        reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
+        l2_flush_bytes=int(flush_buffer().numel()) if on_gpu else 0, notes=notes)
+
+
+def _ratio(num: float, den: float) -> float:
+    return float(num / den) if den > 0 else float("inf")

@@ -1,0 +1,59 @@
+"""The process Nsight Compute profiles: ``python -m sparseditto.harness.ncu_child <args.json>``.
+
+Loads the candidate and the matrix named in the args file, runs ``prepare`` and a few warm-up
+launches (JIT compile, caches), then exactly one ``spmm`` inside the NVTX range that ``ncu
+--nvtx-include`` selects. Its own stdout is redirected to stderr so ncu's CSV on stdout stays clean.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m sparseditto.harness.ncu_child ARGS.json", file=sys.stderr)
+        return 2
+    os.dup2(2, 1)  # candidate prints must not mix with ncu's CSV
+    os.environ.pop("TRITON_INTERPRET", None)
+    with open(argv[0], encoding="utf-8") as fh:
+        args = json.load(fh)
+
+    import numpy as np
+    import torch
+
+    from sparseditto.matrix import SparseMatrix
+
+    from .candidate_spec import CandidateSpec
+    from .execution import load_candidate
+    from .numerics import draw_dense, round_to_dtype, torch_dtype, with_values
+
+    arrays = np.load(args["matrix_path"])
+    matrix = SparseMatrix(arrays["indptr"], arrays["indices"], arrays["data"],
+                          tuple(int(x) for x in arrays["shape"]), args["matrix_dtype"], "ncu")
+    dtype = args["dtype"]
+    if args["source_path"] is None:
+        spec = CandidateSpec(source="", backend="builtin", template="dense")
+    else:
+        with open(args["source_path"], encoding="utf-8") as fh:
+            source = fh.read()
+        spec = CandidateSpec(source=source, backend="triton")
+    module = load_candidate(spec)
+    a = with_values(matrix, round_to_dtype(matrix.data, dtype), dtype)
+    packed = module.prepare(a, torch_dtype(dtype), "cuda")
+    rng = np.random.default_rng(args["seed"])
+    B = torch.from_numpy(draw_dense(rng, (matrix.shape[1], args["n"]), dtype)).to("cuda", torch_dtype(dtype))
+    out = torch.empty((matrix.shape[0], args["n"]), dtype=torch_dtype(dtype), device="cuda")
+    for _ in range(max(1, int(args["warmup"]))):
+        module.spmm(packed, B, out)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(args["range"])
+    module.spmm(packed, B, out)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,223 @@
+"""run_and_verify / compile_candidate on the interpreter: honest kernels pass, each cheat is caught."""
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparseditto.harness import WorkerPool, compile_candidate, run_and_verify, sandbox
+from sparseditto.harness.numerics import RTOL, Reference, compare, describe_locations, draw_matrix_values
+from sparseditto.matrix import SparseMatrix
+
+CANDIDATES = Path(__file__).parent / "candidates"
+
+
+def source(name: str) -> str:
+    return (CANDIDATES / name).read_text()
+
+
+@pytest.fixture(scope="session")
+def pool(tmp_path_factory):
+    """One pool for the whole session (shared with the other harness test modules)."""
+    existing = sandbox.default_pool_if_started()
+    if existing is not None:
+        return existing
+    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
+    sandbox.set_default_pool(created)
+    return created
+
+
+def random_matrix(m=12, k=20, density=0.3, seed=0, empty_rows=()):
+    dense = sp.random(m, k, density=density, random_state=seed, format="csr").toarray()
+    dense[list(empty_rows)] = 0.0
+    return SparseMatrix.from_scipy(sp.csr_array(dense), name=f"rand{m}x{k}")
+
+
+MATRICES = {
+    "random": random_matrix(seed=1),
+    "empty_rows": random_matrix(seed=2, empty_rows=(0, 5, 11)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("kind", sorted(MATRICES))
+def test_triton_csr_candidate_verifies(pool, kind, dtype):
+    result = run_and_verify(source("good_triton_csr.py"), MATRICES[kind], dtype=dtype, pool=pool)
+    assert result.ok and result.status == "verified", result.message
+    assert [c.n for c in result.checks if c.kind == "base"] == [1, 7, 16]
+    assert {c.kind for c in result.checks} == {"base", "repeat", "scaled"}
+    assert all(c.ok and c.tol_ratio <= 1.0 and c.tol == RTOL[dtype] for c in result.checks)
+    assert result.backend == "interpret" and result.gpu_timings is False
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_torch_candidate_verifies_on_every_dtype(pool, dtype):
+    for matrix in MATRICES.values():
+        result = run_and_verify(source("good_torch_scatter.py"), matrix, dtype=dtype, pool=pool)
+        assert result.status == "verified", result.message
+
+
+def test_all_zero_matrix_and_builtin_dense(pool):
+    zero = SparseMatrix.from_scipy(sp.csr_array((6, 9)), name="zero")
+    assert run_and_verify(source("good_triton_csr.py"), zero, pool=pool).status == "verified"
+    builtin = SimpleNamespace(source="", backend="builtin", template="dense", params={}, source_hash="")
+    assert run_and_verify(builtin, MATRICES["random"], pool=pool, dtype="float32").status == "verified"
+
+
+def test_registry_template_candidate_verifies(pool):
+    registry = pytest.importorskip("sparseditto.kernel_templates.registry")
+    cand = registry.get_template("csr_rowsplit").instantiate({})
+    result = run_and_verify(cand, MATRICES["empty_rows"], pool=pool, n_values=(1, 7))
+    assert result.status == "verified", result.message
+
+
+# candidate -> (status, failure_class) caught at run time (the static checks pass these)
+DYNAMIC = {
+    "cheat_zeros.py": ("wrong_result", "wrong_values"),
+    "cheat_zeros_when_tiny.py": ("wrong_result", "wrong_values"),
+    "broken_modifies_input.py": ("input_modified", "input_modified"),
+    "broken_modifies_packed.py": ("input_modified", "input_modified"),
+    "broken_unwritten_rows.py": ("unwritten_output", "unwritten_output"),
+    "broken_off_by_one.py": ("wrong_result", "wrong_values"),
+    "broken_unstable.py": ("unstable", "nondeterministic"),
+    "broken_raises.py": ("runtime_error", "python_exception"),
+    "broken_syntax.py": ("compile_error", "syntax_error"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DYNAMIC))
+def test_broken_candidates_get_their_status(pool, name):
+    result = run_and_verify(source(name), MATRICES["random"], pool=pool, n_values=(1, 7))
+    assert (result.status, result.failure_class) == DYNAMIC[name], result.message
+    assert not result.ok
+
+
+def test_specific_failure_messages(pool):
+    m = MATRICES["random"]
+    tiny = run_and_verify(source("cheat_zeros_when_tiny.py"), m, pool=pool, n_values=(7,))
+    assert "(scaled)" in tiny.message and "all zeros" in tiny.message
+    assert [c.kind for c in tiny.checks] == ["base", "repeat", "scaled"] and not tiny.checks[-1].ok
+    unwritten = run_and_verify(source("broken_unwritten_rows.py"), m, pool=pool, n_values=(1,))
+    assert "never written" in unwritten.message and "trailing rows 6..11" in unwritten.message
+    modified = run_and_verify(source("broken_modifies_packed.py"), m, pool=pool, n_values=(1,))
+    assert "packed[values]" in modified.message
+
+
+def test_cached_output_is_caught_even_without_static_checks(pool):
+    result = run_and_verify(source("cheat_cached_output.py"), MATRICES["random"], pool=pool,
+                            n_values=(7,), check_static=False)
+    assert result.status == "wrong_result" and "(scaled)" in result.message
+    assert [c.ok for c in result.checks] == [True, True, False]
+
+
+def test_kernel_that_writes_nan_is_wrong_not_unwritten(pool):
+    src = ("import torch\n\ndef prepare(A, dtype, device):\n    return {}\n\n"
+           "def spmm(packed, B, out):\n    out.fill_(float('nan'))\n")
+    result = run_and_verify(src, MATRICES["random"], pool=pool, n_values=(1,))
+    assert (result.status, result.failure_class) == ("wrong_result", "nan_or_inf")
+
+
+@pytest.mark.parametrize("name", ["cheat_torch_mm.py", "cheat_linear.py", "cheat_side_stream.py",
+                                  "cheat_reads_file.py", "broken_segfault_ctypes.py"])
+def test_static_rejection_happens_before_any_worker_runs(name):
+    result = run_and_verify(source(name), MATRICES["random"], pool=None, backend="interpret")
+    assert result.status == "static_rejected" and result.failure_class == "static_violation"
+    assert result.violations and result.message
+
+
+def test_bad_arguments_are_value_errors(pool):
+    with pytest.raises(ValueError, match="positive N"):
+        run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], n_values=(), pool=pool)
+    with pytest.raises(ValueError, match="Unsupported dtype"):
+        run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], dtype="int8", pool=pool)
+    with pytest.raises(ValueError, match="SparseMatrix"):
+        run_and_verify(source("good_torch_scatter.py"), np.eye(3), pool=pool)
+    with pytest.raises(ValueError, match="Candidate"):
+        run_and_verify(object(), MATRICES["random"], pool=pool)
+
+
+# ---- compile ---------------------------------------------------------------------------------------
+
+def test_compile_good_and_broken_candidates(pool):
+    ok = compile_candidate(source("good_triton_csr.py"), pool=pool)
+    assert ok.ok and "first spmm" in ok.log and ok.backend == "interpret"
+    syntax = compile_candidate(source("broken_syntax.py"), pool=pool)
+    assert not syntax.ok and syntax.failure_class == "syntax_error"
+    rejected = compile_candidate(source("cheat_torch_mm.py"), pool=pool)
+    assert not rejected.ok and rejected.failure_class == "static_violation" and rejected.violations
+    bad_triton = source("good_triton_csr.py").replace("tl.arange(0, BLOCK_NNZ)", "tl.arange(0, 3)")
+    failed = compile_candidate(bad_triton, pool=pool)
+    assert not failed.ok and failed.failure_class == "triton_compile_error"
+    assert "power of 2" in failed.log
+
+
+CUDA_CANDIDATE = '''
+import torch
+
+CUDA_SRC = r"""
+extern "C" __global__ void scale(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i];
+}
+"""
+
+
+def prepare(A, dtype, device):
+    return {}
+
+
+def spmm(packed, B, out):
+    out.zero_()
+'''
+
+
+def test_cuda_candidate_without_gpu_and_nvcc(pool, tmp_path):
+    import shutil
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("covered by the GPU tests")
+    no_gpu = compile_candidate(CUDA_CANDIDATE.replace("import torch", "import torch\nimport cupy"), pool=pool)
+    assert not no_gpu.ok and no_gpu.failure_class == "backend_unavailable"
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed")
+    cand = SimpleNamespace(source=CUDA_CANDIDATE, backend="cuda", template="t", params={}, source_hash="")
+    built = compile_candidate(cand, arch="sm_90", pool=pool, timeout=300)
+    assert built.ok, built.log
+    assert "nvcc -arch=sm_90 -cubin CUDA_SRC: ok" in built.log
+    broken = SimpleNamespace(source=CUDA_CANDIDATE.replace("2.0f * x[i]", "2.0f * x[i] +"), backend="cuda",
+                             template="t", params={}, source_hash="")
+    failed = compile_candidate(broken, arch="sm_90", pool=pool, timeout=300)
+    assert not failed.ok and failed.failure_class == "cuda_compile_error" and "error" in failed.log
+    with pytest.raises(ValueError, match="CUDA arch"):
+        compile_candidate(cand, arch="hopper", pool=pool)
+
+
+# ---- numerics (in process) ---------------------------------------------------------------------------
+
+def test_tolerance_formula_and_failure_description():
+    m = MATRICES["empty_rows"]
+    rng = np.random.default_rng(0)
+    values = draw_matrix_values(m, rng, "float16")
+    lengths = m.row_lengths()
+    # per-row scaling: |a_ij| * sqrt(k_i) lies in [0.5, 1.5]
+    scaled = np.abs(values) * np.sqrt(np.repeat(np.maximum(lengths, 1), lengths))
+    assert scaled.min() >= 0.49 and scaled.max() <= 1.51
+    b = rng.uniform(-1, 1, (m.shape[1], 5))
+    ref = Reference.compute(m, values, b, "float16")
+    k = lengths[:, None].astype(float)
+    expected_tol = 1e-6 + (2.0 ** -9 + 4.0 * np.sqrt(k) * 2.0 ** -24) * ref.bound
+    assert np.allclose(ref.tol, expected_tol)
+    assert np.all(ref.value[lengths == 0] == 0) and np.all(ref.tol[lengths == 0] == 1e-6)
+    good = compare(ref.value + 0.5 * ref.tol, ref.value, ref)
+    assert good.ok and good.tol_ratio <= 0.5 + 1e-9
+    bad_values = ref.value.copy()
+    bad_values[:, 3:] += 10 * ref.tol[:, 3:] + 1e-3
+    bad = compare(bad_values, ref.value, ref)
+    assert not bad.ok and bad.n_bad == bad_values[:, 3:].size
+    assert "trailing columns 3..4" in bad.message
+    mask = np.zeros((4, 4), bool)
+    mask[2:, :] = True
+    assert "trailing rows 2..3" in describe_locations(mask)
