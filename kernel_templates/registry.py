@@ -449,10 +449,16 @@ def _proposals(template: Template, report: Any, n: int, target: Any) -> list[dic
     return explicit + tailored + _generic(template)
 
 
+# Parameters that trade accuracy for speed (tf32 products): a grid never flips them on its own,
+# because verification tolerances are set for the dtype's own precision.
+NUMERICS_PARAMS = frozenset({"FP32_DOT", "ALLOW_TF32"})
+
+
 def _generic(template: Template) -> list[dict]:
     """Defaults, then one parameter changed at a time, round-robin over parameters."""
     out = [{}]
-    alternatives = {k: [v for v in vals if not _same(v, template.defaults[k])] for k, vals in template.params.items()}
+    alternatives = {k: [v for v in vals if not _same(v, template.defaults[k])]
+                    for k, vals in template.params.items() if k not in NUMERICS_PARAMS}
     depth = max((len(v) for v in alternatives.values()), default=0)
     for i in range(depth):
         for name, vals in alternatives.items():
@@ -541,7 +547,33 @@ def _csr_vector_grid(t: Template, s, n: int, target: Any) -> list[dict]:
     return out
 
 
+def _bsr_grid(t: Template, s, n: int, target: Any) -> list[dict]:
+    """The analyzer's best block shape first, then the template's own "auto" re-blocking."""
+    best = _rget(s.report, "best_block_shape")
+    shaped = {"BM": int(best[0]), "BK": int(best[1])} if best else {}
+    bn = max(16, min(_pow2_at_least(n), 128))
+    return [shaped, {}, {**shaped, "BLOCK_N": bn}, {**shaped, "ORDER": "natural"},
+            {**shaped, "num_stages": 4}, {**shaped, "SPLIT": 1}, {**shaped, "BLOCK_N": max(16, bn // 2)}]
+
+
+def _nm_grid(t: Template, s, n: int, target: Any) -> list[dict]:
+    """The best-conforming ratio the template supports, then its expand variants and tiles."""
+    ratios = [(s.nm_conformance(a, b, "row"), -b, f"{a}:{b}") for a, b in _nm_ratios(t)]
+    best = max(ratios)[2] if ratios else "2:4"
+    base = {"NM": best}
+    return [base, {**base, "EXPAND": "planes"}, {**base, "EXPAND": "select"}, {**base, "BLOCK_M": 128},
+            {**base, "BLOCK_M": 32}, {**base, "BLOCK_G": 64}, {**base, "num_stages": 4}]
+
+
+def _bitmap_grid(t: Template, s, n: int, target: Any) -> list[dict]:
+    return [{}, {"KW": 4}, {"KW": 1}, {"OFFSETS": "stored"}, {"BLOCK_M": 128}, {"BLOCK_M": 32},
+            {"num_stages": 4}]
+
+
 _GRID_MAKERS = {
+    "bsr_tc": _bsr_grid,
+    "nm_compressed": _nm_grid,
+    "bitmap_tiles": _bitmap_grid,
     "csr_rowsplit": _csr_rowsplit_grid,
     "csr_balanced": _csr_balanced_grid,
     "compact_rows_cols": _compact_grid,
