@@ -26,7 +26,6 @@ from sparseditto.graphs.state import (
     decision,
     effective_context,
     emit,
-    main_n,
     resolved_backend,
     run_hook,
     run_memory,
@@ -86,7 +85,36 @@ def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[di
         return [normalize_exact(exact)]
     near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, k=NEIGHBOURS,
                           exclude_run=exclude_run)
-    return [normalize_neighbour(h) for h in near if h.get("best_template")]
+    out = []
+    for h in near:
+        hit = normalize_neighbour(h)
+        if hit["template"] in (None, "dense"):
+            # Dense won there (often just launch-bound at that size); its fastest verified sparse
+            # kernel is still the best-informed place to start the sparse search here.
+            fastest = _fastest_sparse(mem, h["run_id"])
+            if fastest is None:
+                continue
+            hit.update(template=fastest["template"], params=fastest.get("params") or {},
+                       note="dense won that run; this was its best verified sparse kernel")
+        out.append(hit)
+    return out
+
+
+def _fastest_sparse(mem, run_id: str) -> dict | None:
+    """A past run's best verified candidate: by measured GPU time, or by roofline estimate when
+    it ran on the interpreter (CPU timings rank nothing)."""
+    try:
+        cands = mem.get_run(run_id)["candidates"]
+    except Exception:
+        return None
+    verified = [c for c in cands if c.get("status") == "verified"]
+
+    def key(c: dict) -> float:
+        t = c.get("timings") or {}
+        value = t.get("median_ms") if t.get("timings_are_gpu") else t.get("expected_ms")
+        return float(value) if isinstance(value, (int, float)) else float("inf")
+
+    return min(verified, key=key) if verified else None
 
 
 def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planner"]]:
@@ -100,9 +128,8 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
                      f"sparsity {matrix.sparsity:.1%}")
     t0 = time.perf_counter()
     report = analyze(matrix)
-    summary = report.describe().splitlines()[0] if report.describe() else report.pattern
-    emit("analyzer", f"pattern {report.pattern} (confidence {report.confidence:.2f}) in "
-                     f"{time.perf_counter() - t0:.2f} s: {summary}")
+    emit("analyzer", f"pattern {report.pattern} (confidence {report.confidence:.2f}, {report.params or 'no params'}) "
+                     f"in {time.perf_counter() - t0:.2f} s")
     report_dict = report.model_dump(mode="json")
 
     update: dict = {"report": report_dict, "memory_hits": [], "queue": []}

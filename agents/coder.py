@@ -23,8 +23,10 @@ from sparseditto.graphs.state import (
     decision,
     effective_context,
     emit,
+    policy_events,
+    policy_for_step,
+    record_step,
     run_hook,
-    run_policy,
 )
 
 
@@ -99,10 +101,11 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
     elif spec.get("source") and current.get("attempt", 1) == 1:
         source, why = spec["source"], f"use the ready {origin} source"
     else:
-        policy = run_policy(ctx, state.get("run_id", ""))
+        policy = policy_for_step(ctx, state)
         proposal, events, usage = call_policy(
             policy, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
             format_feedback(current.get("last_failure")), node="coder")
+        events = policy_events(ctx, state, "coder", events)
         source, why = proposal.source, proposal.rationale or f"{policy.name} wrote {spec['template']}"
         if proposal.origin == "llm":
             origin = "llm"
@@ -113,8 +116,6 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
                  source_hash=candidate.source_hash)
     emit("coder", f"{spec['template']} attempt {current.get('attempt', 1)}: {why} "
                   f"({len(source.splitlines())} lines, {candidate.source_hash[:10]})")
-    from sparseditto.agents.planner import _record
-
-    _record(ctx, state, "coder", "code", {**d, "origin": origin, "params": spec.get("params") or {}})
+    record_step(ctx, state, "coder", "code", {**d, "origin": origin, "params": spec.get("params") or {}})
     return Command(goto="debugger", update={"current": current, "decisions": [d], "events": events,
                                             "token_usage": usage})

@@ -28,9 +28,11 @@ from sparseditto.graphs.state import (
     effective_context,
     emit,
     resolved_backend,
+    policy_events,
+    policy_for_step,
+    record_step,
     run_hook,
     run_memory,
-    run_policy,
 )
 
 LOG_TAIL = 4000
@@ -51,29 +53,42 @@ def candidate_from_current(current: dict):
 
 
 def harness_pool(ctx: Context, state: dict):
-    """A worker pool shared by the run's verify/bench calls when the harness offers one."""
-    from sparseditto.graphs.state import run_resource
-
-    return run_resource(ctx, state.get("run_id", ""), "pool")
+    """The worker pool for verify/bench calls: None selects the harness's process-wide default
+    pool, whose long-lived workers (torch + triton already imported) serve every run of this
+    process, so a candidate costs its own work, not a worker start-up."""
+    return None
 
 
 def check_candidate(candidate, matrix, ctx: Context, state: dict) -> dict:
-    """Static checks, compile, run and verify. Returns a plain dict: ok, status, message, log, ..."""
+    """Static checks, compile, run and verify. Returns a plain dict: ok, status, message, log, ...
+
+    The static checks run here first (in-process, milliseconds) so a cheating or malformed source
+    never reaches a worker; compilation and the numeric checks run in the harness's sandboxed
+    worker (a crash or an illegal address kills the worker, not the graph).
+    """
     from sparseditto import harness
 
     backend = resolved_backend(ctx)
     static = harness.check_source(candidate.source)
     if not static.ok:
         why = static.syntax_error or "; ".join(static.violations) or "rejected"
-        return {"ok": False, "status": "static_rejected", "failure_class": "static_rejected",
-                "message": f"static checks: {why}", "log": "", "violations": list(static.violations)}
-    comp = harness.compile_candidate(candidate, backend)
-    if not comp.ok:
-        return {"ok": False, "status": "compile_error", "failure_class": comp.failure_class or "compile_error",
-                "message": _first_lines(comp.log), "log": comp.log[-LOG_TAIL:],
-                "violations": list(getattr(comp, "violations", []) or [])}
-    vr = harness.run_and_verify(candidate, matrix, verify_n_values(ctx), ctx.dtype, backend, seed=ctx.seed,
-                                timeout=ctx.verify_timeout_s, pool=harness_pool(ctx, state))
+        status = "compile_error" if static.syntax_error else "static_rejected"
+        return {"ok": False, "status": status, "failure_class": "syntax_error" if static.syntax_error else
+                "static_violation", "message": f"static checks: {why}", "log": "",
+                "violations": list(static.violations)}
+    compile_candidate = getattr(harness, "compile_candidate", None)
+    if compile_candidate is not None:
+        # On a GPU, compile against the real matrix (Triton JIT-compiles on first launch); on the
+        # interpreter there is nothing to compile beyond the import, and a trial launch would
+        # cost as much as the verification that follows.
+        comp = compile_candidate(candidate, backend=backend, matrix=matrix if backend == "cuda" else None,
+                                 dtype=ctx.dtype, timeout=ctx.verify_timeout_s)
+        if not comp.ok:
+            return {"ok": False, "status": "compile_error", "failure_class": comp.failure_class or "compile_error",
+                    "message": _first_lines(comp.log), "log": comp.log[-LOG_TAIL:],
+                    "violations": list(getattr(comp, "violations", []) or [])}
+    vr = harness.run_and_verify(candidate, matrix, n_values=verify_n_values(ctx), dtype=ctx.dtype, backend=backend,
+                                seed=ctx.seed, timeout=ctx.verify_timeout_s, pool=harness_pool(ctx, state))
     out = vr.model_dump(mode="json")
     out["log"] = (out.get("log") or "")[-LOG_TAIL:]
     return out
@@ -89,7 +104,6 @@ def _first_lines(text: str, n: int = 3, limit: int = 600) -> str:
 def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder", "profiler", "planner"]]:
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "debugger", state)
-    from sparseditto.agents.planner import _record
     from sparseditto.artifacts import get_matrix
 
     current = dict(state["current"])
@@ -108,7 +122,7 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
                f"worst error {worst:.2f} of tolerance")
         d = decision("debugger", "verified", why, template=spec["template"], attempt=attempt)
         emit("debugger", why)
-        _record(ctx, state, "debugger", "feedback", {**d, "status": "verified"})
+        record_step(ctx, state, "debugger", "feedback", {**d, "status": "verified"})
         current["verify"] = {"status": "verified", "checks": len(checks), "worst_tol_ratio": worst,
                              "seconds": outcome.get("seconds")}
         return Command(goto="profiler", update={"current": current, "decisions": [d]})
@@ -116,8 +130,9 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
     # ---- failure: classify, record, route ---------------------------------------------------------
     failure = FailureReport(template=spec["template"], params=spec.get("params") or {}, status=outcome["status"],
                             message=outcome.get("message") or "", log=outcome.get("log") or "", attempt=attempt)
-    policy = run_policy(ctx, state.get("run_id", ""))
+    policy = policy_for_step(ctx, state)
     diag, events, usage = call_policy(policy, "diagnose", failure, current["source"], node="debugger")
+    events = policy_events(ctx, state, "debugger", events)
     failure_class = diag.failure_class or outcome.get("failure_class") or outcome["status"]
     record = failure_record(current, outcome, failure_class, diag.rationale)
     mem = run_memory(ctx)
@@ -159,7 +174,7 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
         why += f"; out of debug attempts ({ctx.max_debug_attempts})"
     d = decision("debugger", action, why, template=spec["template"], attempt=attempt, failure_class=failure_class)
     emit("debugger", why)
-    _record(ctx, state, "debugger", "feedback", {**d, "status": outcome["status"],
+    record_step(ctx, state, "debugger", "feedback", {**d, "status": outcome["status"],
                                                  "message": record["message"][:1000]})
     update.update(current=nxt, decisions=[d])
     return Command(goto=goto, update=update)

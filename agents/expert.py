@@ -53,12 +53,9 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
     "nm_2_4": ("nm_compressed", "nm_cusparselt", "bitmap_tiles"),
     "block": ("bsr_tc", "blocked_ell", "bitmap_tiles"),
     "row_pruned": ("compact_rows_cols", "csr_rowsplit"),
-    "col_pruned": ("compact_rows_cols", "bitmap_tiles"),
-    "row_col_pruned": ("compact_rows_cols",),
-    "channel_pruned": ("compact_rows_cols",),
+    "column_pruned": ("compact_rows_cols", "bitmap_tiles"),
     "power_law": ("csr_balanced", "csr_rowsplit"),
     "banded": ("bsr_tc", "csr_rowsplit", "bitmap_tiles"),
-    "diagonal": ("bsr_tc", "csr_rowsplit"),
 }
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline

@@ -11,7 +11,6 @@ timings are CPU timings, so no roofline percentage is claimed; the record says s
 """
 from __future__ import annotations
 
-import shutil
 from typing import Any, Literal
 
 from langgraph.runtime import Runtime
@@ -25,6 +24,9 @@ from sparseditto.graphs.state import (
     emit,
     main_n,
     resolved_backend,
+    resolved_repeats,
+    resolved_warmup,
+    record_step,
     run_hook,
     run_memory,
 )
@@ -101,8 +103,8 @@ def bench_dense(state: dict, ctx: Context) -> dict:
 
     matrix = get_matrix(state["matrix_key"])
     cand = get_template("dense").instantiate({})
-    res = harness.bench(cand, matrix, main_n(ctx), ctx.dtype, resolved_backend(ctx), repeats=ctx.bench_repeats,
-                        baselines=[], pool=None)
+    res = harness.bench(cand, matrix, n=main_n(ctx), dtype=ctx.dtype, backend=resolved_backend(ctx),
+                        repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx), baselines=False, pool=None)
     return dense_record(res)
 
 
@@ -117,7 +119,6 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     run_hook(ctx, "profiler", state)
     from sparseditto import harness
     from sparseditto.agents.debugger import candidate_from_current, harness_pool
-    from sparseditto.agents.planner import _record
     from sparseditto.artifacts import get_matrix
 
     current = dict(state["current"])
@@ -136,8 +137,11 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
         "backend": current.get("backend"),
     }
     try:
-        res = harness.bench(candidate, matrix, n, ctx.dtype, backend, repeats=ctx.bench_repeats,
-                            baselines=ctx.baselines, pool=harness_pool(ctx, state))
+        res = harness.bench(candidate, matrix, n=n, dtype=ctx.dtype, backend=backend, repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx),
+                            baselines=True if ctx.baselines is None else ctx.baselines, seed=ctx.seed,
+                            pool=harness_pool(ctx, state))
+    except harness.BenchError as exc:  # failed to run correctly while being timed
+        res, bench_error = None, f"{exc.result.status}: {exc.result.message}"
     except Exception as exc:
         res, bench_error = None, f"{type(exc).__name__}: {exc}"
     else:
@@ -147,7 +151,7 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
                   "message": bench_error}
         d = decision("profiler", "bench_failed", f"{spec['template']}: {bench_error}", template=spec["template"])
         emit("profiler", d["rationale"])
-        _record(ctx, state, "profiler", "outcome", d)
+        record_step(ctx, state, "profiler", "outcome", d)
         _memory_candidate(ctx, state, record)
         return Command(goto="planner", update={"candidates": [record], "current": None, "decisions": [d]})
 
@@ -156,15 +160,15 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     pct = 100.0 * est["measured_ms"] / median_ms if (gpu and est and median_ms > 0) else None
     metrics: dict[str, Any] = {}
     ncu_note = None
-    if gpu and shutil.which("ncu"):
+    if gpu:  # profile_ncu finds ncu itself and answers with a note when it is absent
         try:
-            ncu = harness.profile_ncu(candidate, matrix, n, ctx.dtype)
+            ncu = harness.profile_ncu(candidate, matrix, n=n, dtype=ctx.dtype, seed=ctx.seed)
             metrics = dict(ncu.metrics) if ncu.available else {}
             ncu_note = None if ncu.available else ncu.note
         except Exception as exc:
-            ncu_note = f"ncu failed: {exc}"
+            ncu_note = f"ncu failed: {type(exc).__name__}: {exc}"
     else:
-        ncu_note = "ncu skipped: " + ("not on a GPU backend" if not gpu else "ncu not on PATH")
+        ncu_note = "ncu skipped: the interpreter backend runs no GPU kernels"
     summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name)
     dense = dense_record(res)
     record = {
@@ -195,7 +199,7 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     d = decision("profiler", "profiled", why, template=spec["template"], median_ms=median_ms,
                  pct_of_roofline=pct)
     emit("profiler", why)
-    _record(ctx, state, "profiler", "outcome", {**d, "bottleneck": summary})
+    record_step(ctx, state, "profiler", "outcome", {**d, "bottleneck": summary})
     update: dict[str, Any] = {"candidates": [record], "current": None, "decisions": [d]}
     if improved:
         update["best"] = record

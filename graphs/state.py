@@ -99,7 +99,8 @@ class Context:
     plateau: int = 2                 # stop after this many candidates without ...
     plateau_gain: float = 0.03       # ... more than this relative improvement
     verify_timeout_s: float = 300.0
-    bench_repeats: int = 20
+    bench_repeats: Optional[int] = None     # None -> 20 on a GPU, 1 on the interpreter (CPU timings)
+    bench_warmup: Optional[int] = None      # None -> 5 on a GPU, 0 on the interpreter
     baselines: Optional[list[str]] = None   # None -> the harness default set
     policy: Any = None               # a ready Policy object (overrides llm)
     memory: Any = None               # a ready Memory object (overrides memory_path)
@@ -141,6 +142,18 @@ def resolved_budget(ctx: Context) -> int:
     if ctx.budget is not None:
         return int(ctx.budget)
     return 8 if resolved_backend(ctx) == "cuda" else 4
+
+
+def resolved_repeats(ctx: Context) -> int:
+    if ctx.bench_repeats is not None:
+        return int(ctx.bench_repeats)
+    return 20 if resolved_backend(ctx) == "cuda" else 1
+
+
+def resolved_warmup(ctx: Context) -> int:
+    if ctx.bench_warmup is not None:
+        return int(ctx.bench_warmup)
+    return 5 if resolved_backend(ctx) == "cuda" else 0
 
 
 def main_n(ctx: Context) -> int:
@@ -196,40 +209,11 @@ def run_memory(ctx: Context):
         return mem
 
 
-def run_resource(ctx: Context, run_id: str, kind: str):
-    """A per-run helper object from the harness (``kind='pool'``: its worker pool, so a run pays
-    the worker start-up once instead of per candidate). None when the harness offers none."""
-    key = (kind, run_id)
-    with _LOCK:
-        if key in _RESOURCES:
-            return _RESOURCES[key]
-    value = None
-    if kind == "pool":
-        try:
-            from sparseditto import harness
-
-            factory = getattr(harness, "WorkerPool", None)
-            if factory is not None:
-                value = factory(backend=resolved_backend(ctx))
-        except Exception:
-            value = None
-    with _LOCK:
-        _RESOURCES.setdefault(key, value)
-        return _RESOURCES[key]
-
-
 def forget_run(run_id: str) -> None:
-    """Drop cached per-run resources (called when a run finishes); closes the worker pool."""
+    """Drop cached per-run resources (called when a run finishes)."""
     with _LOCK:
-        keys = [k for k in _RESOURCES if len(k) > 1 and k[1] == run_id and k[0] in ("policy", "pool")]
-        values = [_RESOURCES.pop(k) for k in keys]
-    for value in values:
-        close = getattr(value, "close", None) or getattr(value, "shutdown", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:
-                pass
+        for key in [k for k in _RESOURCES if k[0] == "policy" and k[1] == run_id]:
+            del _RESOURCES[key]
 
 
 # ---- small helpers every node uses -------------------------------------------------------------
@@ -296,3 +280,49 @@ def call_policy(policy, method: str, *args, node: str = ""):
     usage_after = _usage_dict(getattr(policy, "usage", None))
     delta = {k: v - usage_before.get(k, 0) for k, v in usage_after.items() if v != usage_before.get(k, 0)}
     return answer, new_events, delta
+
+
+def record_step(ctx: Context, state: dict, node: str, kind: str, payload: Any) -> None:
+    """Append a trajectory step to the run in memory (a memory failure never stops the run)."""
+    mem = run_memory(ctx)
+    run_id = state.get("memory_run_id")
+    if mem is None or not run_id:
+        return
+    try:
+        mem.record_step(run_id, node, kind, payload)
+    except Exception as exc:  # pragma: no cover - a locked or corrupt memory file
+        emit(node, f"memory: could not record {kind} step ({exc})")
+
+
+def policy_for_step(ctx: Context, state: dict):
+    """The run's policy, with its tool context (matrix, dtype, backend, ...) set for this step.
+
+    The LLM policy's coder tools compile and verify drafts on the run's matrix; the expert has no
+    tools and no ``set_context``."""
+    policy = run_policy(ctx, state.get("run_id", ""))
+    setter = getattr(policy, "set_context", None)
+    if setter is not None:
+        report = state.get("report") or {}
+        fields = {"dtype": ctx.dtype, "backend": resolved_backend(ctx), "n_values": list(ctx.n_values),
+                  "memory": run_memory(ctx), "signature": report.get("signature"),
+                  "pattern": report.get("pattern"), "timeout_s": ctx.verify_timeout_s}
+        if state.get("matrix_key"):
+            from sparseditto.artifacts import get_matrix
+
+            fields["matrix"] = get_matrix(state["matrix_key"])
+        context = getattr(policy, "context", None)
+        fields = {k: v for k, v in fields.items() if context is None or hasattr(context, k)}
+        setter(**fields)
+    return policy
+
+
+def policy_events(ctx: Context, state: dict, node: str, events: list[dict]) -> list[dict]:
+    """Record a policy's new events in memory (prompts as 'prompt' steps, the rest as 'event')
+    and return the ones the graph state keeps: fallbacks and notes, not full prompts."""
+    kept = []
+    for event in events:
+        kind = "prompt" if event.get("kind") == "prompt" or event.get("event") == "llm_call" else "event"
+        record_step(ctx, state, node, kind, event)
+        if kind == "event":
+            kept.append(event)
+    return kept

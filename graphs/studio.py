@@ -20,6 +20,26 @@ from langgraph.types import Command
 from sparseditto.graphs.state import BACKENDS, DTYPES, Context, InputState, decision, emit
 
 
+def _use_interpreter_without_gpu() -> None:
+    """On a CPU-only server, Triton must be told to interpret before it is first imported."""
+    import os
+    import sys
+
+    if "triton" in sys.modules or os.environ.get("TRITON_INTERPRET"):
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+    except Exception:
+        pass
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+_use_interpreter_without_gpu()
+
+
 def _n_values(n) -> list[int] | None:
     if n is None or n == "" or n == []:
         return None

@@ -197,6 +197,11 @@ class SpMMKernel:
             # The harness's loader: a content-addressed file (Triton needs real source files).
             from sparseditto.harness.source_loader import load_module
 
+            if os.environ.get("TRITON_INTERPRET") == "1":
+                # Same interpreter fix the harness's CPU worker applies (NumPy >= 2.4).
+                from sparseditto.harness.interpreter_compat import patch_triton_interpreter
+
+                patch_triton_interpreter()
             self._module = load_module(self.source)
         return self._module
 
@@ -520,7 +525,7 @@ def _speedups(values, ctx, rec, dense, gpu, target) -> tuple[dict[str, float], b
     from sparseditto.agents.planner import template_table
     from sparseditto.graphs.state import main_n
 
-    table, _ = template_table(values["report"], main_n(ctx), ctx.dtype, target)
+    table, _ = template_table(values["report"], main_n(ctx), ctx.dtype, target, exec_backend=ctx.backend)
     dense_est = next((t["estimate_ms"] for t in table if t["name"] == "dense"), None)
     if dense_est and rec.get("expected_ms"):
         return {"dense": dense_est / rec["expected_ms"]}, True
