@@ -77,14 +77,21 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
 # ---- worker side ---------------------------------------------------------------------------------
 
 def bench_task(payload: dict) -> dict:
-    from .execution import CandidateFailure, load_candidate
+    from .execution import CandidateFailure, failure_from_exception, load_candidate
+    from .worker import is_sticky_cuda_error
 
     backend = payload["backend"]
     start = time.perf_counter()
     try:
         module = load_candidate(payload["spec"])
         return {"result": _bench(module, payload).model_dump()}
-    except CandidateFailure as failure:
+    except Exception as exc:
+        if isinstance(exc, CandidateFailure):
+            failure = exc
+        elif is_sticky_cuda_error(f"{type(exc).__name__}: {exc}"):
+            failure = failure_from_exception(exc, "bench")  # an async fault of the candidate
+        else:
+            raise  # a harness bug: the pool reports it as an error reply
         return {"failure": VerifyResult(
             ok=False, status=failure.status, failure_class=failure.failure_class,
             message=failure.message, log=failure.log, seconds=time.perf_counter() - start,

@@ -92,7 +92,8 @@ def parse_number(value: str, unit: str = "") -> float | None:
         number = float(text)
     except ValueError:
         return None
-    return number * _UNIT_SCALE.get((unit or "").strip().lower(), 1.0)
+    base_unit = (unit or "").strip().lower().split("/")[0]  # "Kbyte/block" -> "kbyte"
+    return number * _UNIT_SCALE.get(base_unit, 1.0)
 
 
 def parse_ncu_csv(text: str) -> list[dict]:

@@ -126,7 +126,8 @@ def summarize_crash_log(log: str) -> str:
 
 def verify_task(payload: dict) -> dict:
     """Worker entry: the full verification protocol; returns VerifyResult as a dict."""
-    from .execution import CandidateFailure, load_candidate
+    from .execution import CandidateFailure, failure_from_exception, load_candidate
+    from .worker import is_sticky_cuda_error
 
     spec, matrix, dtype = payload["spec"], payload["matrix"], payload["dtype"]
     backend = payload["backend"]
@@ -139,6 +140,15 @@ def verify_task(payload: dict) -> dict:
             rng = np.random.default_rng([payload["seed"], i, n])
             _verify_one_n(module, matrix, n, dtype, backend, rng, checks)
     except CandidateFailure as failure:
+        return VerifyResult(ok=False, status=failure.status, failure_class=failure.failure_class,
+                            message=failure.message, checks=checks, log=failure.log,
+                            seconds=time.perf_counter() - start, **common).model_dump()
+    except Exception as exc:
+        # An asynchronous CUDA fault (illegal address) can surface in a harness op after spmm
+        # returned; that is the candidate's crash. Anything else is a harness bug: re-raise.
+        if not is_sticky_cuda_error(f"{type(exc).__name__}: {exc}"):
+            raise
+        failure = failure_from_exception(exc, "verify")
         return VerifyResult(ok=False, status=failure.status, failure_class=failure.failure_class,
                             message=failure.message, checks=checks, log=failure.log,
                             seconds=time.perf_counter() - start, **common).model_dump()

@@ -1,0 +1,169 @@
+"""bench / run_baselines / timing: the interpreter path on CPU, the real cold-L2 path on a GPU."""
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparseditto.harness import BASELINE_NAMES, BenchError, WorkerPool, bench, run_and_verify, run_baselines, sandbox
+from sparseditto.harness.baselines import choose_bsr_block, is_2to4_rows
+from sparseditto.harness.timing import check_repeats, summarize, time_cpu
+from sparseditto.matrix import SparseMatrix
+
+CANDIDATES = Path(__file__).parent / "candidates"
+
+
+def source(name: str) -> str:
+    return (CANDIDATES / name).read_text()
+
+
+@pytest.fixture(scope="session")
+def pool(tmp_path_factory):
+    """One pool for the whole session (shared with the other harness test modules)."""
+    existing = sandbox.default_pool_if_started()
+    if existing is not None:
+        return existing
+    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
+    sandbox.set_default_pool(created)
+    return created
+
+
+def small_matrix(m=10, k=16, seed=4):
+    return SparseMatrix.from_scipy(sp.random(m, k, density=0.3, random_state=seed, format="csr"))
+
+
+def two_four_matrix(m, k, seed=0):
+    """Exactly 2 nonzeros in every group of 4 consecutive columns of every row."""
+    rng = np.random.default_rng(seed)
+    keep = np.argsort(rng.random((m, k // 4, 4)), axis=2)[:, :, :2]
+    mask = np.zeros((m, k // 4, 4), bool)
+    np.put_along_axis(mask, keep, True, axis=2)
+    dense = np.where(mask.reshape(m, k), rng.uniform(0.5, 1.5, (m, k)), 0.0)
+    return SparseMatrix.from_scipy(sp.csr_array(dense), name="two_four")
+
+
+def test_bench_on_the_interpreter(pool):
+    result = bench(source("good_triton_csr.py"), small_matrix(), 7, dtype="float32", repeats=2,
+                   warmup=0, pool=pool)
+    assert result.backend == "interpret" and result.timings_are_gpu is False
+    assert "not GPU timings" in result.gpu_name
+    assert result.dense.median_ms > 0 and result.candidate.median_ms > 0 and result.candidate.repeats == 2
+    assert result.candidate_graph is None and result.conversion_ms >= 0
+    assert result.reverified, result.reverify_message
+    assert [b.name for b in result.baselines] == list(BASELINE_NAMES)
+    by_name = {b.name: b for b in result.baselines}
+    assert by_name["cublas_dense"].ok and by_name["cusparse_csr_torch"].ok  # CPU-capable in fp32
+    for name in ("cusparse_csr_cupy", "cusparselt_2to4", "triton_bsr_torch"):
+        assert not by_name[name].ok and "needs a CUDA GPU" in by_name[name].error
+    assert result.speedup_vs_dense == pytest.approx(result.dense.median_ms / result.candidate.median_ms)
+    assert result.best_baseline in ("cublas_dense", "cusparse_csr_torch")
+    assert result.model_dump_json()
+
+
+def test_bench_refuses_wrong_and_rejected_kernels(pool):
+    with pytest.raises(BenchError) as wrong:
+        bench(source("cheat_zeros.py"), small_matrix(), 4, repeats=1, warmup=0, baselines=False, pool=pool)
+    assert wrong.value.result.status == "wrong_result"
+    with pytest.raises(BenchError) as rejected:
+        bench(source("cheat_torch_mm.py"), small_matrix(), 4, pool=pool)
+    assert rejected.value.result.status == "static_rejected"
+    with pytest.raises(ValueError, match="repeats"):
+        bench(source("good_torch_scatter.py"), small_matrix(), 4, repeats=0, pool=pool)
+    with pytest.raises(ValueError, match="Unknown baseline"):
+        bench(source("good_torch_scatter.py"), small_matrix(), 4, baselines=["mkl"], pool=pool)
+
+
+def test_run_baselines_on_the_interpreter_keeps_failures(pool):
+    results = run_baselines(small_matrix(), 8, "float16", repeats=2, warmup=0, pool=pool)
+    by_name = {b.name: b for b in results}
+    assert set(by_name) == set(BASELINE_NAMES)
+    assert by_name["cublas_dense"].ok and by_name["cublas_dense"].timing.repeats == 2
+    assert not by_name["cusparse_csr_torch"].ok and "Half" in by_name["cusparse_csr_torch"].error
+
+
+def test_timing_helpers():
+    t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.median_ms, t.min_ms, t.repeats) == (3.0, 1.0, 5)
+    assert t.p10_ms == pytest.approx(1.4) and t.p90_ms == pytest.approx(4.6)
+    calls = []
+    timing = time_cpu(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and timing.repeats == 4
+    with pytest.raises(ValueError, match="repeats"):
+        check_repeats(0, 1)
+    with pytest.raises(ValueError, match="empty"):
+        summarize([])
+
+
+def test_pattern_helpers_for_baselines():
+    assert is_2to4_rows(two_four_matrix(8, 16))[0]
+    ok, why = is_2to4_rows(small_matrix(8, 18))
+    assert not ok and "multiple of 4" in why
+    dense = np.zeros((4, 8))
+    dense[0, :3] = 1.0
+    ok, why = is_2to4_rows(SparseMatrix.from_scipy(sp.csr_array(dense)))
+    assert not ok and "3 nonzeros" in why
+    block = np.zeros((128, 128))
+    block[:16, :16] = 1.0  # one 16x16 block: 16 stores 256 elements, 32 would store 1024
+    assert choose_bsr_block(SparseMatrix.from_scipy(sp.csr_array(block))) == 16
+    assert choose_bsr_block(SparseMatrix.from_scipy(sp.csr_array((64, 64)))) == 32
+
+
+# ---- GPU (run by the lead on an H200) --------------------------------------------------------------
+
+def gpu_matrix():
+    return SparseMatrix.from_scipy(sp.random(1024, 2048, density=0.1, random_state=5, format="csr"),
+                                   dtype="float16", name="gpu_random")
+
+
+@pytest.mark.gpu
+def test_gpu_bench_cold_l2_graph_and_baselines(pool):
+    import torch
+
+    result = bench(source("good_triton_csr.py"), gpu_matrix(), 16, repeats=20, pool=pool)
+    assert result.backend == "cuda" and result.timings_are_gpu
+    assert result.candidate_graph is not None and result.dense_graph is not None, result.notes
+    props = torch.cuda.get_device_properties(0)
+    assert result.l2_flush_bytes >= 2 * int(getattr(props, "L2_cache_size", 0))
+    assert result.reverified, result.reverify_message
+    by_name = {b.name: b for b in result.baselines}
+    assert by_name["cublas_dense"].ok and by_name["cusparse_csr_torch"].ok, by_name
+    assert by_name["triton_bsr_torch"].ok, by_name["triton_bsr_torch"].error
+    assert not by_name["cusparselt_2to4"].ok and "not 2:4" in by_name["cusparselt_2to4"].error
+    assert result.speedup_vs_dense > 0 and result.best_baseline
+
+
+@pytest.mark.gpu
+def test_gpu_2to4_baseline_runs_on_a_2to4_matrix(pool):
+    results = run_baselines(two_four_matrix(1024, 1024), 16, "float16", repeats=10, pool=pool,
+                            include=["cublas_dense", "cusparselt_2to4", "cusparse_csr_cupy"])
+    by_name = {b.name: b for b in results}
+    assert by_name["cusparselt_2to4"].ok, by_name["cusparselt_2to4"].error
+    pytest.importorskip("cupy")
+    # cupyx may refuse float16 SpMM: then the reason is recorded, never a crash
+    assert by_name["cusparse_csr_cupy"].ok or by_name["cusparse_csr_cupy"].error
+
+
+@pytest.mark.gpu
+def test_gpu_illegal_address_is_a_crash_and_the_worker_is_replaced(pool):
+    result = run_and_verify(source("broken_oob_triton.py"), gpu_matrix(), pool=pool, n_values=(1,))
+    assert result.status == "crash", result.message
+    good = run_and_verify(source("good_triton_csr.py"), gpu_matrix(), pool=pool, n_values=(1, 7, 16))
+    assert good.status == "verified", good.message
+
+
+@pytest.mark.gpu
+def test_gpu_builtin_dense_and_cuda_template(pool):
+    builtin = SimpleNamespace(source="", backend="builtin", template="dense", params={}, source_hash="")
+    assert run_and_verify(builtin, gpu_matrix(), pool=pool).status == "verified"
+    registry = pytest.importorskip("sparseditto.kernel_templates.registry")
+    pytest.importorskip("cupy")
+    cand = registry.get_template("csr_vector").instantiate({})
+    from sparseditto.harness import compile_candidate
+
+    compiled = compile_candidate(cand, arch="sm_90", pool=pool)
+    assert compiled.ok, compiled.log
+    result = run_and_verify(cand, gpu_matrix(), pool=pool)
+    assert result.status == "verified", result.message
+    timed = bench(cand, gpu_matrix(), 16, repeats=10, baselines=False, pool=pool)
+    assert timed.reverified and timed.timings_are_gpu
