@@ -215,7 +215,8 @@ CASES = [
     ("bitmap_tiles", {"SPLIT_K": 4, "KW": 1, "BLOCK_M": 16}, "u95", 5, torch.float16, False),
     ("bitmap_tiles", {"SPLIT_K": 4, "KW": 1, "BLOCK_M": 16, "OFFSETS": "stored", "POPC": "swar"}, "u95", 5,
      torch.float16, False),
-    ("bitmap_tiles", {"BLOCK_M": 16, "KW": 4}, "u50", 1, torch.float16, False),
+    ("bitmap_tiles", {"BLOCK_M": 16, "KW": 4, "GATHER": "direct"}, "u50", 1, torch.float16, False),
+    ("bitmap_tiles", {"GATHER": "direct", "OFFSETS": "stored", "BLOCK_M": 16}, "u70", 9, torch.float32, True),
     ("bitmap_tiles", {"BLOCK_M": 16}, "zero", 3, torch.float16, False),
     ("bitmap_tiles", {"BLOCK_M": 16}, "one", 1, torch.float16, False),
     ("bitmap_tiles", {"BLOCK_M": 16}, "row", 16, torch.float32, False),
@@ -345,6 +346,7 @@ GPU_CASES = [
     ("nm_compressed", {"EXPAND": "select"}, "24", torch.float16),
     ("bitmap_tiles", {}, "unstructured", torch.float16),              # hardware popc
     ("bitmap_tiles", {"OFFSETS": "stored", "POPC": "swar"}, "unstructured", torch.float16),
+    ("bitmap_tiles", {"GATHER": "direct"}, "unstructured", torch.bfloat16),
 ]
 
 

@@ -35,6 +35,7 @@ META = {
         "BLOCK_N": ["auto", 16, 32, 64, 128],
         "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
         "OFFSETS": ["running", "stored"],
+        "GATHER": ["window", "direct"],
         "POPC": ["auto", "swar"],
         "FP32_DOT": ["ieee", "tf32"],
         "num_warps": ["auto", 2, 4, 8],
@@ -46,6 +47,7 @@ META = {
         "BLOCK_N": "auto",
         "SPLIT_K": "auto",
         "OFFSETS": "running",
+        "GATHER": "window",
         "POPC": "auto",
         "FP32_DOT": "ieee",
         "num_warps": "auto",
@@ -143,7 +145,7 @@ def _bitmap_kernel(
     M, N, K, MP, N_TILES, NUM_TILES, NSTEPS,
     stride_bk, stride_bn, stride_om, stride_on,
     KW: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    RUNNING: tl.constexpr, USE_POPC: tl.constexpr, NUM_STAGES: tl.constexpr,
+    RUNNING: tl.constexpr, WINDOW: tl.constexpr, USE_POPC: tl.constexpr, NUM_STAGES: tl.constexpr,
     UPCAST: tl.constexpr, IN_PREC: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr,
 ):
     pid = tl.program_id(0)          # row tile * N_TILES + N tile
@@ -170,15 +172,24 @@ def _bitmap_kernel(
                 base = off
             else:
                 base = tl.load(offs_ptr + t.to(tl.int64) * MP + rows)
+            count = _popcount(mask, USE_POPC)                       # per row, not per element
             prefix = _popcount(mask[:, None] & below, USE_POPC)
             present = (mask[:, None] & bit) != 0
-            a = tl.load(vals_ptr + (base[:, None] + prefix), mask=present, other=0.0)
+            if WINDOW:
+                # The row's values for this tile are contiguous: load them as a window (threads
+                # along j, so one warp reads one row's sectors), then place each one with a
+                # warp-local register gather.
+                win = tl.load(vals_ptr + (base[:, None] + jj[None, :]), mask=jj[None, :] < count[:, None],
+                              other=0.0)
+                a = tl.where(present, tl.gather(win, prefix, axis=1), tl.zeros_like(win))
+            else:
+                a = tl.load(vals_ptr + (base[:, None] + prefix), mask=present, other=0.0)
             krow = t * 32 + jj
             b = _load_b(b_ptr + krow.to(tl.int64)[:, None] * stride_bk + cols[None, :] * stride_bn,
                         krow, K, n_mask, EVEN_K, EVEN_N)
             acc = _dot_acc(a, b, acc, UPCAST, IN_PREC)
             if RUNNING:
-                off = base + _popcount(mask, USE_POPC)
+                off = base + count
 
     _write_tile(acc, out_ptr, ws_ptr, cnt_ptr, pid, pid_k, rows, cols, M, N,
                 stride_om, stride_on, NUM_TILES, BLOCK_M, BLOCK_N, SPLIT)
@@ -293,7 +304,7 @@ def spmm(packed: dict, B, out) -> None:
         M, N, K, packed["padded_rows"], cfg["n_tiles"], cfg["tiles"], packed["steps"],
         B.stride(0), B.stride(1), out.stride(0), out.stride(1),
         KW=packed["KW"], BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
-        RUNNING=PARAMS["OFFSETS"] == "running",
+        RUNNING=PARAMS["OFFSETS"] == "running", WINDOW=PARAMS["GATHER"] == "window",
         USE_POPC=(B.device.type == "cuda" and PARAMS["POPC"] == "auto"),
         NUM_STAGES=int(PARAMS["num_stages"]),
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),

@@ -313,8 +313,14 @@ def _launch_config(packed: dict, N: int, device) -> dict:
         split = 1 << (cap.bit_length() - 1)
     warps = PARAMS["num_warps"]
     if warps == "auto":
-        area = bm * block_n
-        warps = 2 if area <= 512 else (8 if area >= 128 * 128 else 4)
+        # Registers hold the fp32 accumulator and the A tile's addresses: big tiles need 8 warps.
+        area, a_elems = bm * block_n, bm * packed["group"] * bk
+        if area <= 512 and a_elems <= 1024:
+            warps = 2
+        elif area >= 128 * 64 or a_elems >= 128 * 128:
+            warps = 8
+        else:
+            warps = 4
     stages = PARAMS["num_stages"]
     if stages == "auto":
         # The block-column load feeds B's address, so Triton prefetches A/B only
