@@ -76,6 +76,13 @@ def test_infinite_loop_times_out_and_the_next_call_works(pool, small):
     assert run_and_verify(good, small, pool=pool, timeout=120, n_values=(1,)).status == "verified"
 
 
+def test_a_harness_exception_is_an_error_reply_and_the_worker_stays(pool):
+    pid = ping(pool)["pid"]
+    reply = pool.call("verify", {"not": "a verify payload"}, backend="interpret", timeout=60)
+    assert reply.status == "error" and "KeyError" in reply.error and not reply.restarted
+    assert ping(pool)["pid"] == pid
+
+
 def test_bad_calls_are_value_errors(pool):
     with pytest.raises(ValueError, match="Unknown worker task"):
         pool.call("rm -rf", None, backend="interpret", timeout=5)

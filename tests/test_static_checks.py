@@ -155,6 +155,12 @@ BASE = "import torch\nimport triton.language as tl\nimport numpy as np\n\ndef pr
     ("import cupy\ndef spmm(packed, B, out):\n    m = cupy.RawModule(path='k.cubin')\n", "loads code from a file"),
     ("def spmm(packed, B, out):\n    out.copy_(torch.compile(lambda x: x)(B))\n", "torch.compile"),
     ("def spmm(packed, B, out):\n    x = torch.sparse_csr_tensor\n", "sparse_csr_tensor"),
+    ("def _make():\n    store = {}\n    def f(k, v):\n        store[k] = v\n    return f\n_F = _make()\n"
+     "def spmm(packed, B, out):\n    _F(1, out)\n", "closure created by '_make'"),
+    ("def _gen():\n    last = None\n    while True:\n        last = yield last\n_G = _gen()\n"
+     "def spmm(packed, B, out):\n    _G.send(out)\n", "generator '_gen'"),
+    ("import functools\ndef _impl(cache, B, out):\n    cache[0] = out\n_P = functools.partial(_impl, {})\n"
+     "def spmm(packed, B, out):\n    _P(B, out)\n", "bound into a function at import time"),
 ])
 def test_bypass_attempts_are_rejected(body, fragment):
     found = violations(BASE + body)

@@ -33,6 +33,7 @@ from typing import Any, Literal
 EXEC_BACKENDS = ("cuda", "interpret")
 _ENV_LOCK = threading.Lock()
 _WORKER_IDS = itertools.count()
+_CALL_IDS = itertools.count(1)
 _LOG_TAIL_CHARS = 6000
 
 
@@ -143,7 +144,7 @@ class _Worker:
             return None
         return reply
 
-    def _receive(self, deadline: float, expect: str) -> WorkerReply:
+    def _receive(self, deadline: float, expect: str, call_id: int | None = None) -> WorkerReply:
         start = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
@@ -163,15 +164,13 @@ class _Worker:
                 kind = message[0]
                 if kind == "ready" and expect == "ready":
                     return WorkerReply(status="ok", value=message[1], seconds=time.monotonic() - start)
-                if kind == "result":
-                    _, value, log, restart = message
-                    return WorkerReply(status="ok", value=value, log=log, restarted=restart,
-                                       seconds=time.monotonic() - start)
-                if kind == "error":
-                    _, tb, log, restart = message
-                    return WorkerReply(status="error", error=tb, log=log, restarted=restart,
-                                       seconds=time.monotonic() - start)
-                continue  # stray message (e.g. a late "ready"): keep waiting
+                if kind in ("result", "error") and message[1] == call_id:
+                    _, _, body, log, restart = message
+                    return WorkerReply(status="ok" if kind == "result" else "error",
+                                       value=body if kind == "result" else None,
+                                       error=body if kind == "error" else "", log=log,
+                                       restarted=restart, seconds=time.monotonic() - start)
+                continue  # a stale reply to an abandoned call: keep waiting for ours
             if not self.proc.is_alive():
                 if self.conn.poll(0):
                     continue
@@ -186,11 +185,12 @@ class _Worker:
 
     def call(self, task: str, payload: Any, timeout: float) -> WorkerReply:
         start = time.monotonic()
+        call_id = next(_CALL_IDS)
         try:
-            self.conn.send((task, payload))
+            self.conn.send((call_id, task, payload))
         except (BrokenPipeError, OSError):
             return self._crash_reply(start)
-        return self._receive(start + timeout, expect="result")
+        return self._receive(start + timeout, expect="result", call_id=call_id)
 
     def kill(self) -> None:
         if self.proc is None:
@@ -208,7 +208,7 @@ class _Worker:
             return
         if self.proc.is_alive():
             try:
-                self.conn.send(("__exit__", None))
+                self.conn.send((0, "__exit__", None))
             except (BrokenPipeError, OSError):
                 pass
             self.proc.join(timeout=grace)
@@ -289,7 +289,11 @@ class WorkerPool:
                 failed.error = f"{backend} worker failed to start: {failed.error}"
                 failed.restarted = True
                 return failed
-            reply = worker.call(task, payload, timeout)
+            try:
+                reply = worker.call(task, payload, timeout)
+            except BaseException:  # e.g. KeyboardInterrupt while waiting: don't leave it running
+                self._replace(backend)
+                raise
             if reply.status == "timeout":
                 reply.error = f"task '{task}' exceeded {timeout:.1f} s; worker killed and restarted"
             if reply.status in ("timeout", "crash") or reply.restarted:

@@ -90,7 +90,7 @@ BANNED_MODULE_NAMES = frozenset({
 IO_ATTRS_ANYWHERE = frozenset({"tofile", "fromfile", "savez", "savez_compressed", "loadtxt",
                                "savetxt", "genfromtxt", "memmap", "from_file", "fromregex",
                                "DataSource", "read_text", "write_text", "read_bytes",
-                               "write_bytes", "urlopen", "ctypeslib"})
+                               "write_bytes", "urlopen", "ctypeslib", "load_file"})
 # I/O names that clash with Triton's tl.load/tl.store: banned only on torch/numpy/cupy paths.
 IO_ATTRS_ON_LIBS = frozenset({"load", "save", "open"})
 BANNED_PATH_PREFIXES = {
@@ -439,6 +439,50 @@ class _Checker:
         for node in ast.walk(self.tree):
             if isinstance(node, _FUNCTION_NODES):
                 self._check_function_body(node)
+        self._check_import_time_state()
+
+    def _check_import_time_state(self) -> None:
+        """State built by running the candidate's own code at import time: a generator or a
+        closure over a mutable local (``_F = _make()``), or a mutable literal bound into a helper
+        (``functools.partial(_impl, {})``). Calls inside spmm then share it between calls."""
+        local_funcs = {s.name: s for s in self.tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for stmt in self.tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            for node in ast.walk(stmt):
+                if not isinstance(node, ast.Call):
+                    continue
+                fname = node.func.id if isinstance(node.func, ast.Name) else None
+                if fname in local_funcs or self.resolve(node.func) == "functools.partial":
+                    for arg in list(node.args) + [kw.value for kw in node.keywords]:
+                        if _is_mutable_literal(arg):
+                            self.flag(node, "a mutable object bound into a function at import time "
+                                            "persists between calls")
+                if fname not in local_funcs:
+                    continue
+                factory = local_funcs[fname]
+                if any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(factory)):
+                    self.flag(node, f"generator '{fname}' created at import time keeps state between calls")
+                factory_locals = self._scope_locals(factory)
+                for nested in ast.walk(factory):
+                    if nested is not factory and isinstance(nested, _FUNCTION_NODES) and \
+                            self._mutates_outer(nested, factory_locals):
+                        self.flag(node, f"closure created by '{fname}' at import time mutates "
+                                        f"'{fname}' locals, which persist between calls")
+                        break
+
+    def _mutates_outer(self, fn: ast.AST, outer: set[str]) -> bool:
+        own = self._scope_locals(fn)
+        for node in ast.walk(fn):
+            root = None
+            if isinstance(node, (ast.Subscript, ast.Attribute)) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                root = _root_name(node)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr in MUTATING_METHODS or node.func.attr.endswith("_")):
+                root = _root_name(node.func.value)
+            if root is not None and root in outer and root not in own:
+                return True
+        return False
 
     def _enclosing_scopes(self, node: ast.AST) -> list[ast.AST]:
         scopes = []
@@ -525,6 +569,13 @@ class _Checker:
                     self.flag(node, f"'{name}' mutates module-level '{root}' (.{method}), which "
                                     f"keeps state between calls")
             stack.extend(ast.iter_child_nodes(node))
+
+
+def _is_mutable_literal(node: ast.AST) -> bool:
+    if isinstance(node, (ast.List, ast.Dict, ast.Set) + _COMPREHENSIONS):
+        return True
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+        node.func.id in ("dict", "list", "set", "bytearray")
 
 
 def _root_name(node: ast.AST) -> str | None:

@@ -133,7 +133,7 @@ def worker_main(conn, backend: str, log_path: str, cache_dir: str | None) -> Non
             message = conn.recv()
         except (EOFError, OSError, KeyboardInterrupt):
             break  # parent went away
-        task, payload = message
+        call_id, task, payload = message
         if task == "__exit__":
             break
         try:
@@ -145,12 +145,12 @@ def worker_main(conn, backend: str, log_path: str, cache_dir: str | None) -> Non
         try:
             value = _resolve(task)(payload)
             restart = bool(backend == "cuda" and cuda_context_broken())
-            conn.send(("result", value, _read_from(log_path, offset), restart))
+            conn.send(("result", call_id, value, _read_from(log_path, offset), restart))
         except BaseException as exc:  # report everything, including SystemExit from a candidate
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             restart = bool(backend == "cuda" and (is_sticky_cuda_error(tb) or cuda_context_broken()))
             try:
-                conn.send(("error", tb, _read_from(log_path, offset), restart))
+                conn.send(("error", call_id, tb, _read_from(log_path, offset), restart))
             except Exception:
                 break
             if isinstance(exc, KeyboardInterrupt):
