@@ -36,8 +36,8 @@ FLOPs and units (the peak the roofline divides by):
   dots are FMA loops, not tensor-core instructions)
   dense         2*M*K*N, "tensor" (fp32: "cuda_core": torch keeps TF32 off for matmul by default)
 
-Time = max(memory_s, compute_s) + launches * LAUNCH_S (csr_balanced: 2 launches when a row can
-cross a program boundary). Row-split CSR kernels also carry a critical-path term: one program
+Time = max(memory_s, compute_s) + launches * LAUNCH_S (csr_balanced with FIXUP="launch": 2 launches
+when a row can cross a program boundary; the default inline fix-up needs one). Row-split CSR kernels also carry a critical-path term: one program
 streams its rows alone, at about 2/sm_count of the bandwidth, so a long row bounds the kernel:
     critical_s = (longest row + (ROWS_PER_PROGRAM-1)*mean row) * (vb + ib + N*vb) * sm_count / (2*bandwidth)
 and seconds = max(roofline seconds, critical_s + launch). This is what makes nnz-balanced
@@ -326,8 +326,8 @@ def estimate(template: str, fmt: str, report: Any, n: int, dtype: Any, target: A
         if template == "csr_balanced":
             per = balanced_nnz_per_program(nnz, params)
             programs = max(1, -(-nnz // per))
-            if s.row_max > 1 and programs > 1:
-                launches = 2
+            if s.row_max > 1 and programs > 1:  # some row can cross a program boundary
+                launches = 2 if params.get("FIXUP", "inline") == "launch" else 1
                 extra += 2.0 * programs * n * 4
             notes.append(f"{programs} programs of {per} nonzeros")
     elif fmt == "bsr":

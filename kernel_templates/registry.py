@@ -511,6 +511,7 @@ def _csr_balanced_grid(t: Template, s, n: int, target: Any) -> list[dict]:
         {"NNZ_PER_PROGRAM": max(64, per // 2), "BLOCK_NNZ": 16},
         {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "BLOCK_N": max(1, bn // 2)},
         {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "INDEX_BITS": 32},
+        {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "FIXUP": "launch"},
     ]
 
 

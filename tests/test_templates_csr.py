@@ -117,6 +117,7 @@ CASES = [
     ("csr_rowsplit", {"ROWS_PER_PROGRAM": 2, "REORDER": "length"}, "skewed", 5, torch.float32),
     ("csr_balanced", {}, "small", 33, torch.float16),
     ("csr_balanced", {"NNZ_PER_PROGRAM": 64, "BLOCK_NNZ": 16, "INDEX_BITS": 32}, "skewed", 7, torch.float32),
+    ("csr_balanced", {"NNZ_PER_PROGRAM": 64, "FIXUP": "launch", "BLOCK_N": 4}, "skewed", 6, torch.float32),
     ("csr_balanced", {"NNZ_PER_PROGRAM": 128, "BLOCK_NNZ": 64, "BLOCK_N": 4}, "small", 6, torch.float32),
     ("csr_balanced", {"NNZ_PER_PROGRAM": 64}, "small", 1, torch.bfloat16),
     ("compact_rows_cols", {}, "pruned", 33, torch.float16),
@@ -129,7 +130,7 @@ def _matrix(kind: str) -> SparseMatrix:
     if kind == "small":
         return SMALL
     if kind == "skewed":
-        return skewed_matrix(48, 80, seed=3)
+        return skewed_matrix(48, 160, seed=3)  # one full row: spans 3+ programs of 64 nonzeros
     # Channel-pruned: whole rows and columns removed, the rest fairly dense.
     return random_matrix(48, 72, 0.6, seed=2, empty_rows=range(0, 48, 5), empty_cols=range(3, 72, 4))
 
@@ -197,19 +198,25 @@ def test_balanced_split_covers_every_row(tmp_path_factory):
             first, last = A.indptr[r] // P, (A.indptr[r + 1] - 1) // P
             assert first != last
         assert split["programs"] == max(1, -(-A.nnz // P))
+        # Every (shared row, contributing program) pair is announced exactly once by that program.
+        announced = sorted((int(i), p) for p, pair in enumerate(split["shared_of_prog"]) for i in pair if i >= 0)
+        expected = sorted((i, p) for i in range(len(shared)) for p in
+                          range(split["shared_first"][i], split["shared_last"][i] + 1))
+        assert announced == expected
 
 
 def test_balanced_is_deterministic(tmp_path_factory):
     module = load_candidate("csr_balanced", {"NNZ_PER_PROGRAM": 64}, tmp_path_factory)
-    A = skewed_matrix(48, 80, seed=3)
+    A = skewed_matrix(48, 160, seed=3)
     packed = module.prepare(A, torch.float32, DEVICE)
-    B = torch.randn(80, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    B = torch.randn(160, 4, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     outs = []
     for _ in range(2):
         out = torch.full((48, 4), float("nan"), device=DEVICE)
         module.spmm(packed, B, out)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
+    assert packed["n_shared"] > 0 and int(packed["counters"].abs().sum()) == 0, "arrival counters not reset"
 
 
 def test_bad_shapes_raise(tmp_path_factory):
@@ -255,3 +262,24 @@ def test_gpu_spmv_and_wide_n(tmp_path_factory):
         module = load_candidate(name, {}, tmp_path_factory)
         for n in (1, 3, 33, 8192):
             run_and_check(module, A, n, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixup", ["inline", "launch"])
+def test_gpu_balanced_fixups(fixup, tmp_path_factory):
+    """Long rows crossing many programs: both fix-ups exact, repeatable (counters reset), bitwise
+    deterministic across calls."""
+    module = load_candidate("csr_balanced", {"NNZ_PER_PROGRAM": 128, "FIXUP": fixup}, tmp_path_factory)
+    A = skewed_matrix(4096, 2048, seed=13)
+    for n in (1, 16, 300):
+        run_and_check(module, A, n, torch.float16)
+        run_and_check(module, A, n, torch.float16)
+    packed = module.prepare(A, torch.float32, "cuda")
+    B = torch.randn(2048, 64, device="cuda")
+    first = torch.empty(4096, 64, device="cuda")
+    module.spmm(packed, B, first)
+    for _ in range(3):
+        again = torch.empty(4096, 64, device="cuda")
+        module.spmm(packed, B, again)
+        assert torch.equal(first, again)
+    assert int(packed["counters"].abs().sum()) == 0

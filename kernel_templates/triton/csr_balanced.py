@@ -13,8 +13,13 @@ bit-identical results and verification is stable):
   * A row entirely inside one program's nonzeros is written straight to C.
   * A row cut by a boundary ("shared row") gets one fp32 partial per program that touches it:
     slot 0 of a program holds its first row's partial, slot 1 its last row's.
-  * A second small launch sums the partials of each shared row in program order and writes C.
-    That launch is skipped when no row is shared.
+  * FIXUP="inline" (default, one launch): after publishing a partial, a program bumps the shared
+    row's arrival counter (acq_rel atomic); the last of the row's (program, N tile) arrivals sums
+    the row's partials in program order, writes C and resets the counter to zero. The sum's order
+    does not depend on who arrives last, so results are deterministic. (Concurrent launches of
+    one prepared matrix on several streams would share the counters: unsafe, as for any split-K.)
+  * FIXUP="launch": a second small launch sums the partials of each shared row instead (no
+    atomics). Either way nothing extra runs when no row is shared.
 Chunks of BLOCK_NNZ nonzeros start at multiples of BLOCK_NNZ on padded arrays (unmasked, vector
 loads), exactly as in csr_rowsplit.
 """
@@ -28,6 +33,7 @@ META = {
         "BLOCK_N": ["auto", 1, 2, 4, 8, 16, 32, 64, 128, 256],
         "BLOCK_NNZ": [8, 16, 32, 64, 128],
         "INDEX_BITS": ["auto", 32, 16],
+        "FIXUP": ["inline", "launch"],
         "num_warps": ["auto", 1, 2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     },
@@ -36,6 +42,7 @@ META = {
         "BLOCK_N": "auto",
         "BLOCK_NNZ": 32,
         "INDEX_BITS": "auto",
+        "FIXUP": "inline",
         "num_warps": "auto",
         "num_stages": 2,
     },
@@ -55,11 +62,23 @@ _INT16_COLUMN_LIMIT = 32768
 
 
 @triton.jit
+def _sum_partials(row, p_first, p_last, row_lo_ptr, part_ptr, N, offs_n, n_mask, BLOCK_N: tl.constexpr):
+    """Sum a shared row's fp32 partials over programs p_first..p_last, in program order."""
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for p in range(p_first, p_last + 1):
+        slot = (tl.load(row_lo_ptr + p) != row).to(tl.int64)
+        acc += tl.load(part_ptr + (tl.cast(p, tl.int64) * 2 + slot) * N + offs_n, mask=n_mask, other=0.0,
+                       cache_modifier=".cg")
+    return acc
+
+
+@triton.jit
 def _csr_balanced_kernel(
     indptr_ptr, indices_ptr, values_ptr, row_lo_ptr, row_hi_ptr, b_ptr, out_ptr, part_ptr,
-    nnz, N, nnz_per_program,
+    shared_of_prog_ptr, shared_rows_ptr, first_prog_ptr, last_prog_ptr, counter_ptr,
+    nnz, N, nnz_per_program, n_tiles,
     stride_bk, stride_bn, stride_om, stride_on,
-    BLOCK_N: tl.constexpr, BLOCK_NNZ: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_NNZ: tl.constexpr, INLINE_FIXUP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -89,6 +108,24 @@ def _csr_balanced_kernel(
                  acc.to(out_ptr.dtype.element_ty), mask=n_mask & owned)
         slot = (row != row_lo).to(tl.int64)
         tl.store(part_ptr + (pid.to(tl.int64) * 2 + slot) * N + offs_n, acc, mask=n_mask & (owned == 0))
+    if INLINE_FIXUP:
+        for k in tl.static_range(2):
+            shared = tl.load(shared_of_prog_ptr + pid * 2 + k)
+            if shared >= 0:
+                p_first = tl.load(first_prog_ptr + shared)
+                p_last = tl.load(last_prog_ptr + shared)
+                tl.debug_barrier()  # every thread's partial is written before the release below
+                arrived = tl.atomic_add(counter_ptr + shared, 1, sem="acq_rel", scope="gpu")
+                if arrived == (p_last - p_first + 1) * n_tiles - 1:
+                    row = tl.load(shared_rows_ptr + shared)
+                    for t in range(0, n_tiles):
+                        cols_t = t * BLOCK_N + tl.arange(0, BLOCK_N)
+                        mask_t = cols_t < N
+                        total = _sum_partials(row, p_first, p_last, row_lo_ptr, part_ptr, N, cols_t, mask_t,
+                                              BLOCK_N)
+                        tl.store(out_ptr + tl.cast(row, tl.int64) * stride_om + cols_t * stride_on,
+                                 total.to(out_ptr.dtype.element_ty), mask=mask_t)
+                    tl.atomic_xchg(counter_ptr + shared, 0)  # ready for the next launch
 
 
 @triton.jit
@@ -102,12 +139,8 @@ def _csr_balanced_fixup_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     row = tl.load(shared_rows_ptr + i)
-    p_first = tl.load(first_prog_ptr + i)
-    p_last = tl.load(last_prog_ptr + i)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for p in range(p_first, p_last + 1):
-        slot = (tl.load(row_lo_ptr + p) != row).to(tl.int64)
-        acc += tl.load(part_ptr + (tl.cast(p, tl.int64) * 2 + slot) * N + offs_n, mask=n_mask, other=0.0)
+    acc = _sum_partials(row, tl.load(first_prog_ptr + i), tl.load(last_prog_ptr + i), row_lo_ptr, part_ptr,
+                        N, offs_n, n_mask, BLOCK_N)
     tl.store(out_ptr + tl.cast(row, tl.int64) * stride_om + offs_n * stride_on,
              acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
@@ -168,6 +201,11 @@ def split_by_nonzeros(indptr: np.ndarray, nnz_per_program: int) -> dict:
     first_prog = indptr[:-1] // P
     last_prog = np.maximum(indptr[1:] - 1, 0) // P
     shared = np.flatnonzero((lengths > 0) & (first_prog != last_prog))
+    # Per program, the index (into `shared`) of its first / last row when that row is shared.
+    index_of_row = np.full(M, -1, dtype=np.int64)
+    index_of_row[shared] = np.arange(shared.size)
+    shared_of_prog = np.stack([index_of_row[row_lo],
+                               np.where(row_hi != row_lo, index_of_row[row_hi], -1)], axis=1)
     return {
         "programs": programs,
         "row_lo": row_lo.astype(np.int32),
@@ -175,6 +213,7 @@ def split_by_nonzeros(indptr: np.ndarray, nnz_per_program: int) -> dict:
         "shared_rows": shared.astype(np.int32),
         "shared_first": first_prog[shared].astype(np.int32),
         "shared_last": last_prog[shared].astype(np.int32),
+        "shared_of_prog": shared_of_prog.astype(np.int32),
     }
 
 
@@ -194,7 +233,8 @@ def prepare(A, dtype, device) -> dict:
     split = split_by_nonzeros(A.indptr, P)
 
     def dev(a):
-        return torch.from_numpy(a).to(device)
+        # A zero-length tensor has no valid device pointer for a launch: keep one unused element.
+        return torch.from_numpy(a if a.size else np.zeros(1, dtype=a.dtype)).to(device)
 
     return {
         "indptr": tensors["indptr"],
@@ -205,6 +245,10 @@ def prepare(A, dtype, device) -> dict:
         "shared_rows": dev(split["shared_rows"]),
         "shared_first": dev(split["shared_first"]),
         "shared_last": dev(split["shared_last"]),
+        "shared_of_prog": dev(split["shared_of_prog"]),
+        # Arrival counters of the inline fix-up; the last arrival resets its counter to zero.
+        "counters": torch.zeros(max(1, split["shared_rows"].size), dtype=torch.int32, device=device),
+        "n_shared": int(split["shared_rows"].size),
         "programs": split["programs"],
         "nnz_per_program": P,
         "shape": (M, K),
@@ -231,18 +275,21 @@ def spmm(packed: dict, B, out) -> None:
         warps = max(1, min(8, (block_n * block_nnz) // 512))
     programs = packed["programs"]
     n_tiles = triton.cdiv(N, block_n)
-    n_shared = int(packed["shared_rows"].shape[0])
-    # Partials exist only for programs that touch a shared row; a 1-element buffer otherwise.
+    n_shared = packed["n_shared"]
+    inline = PARAMS["FIXUP"] == "inline"
+    # Partials exist only when some row is shared; a 1-element buffer otherwise (never written).
     partials = torch.empty((programs * 2 * N) if n_shared else 1, dtype=torch.float32, device=out.device)
     _csr_balanced_kernel[(programs, n_tiles)](
         packed["indptr"], packed["indices"], packed["values"], packed["row_lo"], packed["row_hi"],
         B, out, partials,
-        packed["nnz"], N, packed["nnz_per_program"],
+        packed["shared_of_prog"], packed["shared_rows"], packed["shared_first"], packed["shared_last"],
+        packed["counters"],
+        packed["nnz"], N, packed["nnz_per_program"], n_tiles,
         B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-        BLOCK_N=block_n, BLOCK_NNZ=block_nnz,
+        BLOCK_N=block_n, BLOCK_NNZ=block_nnz, INLINE_FIXUP=bool(inline and n_shared),
         num_warps=warps, num_stages=int(PARAMS["num_stages"]),
     )
-    if n_shared:
+    if n_shared and not inline:
         _csr_balanced_fixup_kernel[(n_shared, n_tiles)](
             packed["shared_rows"], packed["shared_first"], packed["shared_last"], packed["row_lo"],
             partials, out, N, out.stride(0), out.stride(1),
