@@ -11,15 +11,21 @@ Layout (repacked in prepare from sparseditto.formats.BitmapTiles, tile_k = 32): 
 per (row, 32-column tile), stored tile-major [T, M] so the BLOCK_M masks of one tile are one
 coalesced load; values in CSR order; the offset of each (row, tile) in the values, tile-major.
 Per program (BLOCK_M rows x BLOCK_N columns x a 1/SPLIT_K slice of K), per tile:
-    prefix[r, j]  = popcount(mask[r] & ((1 << j) - 1))       one AND + one POPC per element
-    a[r, j]       = values[offset[r] + prefix[r, j]] if bit j of mask[r] else 0   (predicated load)
+    count[r]      = popcount(mask[r])
+    prefix[r, j]  = popcount(mask[r] & ((1 << j) - 1))
+    a[r, j]       = values[offset[r] + prefix[r, j]] if bit j of mask[r] else 0
     acc          += a @ B[32 tile rows, BLOCK_N]               tl.dot, fp32 accumulate
-KW tiles are handled per loop step (KW*32 columns) so several masks and gathers are in flight.
+GATHER="window" (default) loads each row's `count` values of the tile as one contiguous window
+(threads run along the row, so a warp's load touches one or two 32-byte sectors) and places
+them with a warp-local register gather (tl.gather -> shuffles); GATHER="direct" loads each
+element from values[offset + prefix] with a predicated gather: fewer instructions, but Triton
+lays that load out with the 32 lanes of a warp on 32 different rows, i.e. 32 cache lines per
+load instruction. KW tiles are handled per loop step (KW*32 columns).
 OFFSETS="running" reads the offset only at the first tile of the program's K slice and advances
-it by popcount(mask) per tile (metadata = the masks alone: 1/8 byte per element); "stored" reads
-the per-tile offsets (+1/8 byte per element) but keeps every tile's gather independent of the
-previous tile, which may pipeline better. POPC="auto" uses the hardware popc instruction on CUDA
-and a SWAR popcount elsewhere (the Triton interpreter runs no inline assembly).
+it by count per tile (metadata = the masks alone: 1/8 byte per element); "stored" reads the
+per-tile offsets (+1/8 byte per element) but keeps every tile's loads independent of the
+previous tile. POPC="auto" uses the hardware popc instruction on CUDA and a SWAR popcount
+elsewhere (the Triton interpreter runs no inline assembly).
 Split-K as in the other tensor-core templates: fp32 partials in a workspace, the last split of a
 tile reduces them in a fixed order in the same launch (so concurrent launches of one prepared
 matrix on several streams are unsafe when SPLIT_K > 1).

@@ -6,26 +6,33 @@ bytes), so at small N, where SpMM is memory-bound, it can beat dense cuBLAS by u
 without the hardware sparse MMA. The catch (measured on an H200, fp16 4096x4096, N=16, cold L2):
 a straightforward expand (a `where` per (slot, position), tl.join into one [BM, 4*BG] tile, one
 dot) ran 26.8 us against cuBLAS's 17.3 us: the expand and its register shuffles, not the bytes,
-were the cost. This template therefore offers two expands (EXPAND):
+were the cost. This template therefore splits the product by position inside the group,
+    A @ B = sum_{p < m} D_p @ B[p::m, :],   D_p[r, g] = value of row r at column g*m + p (or 0),
+so each D_p is an elementwise function of the compressed tiles in exactly their [BM, BG] shape
+(no join, reshape or gather: Triton loads the tiles straight into the dot-operand registers),
+and the m dots have the same total K as one dense dot. Expands (EXPAND):
 
-  * "planes" (default): split the product by position inside the group,
-        A @ B = sum_{p < m} D_p @ B[p::m, :],   D_p[r, g] = value of row r at column g*m + p (or 0).
-    Each D_p is an elementwise function of the compressed tiles, in exactly their [BM, BG] shape:
-    no join, no reshape, no gather, no layout shuffle before the dot. Because positions in a group
-    are strictly increasing, slot s can only sit at positions s..s+m-n, so D_p needs one
-    compare+select per *feasible* slot: (m-n+1) per kept value (3 for 2:4), plus one shift+mask
-    per slot to decode its position. The m dots have the same total K as one dense dot, so the
-    tensor-core work equals dense; B rows p::m are plain strided tile loads from L2.
+  * "bits" (2:4, the "auto" choice there): the metadata nibble of a group is its occupancy mask
+    b0..b3 (exactly two bits set; still 2 bits per kept value) and
+        D0 = b0 ? v0 : 0,  D1 = b1 ? (b0 ? v1 : v0) : 0,  D2 = b2 ? (b3 ? v0 : v1) : 0,  D3 = b3 ? v1 : 0.
+    On CUDA with 16-bit values (BITS_LOGIC="ptx") this runs as 16 PTX instructions per *pair*
+    of groups on packed f16x2/bf16x2 registers (per-lane masks by shift + sign-replicating prmt,
+    then and/lop3): 4 instructions per kept value, no unpacking. Elsewhere (interpreter, fp32,
+    BITS_LOGIC="triton") the same formulas run as tl.where.
+  * "planes" (any n <= 4, the "auto" choice for other n:m): positions stored as ceil(log2 m)-bit
+    fields; slot s can only sit at positions s..s+m-n (positions strictly increase), so D_p costs
+    one compare+select per feasible slot: m-n+1 per kept value.
   * "select": the simple reference expand: one dense [BM, BG*m] tile where column c takes the
-    slot whose position is c % m (a where per slot per dense element; values and metadata loaded
-    with a repeated index c // m), then one dot. Same bytes from HBM, more instructions.
+    slot whose position is c % m (values and metadata loaded with a repeated index c // m), then
+    one dot. Same HBM bytes, many more instructions.
+docs/kernels.md gives the sm_90 instruction counts of each (from the compiled SASS).
 
-Layout (repacked in prepare, same for both): per row, per K step of F*BG groups, the values are
-slot-planar [n, F, BG] (every load is a contiguous, unmasked [BM, BG] tile) and the metadata is BG
-words of 8/16/32 bits; word h holds, for sub-tile j < F, the group's n positions
-(ceil(log2 m) bits each) at bits [j*n*b, (j+1)*n*b). For 2:4: uint8 words, F = 2, exactly 2 bits
-per kept value, and one metadata load feeds two sub-tiles. Rows are padded to BLOCK_M and groups
-to whole steps with zeros, so A loads need no masks; only B rows >= K and C are masked.
+Layout (repacked in prepare): per row, per K step of F*BG groups, the values are slot-planar
+[n, F, BG] (every load is a contiguous, unmasked [BM, BG] tile) and the metadata is BG words of
+8/16/32 bits; word h holds, for sub-tile j < F, group h's code at bits [j*cb, (j+1)*cb). For 2:4:
+uint8 words, F = 2, exactly 2 bits per kept value, one metadata load feeds two sub-tiles. Rows
+are padded to BLOCK_M and groups to whole steps with zeros, so A loads need no masks; B rows >= K
+and C are masked only when K or N do not divide the tiles.
 
 Groups that hold more than n entries keep their n largest (NMCompressed) and the rest go to a
 residual CSR, which split 0 of each row tile adds with a short gather loop, so results stay
