@@ -167,7 +167,7 @@ def _pad(t, length: int):
 
 
 def _nnz_per_program(nnz: int) -> int:
-    """"auto": about 2K programs for big matrices, never fewer than 128 nonzeros per program."""
+    """NNZ_PER_PROGRAM; "auto" aims at ~2K programs for big matrices, at least 128 nonzeros each."""
     chosen = PARAMS["NNZ_PER_PROGRAM"]
     if chosen != "auto":
         return int(chosen)
