@@ -17,6 +17,10 @@ except Exception:  # pragma: no cover - torch is a hard dependency
 
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # in-process kernel tests need the same NumPy >= 2.4 interpreter fix the sandbox worker applies
+    from sparseditto.harness.interpreter_compat import patch_triton_interpreter
+
+    patch_triton_interpreter()
 
 SHARED_DATA = Path(os.environ.get("SPARSEDITTO_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data")).resolve()
 
