@@ -252,7 +252,7 @@ def test_split_k_counters_reset_between_launches(tmp_path_factory):
     module = load_candidate("bitmap_tiles", {"SPLIT_K": 4, "KW": 1, "BLOCK_M": 16}, tmp_path_factory)
     A = MATRICES["u95"]()
     packed = run_and_check(module, A, 5, torch.float16, seed=1)
-    (_, cnt), = packed["_scratch"].values()
+    (_, cnt), = packed["scratch"].values()
     assert int(cnt.abs().sum()) == 0
     B = torch.randn(A.shape[1], 5, generator=torch.Generator().manual_seed(2)).to(torch.float16).to(DEVICE)
     out = torch.full((A.shape[0], 5), float("nan"), dtype=torch.float16, device=DEVICE)

@@ -243,7 +243,7 @@ def prepare(A, dtype, device) -> dict:
         "offsets": torch.from_numpy(np.ascontiguousarray(offs)).to(device),
         "values": torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype),
         "shape": (M, K), "steps": steps, "padded_rows": Mp, "KW": kw, "BLOCK_M": block_m,
-        "nnz": fmt.nnz, "dtype": dtype, "_scratch": {},
+        "nnz": fmt.nnz, "dtype": dtype, "scratch": {},
     }
 
 
@@ -275,17 +275,18 @@ def _launch_config(packed: dict, N: int, device) -> dict:
 
 
 def _scratch(packed: dict, tiles: int, split: int, bm: int, block_n: int, device):
-    """fp32 partial tiles [split, tiles, bm, block_n] and zeroed arrival counters, cached per shape."""
+    """fp32 partial tiles [split, tiles, bm, block_n] and zeroed arrival counters, cached per shape
+    under packed["scratch"] (the harness lets spmm overwrite keys starting with "scratch")."""
     key = (str(device), tiles, split, bm, block_n)
-    if key not in packed["_scratch"]:
+    if key not in packed["scratch"]:
         if split == 1:
             ws = torch.empty(1, dtype=torch.float32, device=device)
             cnt = torch.zeros(1, dtype=torch.int32, device=device)
         else:
             ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=device)
             cnt = torch.zeros(tiles, dtype=torch.int32, device=device)
-        packed["_scratch"][key] = (ws, cnt)
-    return packed["_scratch"][key]
+        packed["scratch"][key] = (ws, cnt)
+    return packed["scratch"][key]
 
 
 def spmm(packed: dict, B, out) -> None:
