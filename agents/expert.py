@@ -178,6 +178,16 @@ class ExpertPolicy:
                     add(CandidateSpec(template=t["name"], params=dict(g["params"]), expected_ms=g.get("estimate_ms"),
                                       rationale=f"{t['name']} at another grid point "
                                                 f"(estimate {_fmt_ms(g.get('estimate_ms'))})"))
+        if not gpu_timings and inp.best is not None:
+            # Without GPU timings the cost model makes the final choice, so a candidate whose
+            # estimate is no better than the verified best's can never be chosen: skip it.
+            best_est = self._estimate_of(inp, inp.best.template, inp.best.params)
+            if best_est is not None:
+                plan = [s for s in plan if s.expected_ms is not None and s.expected_ms < best_est * 0.99]
+                if not plan:
+                    return self._stop(
+                        f"no GPU timings here, so the roofline cost model decides: verified {inp.best.template} "
+                        f"already has the lowest estimate ({_fmt_ms(best_est)}) of what is left", inp)
         if not plan:
             return self._stop("every applicable template and parameter set has been tried", inp)
         plan = plan[: max(inp.budget_left, 1)]
@@ -186,6 +196,17 @@ class ExpertPolicy:
         if len(plan) > 1:
             rationale += f"; then {', '.join(s.template for s in plan[1:4])}"
         return PlanDecision(action="try", candidates=plan, rationale=rationale)
+
+    @staticmethod
+    def _estimate_of(inp: PlanningInput, template: str, params: dict) -> float | None:
+        for t in inp.templates:
+            if t.get("name") != template:
+                continue
+            for g in t.get("grid") or []:
+                if params_key(template, g.get("params")) == params_key(template, params):
+                    return g.get("estimate_ms")
+            return t.get("estimate_ms")
+        return None
 
     def _stop(self, why: str, inp: PlanningInput) -> PlanDecision:
         return PlanDecision(action="stop", candidates=[], rationale=why)
@@ -208,8 +229,9 @@ class ExpertPolicy:
             return PlanDecision(action="try", candidates=[spec], rationale=spec.rationale)
         mine = next((t for t in inp.tried if params_key(t.template, t.params) == key), None)
         if mine is not None and mine.status == "verified":
-            return self._stop(f"memory exact hit {template} re-verified "
-                              f"({_fmt_ms(mine.median_ms)}); the earlier search already covered this pattern", inp)
+            timing = f" ({_fmt_ms(mine.median_ms)})" if inp.target.get("timings_are_gpu", True) else ""
+            return self._stop(f"memory exact hit {template} re-verified{timing}; the earlier search already "
+                              "covered this pattern", inp)
         return None  # the stored kernel failed here: search as if there were no hit
 
     def _convergence(self, inp: PlanningInput) -> str | None:

@@ -140,11 +140,11 @@ def test_near_roofline_stops():
 
 
 def test_interpreter_timings_do_not_drive_refinement_or_plateau():
-    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.015)]
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.008)]
     tried = [verified("csr_rowsplit", 40.0), verified("bitmap_tiles", 41.0)]
     plan = ExpertPolicy().plan(make_input(templates=templates, tried=tried, best=tried[0], gpu=False))
     assert plan.action == "try"
-    assert [c.template for c in plan.candidates] == ["csr_balanced"]
+    assert [c.template for c in plan.candidates] == ["csr_balanced"]  # no BLOCK_N/num_warps refinements
 
 
 def test_fatal_failure_drops_the_template():
@@ -217,3 +217,13 @@ def test_shared_memory_overflow_retries_with_smaller_tiles():
     smallest = ExpertPolicy().diagnose(failure("runtime_error", "out of resource: shared memory", template=name,
                                                params={key: min(values)}), "source")
     assert smallest.action == "switch_template"
+
+
+def test_interpreter_stops_when_nothing_left_could_beat_the_verified_best_on_the_cost_model():
+    templates = [DENSE, entry("csr_rowsplit", 0.010), entry("bitmap_tiles", 0.012), entry("csr_balanced", 0.015)]
+    best = verified("csr_rowsplit", 900.0)  # CPU milliseconds: meaningless for the GPU
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=[best], best=best, gpu=False))
+    assert plan.action == "stop" and "cost model" in plan.rationale
+    worse = verified("csr_balanced", 10.0)
+    plan = ExpertPolicy().plan(make_input(templates=templates, tried=[worse], best=worse, gpu=False))
+    assert plan.action == "try" and {c.template for c in plan.candidates} == {"csr_rowsplit", "bitmap_tiles"}

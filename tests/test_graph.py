@@ -1,0 +1,236 @@
+"""The whole agent graph on the Triton interpreter with the expert policy.
+
+Real kernels, real verification, real memory: every run here goes planner -> analyzer -> planner ->
+coder -> debugger -> profiler -> ... -> finalize on small matrices of several pattern classes and
+checks the answer (a verified kernel, or dense with an honest reason), the trajectory, the
+callable, and what the memory makes of a second and a similar run. N=1 keeps the interpreter fast.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse as sp
+import torch
+
+from sparseditto import generate
+from sparseditto.api import Result, SpMMKernel, run_graph
+from sparseditto.matrix import SparseMatrix
+
+AGENTS = {"planner", "analyzer", "coder", "debugger", "profiler", "finalize"}
+
+
+@pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """Each test gets its own cache (artifacts, kernels), memory and checkpoint files."""
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def run(A, run_dir, **kw):
+    kw.setdefault("n", 1)
+    kw.setdefault("budget", 2)
+    kw.setdefault("memory", run_dir / "memory.sqlite")
+    return run_graph(A, target="A100", backend="interpret", checkpoint=run_dir / "checkpoints.sqlite", **kw)
+
+
+def reference(A: SparseMatrix, B: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(A.to_dense()) @ B.double()
+
+
+def assert_matches(A: SparseMatrix, C: torch.Tensor, B: torch.Tensor) -> None:
+    ref = reference(A, B)
+    assert C.shape == ref.shape and C.dtype == B.dtype
+    scale = max(1.0, float(ref.abs().max()))
+    err = float((C.double() - ref).abs().max()) / scale
+    assert err < 2e-2, f"relative error {err:.3g}"
+
+
+def check_trajectory(result: Result) -> None:
+    nodes = {d["node"] for d in result.decisions}
+    assert AGENTS <= nodes, f"missing nodes {AGENTS - nodes}"
+    assert all(isinstance(d["rationale"], str) and d["rationale"].strip() for d in result.decisions)
+    assert result.candidates, "no candidate was tried"
+    for c in result.candidates:
+        assert c.status and c.template and c.rationale
+        if c.status == "verified":
+            assert c.expected_ms is not None and c.median_ms is not None and c.bottleneck
+            assert c.speedup_vs_dense is None  # CPU timings are never passed off as speedups
+        else:
+            assert c.failure_class, f"failed candidate {c.template} without a failure class"
+    final = [d for d in result.decisions if d["node"] == "finalize"]
+    assert len(final) == 1 and final[0]["rationale"] == result.best.reason
+
+
+PATTERNS = {
+    "nm": lambda: generate.nm_sparse(128, 128, dtype="float16", seed=0),
+    "block": lambda: generate.block_sparse(128, 128, (16, 16), 0.25, dtype="float16", seed=0),
+    "unstructured": lambda: generate.unstructured(128, 128, 0.9, dtype="float16", seed=0),
+    "row_pruned": lambda: generate.row_pruned(128, 128, 0.75, dtype="float16", seed=0),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_pattern_classes_end_to_end(pattern, run_dir):
+    A = PATTERNS[pattern]()
+    result = run(A, run_dir)
+    assert result.report["pattern"] == pattern
+    assert result.backend == "interpret" and not result.timings_are_gpu
+    check_trajectory(result)
+    verified = [c for c in result.candidates if c.status == "verified"]
+    assert verified, [(c.template, c.status, c.message) for c in result.candidates]
+    # the first candidate is the pattern's natural template
+    natural = {"nm": "nm_compressed", "block": "bsr_tc", "unstructured": "bitmap_tiles",
+               "row_pruned": "compact_rows_cols"}[pattern]
+    assert result.candidates[0].template == natural
+    if result.best.template == "dense":
+        assert result.best.reason.startswith("dense is best")
+    else:
+        assert result.best.selection == "cost_model"
+        assert result.best.source in {c.source for c in verified}
+    B = torch.randn(A.shape[1], 3, dtype=torch.float16)
+    assert_matches(A, result.kernel(B), B)
+    for c in verified:  # every verified source also works as a callable outside the sandbox
+        assert_matches(A, SpMMKernel(A, c.source, c.template)(B), B)
+    again = Result.model_validate_json(result.model_dump_json())
+    assert again.best == result.best and len(again.candidates) == len(result.candidates)
+    assert "NOT GPU timings" in result.summary()
+
+
+def test_sparse_kernel_chosen_by_cost_model_then_memory_exact_hit_and_neighbour(run_dir):
+    """A wide row-pruned weight: compaction beats dense on the A100 roofline (2.7 vs 3.6 us)."""
+    A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=0)
+    asked = []
+    first = run(A, run_dir, budget=1, approve=lambda payload: asked.append(payload) or True)
+    assert first.best.template == "compact_rows_cols" and first.best.selection == "cost_model"
+    assert first.speedups_are_estimates and first.speedups["dense"] > 1.05
+    assert asked and asked[0]["chosen"]["template"] == "compact_rows_cols"
+    B = torch.randn(4096, 2, dtype=torch.float16)
+    assert_matches(A, first.kernel(B), B)
+    assert "compact_rows_cols" in first.summary()
+
+    second = run(A, run_dir, budget=3)
+    assert [h["kind"] for h in second.memory_hits] == ["exact"]
+    assert second.candidates[0].origin == "memory" and second.candidates[0].status == "verified"
+    assert second.candidates[0].source == first.best.source
+    assert len(second.candidates) < 3  # the hit, re-verified, ends the search early
+    assert any(d["action"] == "memory_exact_hit" for d in second.decisions)
+    assert second.best.template == "compact_rows_cols"
+    assert second.thread_id != first.thread_id  # a finished thread is never reopened
+
+    similar = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=1)
+    third = run(similar, run_dir, budget=1)
+    assert third.memory_hits and third.memory_hits[0]["kind"] == "neighbour"
+    assert third.candidates[0].template == first.best.template
+    assert third.candidates[0].origin == "memory" and "neighbour" in third.candidates[0].rationale
+
+
+def test_reviewer_rejection_falls_back_to_dense(run_dir):
+    A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=2)
+    result = run(A, run_dir, budget=1, memory=False, approve=lambda payload: False)
+    assert result.best.template == "dense" and result.best.selection == "rejected"
+    assert "rejected" in result.best.reason
+    assert result.memory_hits == []
+
+
+def test_dense_matrix_stops_early_with_dense(run_dir):
+    A = generate.dense(64, 64, dtype="float16", seed=0)
+    result = run(A, run_dir)
+    assert result.candidates == []
+    assert result.best.template == "dense" and result.best.reason.startswith("dense is best")
+    assert "dense" in result.stop_reason
+    assert result.dense and result.dense["median_ms"] > 0  # dense is always measured
+    B = torch.randn(64, 4, dtype=torch.float16)
+    assert_matches(A, result.kernel(B), B)
+
+
+def test_real_matrices_from_shared_data(shared_data, run_dir):
+    from sparseditto.io import load_matrix
+
+    path = shared_data / "dlmc" / "transformer" / "magnitude_pruning" / "0.9" / \
+        "body_encoder_layer_0_self_attention_multihead_attention_q_fully_connected.smtx.gz"
+    full = load_matrix(path, seed=0)
+    # a 128x256 slice keeps the interpreter quick while keeping the real pruning pattern
+    A = SparseMatrix.from_scipy(full.to_scipy()[:128, :256], dtype="float16", name="dlmc_q_slice")
+    result = run(A, run_dir)
+    check_trajectory(result)
+    assert any(c.status == "verified" for c in result.candidates)
+    B = torch.randn(256, 2, dtype=torch.float16)
+    assert_matches(A, result.kernel(B), B)
+
+    west = load_matrix(shared_data / "suitesparse" / "west0067.mtx.gz")
+    result = run(west, run_dir, budget=1, dtype="float32")
+    check_trajectory(result)
+    B = torch.randn(west.shape[1], 2, dtype=torch.float32)
+    assert_matches(west, result.kernel(B), B)
+
+
+def test_progress_stream_carries_node_messages(run_dir, capsys):
+    A = generate.dense(32, 32, dtype="float16", seed=1)
+    run(A, run_dir, memory=False, progress=True)
+    err = capsys.readouterr().err
+    for node in ("planner", "analyzer", "finalize"):
+        assert node in err
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"target": "Z9000"}, "Z9000"),
+    ({"dtype": "int8"}, "int8"),
+    ({"n": 0}, "N >= 1"),
+    ({"n": [16, -2]}, "-2"),
+    ({"n": 2.5}, "2.5"),
+    ({"budget": 0}, "budget"),
+    ({"backend": "tpu"}, "tpu"),
+    ({"memory": 42}, "memory"),
+    ({"max_debug_atempts": 3}, "max_debug_atempts"),
+])
+def test_bad_settings_raise_before_any_work(kwargs, match, run_dir, monkeypatch):
+    from sparseditto import harness
+
+    def no_work(*a, **k):
+        raise AssertionError("the harness ran before the input was validated")
+
+    monkeypatch.setattr(harness, "run_and_verify", no_work)
+    monkeypatch.setattr(harness, "bench", no_work)
+    args = {"target": "A100", "backend": "interpret", "checkpoint": run_dir / "c.sqlite", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        run_graph(generate.dense(8, 8), **args)
+    assert not (run_dir / "c.sqlite").exists()
+
+
+@pytest.mark.parametrize("matrix,match", [
+    (np.zeros((2, 3, 4)), "2-D"),
+    (np.array([[1.0, np.nan], [0.0, 1.0]]), "NaN"),
+])
+def test_bad_matrices_raise(matrix, match, run_dir):
+    with pytest.raises(ValueError, match=match):
+        run_graph(matrix, backend="interpret", checkpoint=run_dir / "c.sqlite")
+
+
+def test_kernel_callable_checks_its_input(run_dir):
+    A = generate.dense(16, 8, dtype="float32", seed=0)
+    k = SpMMKernel(A, None)
+    with pytest.raises(ValueError, match="rows"):
+        k(torch.randn(9, 2))
+    with pytest.raises(ValueError, match="2-D"):
+        k(torch.randn(8))
+
+
+def test_studio_graph_runs_from_a_file_path(run_dir):
+    """The Studio variant: a matrix path and settings in the input form, nothing else."""
+    from sparseditto.graphs.state import Context
+    from sparseditto.graphs.studio import graph
+
+    path = run_dir / "tiny.mtx"
+    scipy.io.mmwrite(str(path), sp.random(48, 40, density=0.95, random_state=0, format="coo"))
+    out = graph.invoke({"matrix_path": str(path), "n": [1], "dtype": "float32", "backend": "interpret",
+                        "budget": 1, "target": "H100"},
+                       context=Context(use_memory=False))
+    assert out["done"] and out["final"]["template"]
+    assert out["settings"]["target"] == "H100" and out["settings"]["n_values"] == [1]
+    assert {d["node"] for d in out["decisions"]} >= {"load_input", "planner", "analyzer", "finalize"}
+    with pytest.raises(ValueError, match="dtype"):
+        graph.invoke({"matrix_path": str(path), "dtype": "int4"}, context=Context(use_memory=False))
+    assert math.isfinite(out["dense"]["median_ms"])
