@@ -5,9 +5,15 @@ blocks can go straight into tensor-core dots with no expansion at all, and the o
 one int32 block-column id per block (4 / (2*bm*bk) bytes per fp16 element: 0.8% at 16x16). It is
 the fastest of the "load as sparse, compute as dense" kernels whenever the block fill is high.
 
-Per program: walk the block row's nonzero blocks (or a 1/SPLIT slice of them), load each block
-[BM, BK] (contiguous, 16-byte vector loads) and the matching rows of B [BK, BLOCK_N], accumulate
-with tl.dot in fp32, store the tile. Choices that matter on H100/H200-class GPUs:
+Per program: walk the block row's nonzero blocks (or a 1/SPLIT slice of them) GROUP at a time:
+prepare stores each group of GROUP blocks side by side as one contiguous [BM, GROUP*BK] tile
+(rows padded to whole groups with zero blocks of column id -1), so a step is one unmasked
+16-byte-vector load of A, the GROUP block-column ids, the matching rows of B [GROUP*BK, BLOCK_N]
+and one tl.dot (fp32 accumulate). Choices that matter on H100/H200-class GPUs:
+  * Bytes in flight: a 16x16 block is only 512 bytes and the id load feeds B's address, so
+    Triton prefetches about (num_stages-1)/2 steps ahead; GROUP="auto" widens a step to >= 64
+    columns (unless padding adds > 12.5% blocks) and num_stages="auto" deepens the pipeline
+    for small steps (5 stages) while keeping big steps within ~96 KiB of shared memory.
   * Block shape: BM/BK "auto" re-blocks the matrix at the 16..128 shape that stores the fewest
     elements (within 15%, the largest block wins: fewer, longer dots). Blocks smaller than 16
     (tl.dot needs >= 16 per dim) are re-blocked at 16, which never stores more than padding each
@@ -55,8 +61,6 @@ META = {
     "grid": [{}, {"GROUP": 1}, {"SPLIT": 1}, {"num_stages": 3}, {"ORDER": "natural"}, {"BLOCK_N": 32}],
 }
 PARAMS = dict(META["defaults"])
-
-import math
 
 import numpy as np
 import torch
