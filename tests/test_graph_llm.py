@@ -1,0 +1,100 @@
+"""The graph driven by the LLM policy, with scripted fake chat models (no network).
+
+Each scenario is one an LLM really produces: a good kernel, a kernel that does not compile and is
+fixed through the debugger loop, a kernel with a wrong result, a "kernel" that cheats with
+torch.mm, and a server that is down. The graph must accept the first, repair the second, catch
+the third and fourth, and fall back to the expert for the fifth, recording every step.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparseditto import generate
+from sparseditto.api import SpMMKernel, run_graph
+from sparseditto.memory import Memory
+from sparseditto.testing_llm import (
+    GOOD_KERNEL,
+    cheating_model,
+    fix_after_error_model,
+    good_kernel_model,
+    unreachable_model,
+    wrong_result_model,
+)
+
+
+@pytest.fixture
+def matrix():
+    return generate.unstructured(64, 64, 0.8, dtype="float16", seed=5)
+
+
+@pytest.fixture
+def run(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPARSEDITTO_LLM_MODEL", raising=False)
+
+    def go(A, model, **kw):
+        return run_graph(A, target="A100", n=1, backend="interpret", budget=kw.pop("budget", 2), llm=model,
+                         memory=tmp_path / "memory.sqlite", checkpoint=tmp_path / "checkpoints.sqlite", **kw)
+
+    go.memory_path = tmp_path / "memory.sqlite"
+    return go
+
+
+def test_good_llm_kernel_is_verified_and_recorded(matrix, run):
+    model = good_kernel_model()
+    result = run(matrix, model)
+    assert result.policy == "llm"
+    first = result.candidates[0]
+    assert (first.origin, first.status) == ("llm", "verified")
+    assert first.source.strip() == GOOD_KERNEL.strip()
+    assert {"planner", "coder"} <= set(model.roles_called)
+    assert result.token_usage and sum(v for v in result.token_usage.values() if isinstance(v, (int, float))) > 0
+    B = torch.randn(64, 3, dtype=torch.float16)
+    C = SpMMKernel(matrix, first.source)(B)
+    ref = torch.from_numpy(matrix.to_dense()) @ B.double()
+    assert float((C.double() - ref).abs().max()) < 2e-2 * max(1.0, float(ref.abs().max()))
+    # the trajectory in memory: the prompts, the code, the verdicts, the outcome
+    with Memory(run.memory_path) as mem:
+        steps = mem.get_run(result.run_id)["steps"]
+    kinds = {s["kind"] for s in steps}
+    assert {"decision", "prompt", "code", "feedback", "outcome"} <= kinds
+    prompts = [s["payload"] for s in steps if s["kind"] == "prompt"]
+    assert {"plan", "code"} <= {p["decision"] for p in prompts}
+    assert all(p["prompt"] and p["reply"] for p in prompts)
+
+
+def test_kernel_that_does_not_compile_is_fixed_by_the_debugger_loop(matrix, run):
+    result = run(matrix, fix_after_error_model())
+    attempts = [c for c in result.candidates if c.index == 1]
+    assert [c.status for c in attempts][-1] == "verified"
+    broken = attempts[0]
+    assert broken.status != "verified" and broken.failure_class
+    assert "reduce_sum" in broken.source and "reduce_sum" not in attempts[-1].source
+    assert any(d["node"] == "debugger" and d["action"] in ("retry_source", "retry_params") for d in result.decisions)
+    assert attempts[-1].attempt == 2
+
+
+def test_wrong_result_is_caught(matrix, run):
+    result = run(matrix, wrong_result_model())
+    bad = result.candidates[0]
+    assert bad.origin == "llm" and bad.status == "wrong_result" and bad.failure_class == "wrong_result"
+    assert result.best.source != bad.source
+    assert any(d["node"] == "debugger" and d["action"] == "give_up" for d in result.decisions)
+
+
+def test_cheating_kernel_is_rejected_by_static_checks(matrix, run):
+    result = run(matrix, cheating_model())
+    bad = result.candidates[0]
+    assert bad.status == "static_rejected"
+    assert "torch.mm" in bad.source and ("mm" in bad.message or "matmul" in bad.message)
+    assert all(c.source != bad.source or c.status != "verified" for c in result.candidates)
+
+
+def test_unreachable_server_falls_back_to_the_expert(matrix, run):
+    result = run(matrix, unreachable_model())
+    fallbacks = [e for e in result.events if e.get("event") == "fallback"]
+    assert fallbacks and fallbacks[0]["decision"] == "plan" and "Connection" in fallbacks[0]["reason"]
+    assert result.candidates and all(c.origin == "template" for c in result.candidates)
+    assert any(c.status == "verified" for c in result.candidates)
+    assert "events:" in result.summary()
