@@ -47,7 +47,6 @@ def make_candidate(spec: dict, source: str, origin: str):
     """The harness's `Candidate` for this source: the registry's own instance when the source is
     the plain template instance, else a candidate built around the given source."""
     from sparseditto.kernel_templates.registry import Candidate, get_template
-    from sparseditto.memory import source_hash
 
     template = None
     try:
@@ -65,7 +64,7 @@ def make_candidate(spec: dict, source: str, origin: str):
     if backend in (None, "builtin"):
         backend = "cuda" if "RawModule" in source or "RawKernel" in source else "triton"
     fields = dict(template=spec["template"], params=spec.get("params") or {}, source=source,
-                  source_hash=source_hash(source), backend=backend, origin=origin,
+                  backend=backend, origin=origin,
                   format=getattr(template, "format", None) if template is not None else None)
     known = getattr(Candidate, "model_fields", None)
     if known:
@@ -88,7 +87,7 @@ def format_feedback(failure: dict | None) -> str | None:
     return "\n".join(parts)
 
 
-def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"]]:
+def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger", "planner"]]:
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "coder", state)
     current = dict(state["current"])
@@ -96,20 +95,25 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
     events: list[dict] = []
     usage: dict = {}
     origin = spec.get("origin") or "template"
-    if current.get("fixed_source"):
-        source, why, origin = current["fixed_source"], "use the debugger's fixed source", "llm"
-    elif spec.get("source") and current.get("attempt", 1) == 1:
-        source, why = spec["source"], f"use the ready {origin} source"
-    else:
-        policy = policy_for_step(ctx, state)
-        proposal, events, usage = call_policy(
-            policy, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
-            format_feedback(current.get("last_failure")), node="coder")
-        events = policy_events(ctx, state, "coder", events)
-        source, why = proposal.source, proposal.rationale or f"{policy.name} wrote {spec['template']}"
-        if proposal.origin == "llm":
-            origin = "llm"
-    candidate = make_candidate(spec, source, origin)
+    try:
+        if current.get("fixed_source"):
+            source, why, origin = current["fixed_source"], "use the debugger's fixed source", "llm"
+        elif spec.get("source") and current.get("attempt", 1) == 1:
+            source, why = spec["source"], f"use the ready {origin} source"
+        else:
+            policy = policy_for_step(ctx, state)
+            proposal, events, usage = call_policy(
+                policy, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
+                format_feedback(current.get("last_failure")), node="coder")
+            events = policy_events(ctx, state, "coder", events)
+            source, why = proposal.source, proposal.rationale or f"{policy.name} wrote {spec['template']}"
+            if proposal.origin == "llm":
+                origin = "llm"
+        candidate = make_candidate(spec, source, origin)
+    except (ValueError, LookupError) as exc:
+        # No source could be made: an unknown template or illegal parameters (from a plan or a
+        # debugger's retry). A failed candidate, not a crashed graph: back to the planner.
+        return _codegen_failed(ctx, state, current, spec, origin, exc, events, usage)
     current.update(source=source, source_hash=candidate.source_hash, backend=candidate.backend, origin=origin,
                    fixed_source=None, format=getattr(candidate, "format", None))
     d = decision("coder", "code", why, template=spec["template"], attempt=current.get("attempt", 1),
@@ -119,3 +123,17 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
     record_step(ctx, state, "coder", "code", {**d, "origin": origin, "params": spec.get("params") or {}})
     return Command(goto="debugger", update={"current": current, "decisions": [d], "events": events,
                                             "token_usage": usage})
+
+
+def _codegen_failed(ctx: Context, state: dict, current: dict, spec: dict, origin: str, exc: Exception,
+                    events: list, usage: dict) -> Command:
+    why = f"{spec['template']} {spec.get('params') or {}}: no source could be generated ({exc})"
+    record = {"index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
+              "params": spec.get("params") or {}, "origin": origin, "rationale": spec.get("rationale", ""),
+              "source": None, "source_hash": None, "status": "codegen_error", "failure_class": "invalid_spec",
+              "message": str(exc)[:2000], "expected_ms": spec.get("expected_ms")}
+    d = decision("coder", "give_up", why, template=spec["template"], attempt=current.get("attempt", 1))
+    emit("coder", why)
+    record_step(ctx, state, "coder", "feedback", {**d, "status": "codegen_error"})
+    return Command(goto="planner", update={"candidates": [record], "current": None, "decisions": [d],
+                                           "events": events, "token_usage": usage})

@@ -340,12 +340,15 @@ class ExpertPolicy:
         for key in TUNE_KEYS:
             if key not in best.params or key not in legal:
                 continue
-            values = list(legal[key])
-            if best.params[key] not in values:
+            current = best.params[key]
+            # Only concrete numbers have neighbours: "auto" resolves inside the kernel.
+            values = [v for v in legal[key] if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if isinstance(current, bool) or not isinstance(current, (int, float)) or current not in values:
                 continue
-            i = values.index(best.params[key])
+            values.sort()
+            i = values.index(current)
             for j in (i - 1, i + 1):
-                if 0 <= j < len(values) and values[j] != "auto":
+                if 0 <= j < len(values):
                     params = dict(best.params, **{key: values[j]})
                     est = estimates.get(json.dumps(params, sort_keys=True, default=str), best.median_ms)
                     out.append(CandidateSpec(

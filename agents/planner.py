@@ -200,7 +200,7 @@ def record_key(rec: dict) -> str:
 
 def spec_key(spec: dict) -> str:
     if spec.get("origin") == "llm" and spec.get("source"):
-        from sparseditto.memory import source_hash
+        from sparseditto.harness.source_loader import source_hash  # full sha256, as Candidate uses
 
         return "src:" + source_hash(spec["source"])
     return params_key(spec.get("template", "?"), spec.get("params"))
@@ -270,7 +270,10 @@ def planner(state: State, runtime: Runtime[Context]) -> Command[Literal["analyze
         if plan.action == "stop":
             return _stop(state, ctx, plan.rationale, events=events, usage=usage)
         fresh = [c.model_dump(mode="json") for c in plan.candidates]
-        fresh = [c for c in fresh if spec_key(c) not in tried]
+        if fresh and all(c["template"] == "dense" for c in fresh):
+            return _stop(state, ctx, f"the policy chose dense ({plan.rationale})", events=events, usage=usage)
+        # dense is measured with every benchmark already; it is never a candidate to code
+        fresh = [c for c in fresh if spec_key(c) not in tried and c["template"] != "dense"]
         if not fresh:
             return _stop(state, ctx, f"the policy proposed only candidates already tried ({plan.rationale})",
                          events=events, usage=usage)

@@ -234,3 +234,59 @@ def test_studio_graph_runs_from_a_file_path(run_dir):
     with pytest.raises(ValueError, match="dtype"):
         graph.invoke({"matrix_path": str(path), "dtype": "int4"}, context=Context(use_memory=False))
     assert math.isfinite(out["dense"]["median_ms"])
+
+
+def test_plans_that_cannot_be_coded_are_recorded_not_fatal(run_dir):
+    """Illegal parameters or an unknown template (an LLM's or a debugger's slip) become failed
+    candidates with a class, and the run goes on to the next candidate."""
+    from sparseditto.agents.expert import ExpertPolicy
+    from sparseditto.agents.policy import CandidateSpec, PlanDecision
+
+    class SlipperyPlan(ExpertPolicy):
+        def plan(self, inp):
+            specs = [CandidateSpec(template="csr_rowsplit", params={"BLOCK_N": 3}, rationale="illegal BLOCK_N"),
+                     CandidateSpec(template="warp_magic", rationale="no such template"),
+                     CandidateSpec(template="compact_rows_cols", rationale="a real one")]
+            tried = {t.template for t in inp.tried}
+            left = [s for s in specs if s.template not in tried]
+            if not left:
+                return PlanDecision(action="stop", rationale="done")
+            return PlanDecision(action="try", candidates=left, rationale=left[0].rationale)
+
+    A = generate.row_pruned(64, 64, 0.5, dtype="float16", seed=0)
+    result = run(A, run_dir, budget=3, memory=False, policy=SlipperyPlan())
+    statuses = [(c.template, c.status, c.failure_class) for c in result.candidates]
+    assert statuses[:2] == [("csr_rowsplit", "codegen_error", "invalid_spec"),
+                            ("warp_magic", "codegen_error", "invalid_spec")]
+    assert "BLOCK_N" in result.candidates[0].message and "warp_magic" in result.candidates[1].message
+    assert statuses[2][:2] == ("compact_rows_cols", "verified")
+
+
+@pytest.mark.gpu
+def test_gpu_run_measures_every_candidate_against_dense(run_dir):
+    """On a GPU: real timings, dense measured in the same runs, % of roofline and a bottleneck line
+    per candidate, the answer chosen by measurement, and a memory hit on the second run."""
+    A = generate.nm_sparse(4096, 4096, dtype="float16", seed=0)
+    kw = dict(target="auto", n=16, backend="cuda", budget=4, memory=run_dir / "memory.sqlite",
+              checkpoint=run_dir / "checkpoints.sqlite")
+    result = run_graph(A, **kw)
+    assert result.timings_are_gpu and result.dense["median_ms"] > 0 and result.dense["timings_are_gpu"]
+    verified = [c for c in result.candidates if c.status == "verified"]
+    assert verified, [(c.template, c.status, c.message[:200]) for c in result.candidates]
+    for c in verified:
+        assert c.speedup_vs_dense and c.speedup_vs_dense > 0 and c.dense_ms > 0
+        assert c.pct_of_roofline is not None and 0 < c.pct_of_roofline
+        assert c.bottleneck and ("roofline" in c.bottleneck or "launch" in c.bottleneck)
+    if result.best.template == "dense":
+        assert result.best.reason.startswith("dense is best") and "same run" in result.best.reason
+    else:
+        assert result.best.selection == "measured" and result.best.speedup_vs_dense > 1.0
+        assert result.speedups["dense"] == pytest.approx(result.best.speedup_vs_dense)
+    B = torch.randn(4096, 16, device="cuda", dtype=torch.float16)
+    ref = torch.from_numpy(A.to_dense()).to("cuda", torch.float32) @ B.float()
+    C = result.kernel(B)
+    assert C.device.type == "cuda"
+    assert float((C.float() - ref).abs().max()) <= 2e-2 * float(ref.abs().max())
+    second = run_graph(A, **kw)
+    assert second.memory_hits and second.memory_hits[0]["kind"] == "exact"
+    assert len(second.candidates) <= len(result.candidates)
