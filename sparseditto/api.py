@@ -155,6 +155,8 @@ class Result(BaseModel):
         else:
             lines.append(f"planned for {self.target.get('name')}; ran on {where}: timings are NOT GPU timings, "
                          "the choice comes from the roofline cost model")
+        if self.target.get("note"):
+            lines.append(f"note: {self.target['note']}")
         if self.events:
             lines.append(f"events: {len(self.events)} (e.g. {self.events[0].get('event') or self.events[0]})")
         return "\n".join(lines)
@@ -380,11 +382,12 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     from sparseditto.graphs.state import Context, build_policy
 
     tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
-    known = set(Context.__dataclass_fields__)
-    bad = sorted(set(options) - known)
+    # Context fields that run_graph's own arguments set may not come in again through **options.
+    extra = set(Context.__dataclass_fields__) - {"target", "n_values", "dtype", "backend", "budget", "llm", "seed",
+                                                 "approve", "use_memory", "memory_path", "memory"}
+    bad = sorted(set(options) - extra)
     if bad:
-        raise ValueError(f"Unknown run_graph option(s) {bad}; accepted extra options: "
-                         f"{sorted(known - {'target', 'n_values', 'dtype', 'backend', 'budget', 'llm', 'seed'})}.")
+        raise ValueError(f"Unknown run_graph option(s) {bad}; accepted extra options: {sorted(extra)}.")
     if approve is True and not (sys.stdin and sys.stdin.isatty()):
         raise ValueError("approve=True asks on the terminal, but stdin is not interactive; "
                          "pass a callable approve(payload) -> bool instead.")
@@ -444,6 +447,9 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                 pending = [i for task in snap.tasks for i in (task.interrupts or ())]
                 if not pending:
                     break
+                if not approve:
+                    raise ValueError(f"Thread {tid!r} is waiting for a human approval of its kernel; call "
+                                     "run_graph again with approve=True (terminal) or approve=callable.")
                 answer = _ask(approve, pending[0].value)
                 from langgraph.types import Command
 
