@@ -290,3 +290,65 @@ def test_gpu_run_measures_every_candidate_against_dense(run_dir):
     second = run_graph(A, **kw)
     assert second.memory_hits and second.memory_hits[0]["kind"] == "exact"
     assert len(second.candidates) <= len(result.candidates)
+
+
+# ---- GPU code paths without a GPU: the profiler and finalize logic on measured numbers ---------------
+
+def test_profiler_and_finalize_on_gpu_timings(run_dir, monkeypatch):
+    """What the profiler records and finalize decides from GPU measurements (bench stubbed with
+    realistic numbers: the kernel logic itself is what is under test here)."""
+    from langgraph.runtime import Runtime
+
+    from sparseditto import harness
+    from sparseditto.agents.planner import choose_best, finalize
+    from sparseditto.agents.profiler import profiler
+    from sparseditto.analysis import analyze
+    from sparseditto.artifacts import put_matrix
+    from sparseditto.graphs.state import Context
+    from sparseditto.harness.results import BaselineTiming, BenchResult, NcuResult, Timing
+    from sparseditto.kernel_templates.registry import get_template
+
+    A = generate.nm_sparse(1024, 1024, dtype="float16", seed=0)
+    times = {"nm_compressed": 0.0040, "bitmap_tiles": 0.0060}
+
+    def fake_bench(candidate, matrix, n, **kw):
+        t = lambda ms: Timing(median_ms=ms, p10_ms=ms * 0.97, p90_ms=ms * 1.05, repeats=20)
+        return BenchResult(n=n, dtype=kw["dtype"], backend="cuda", gpu_name="NVIDIA H200", timings_are_gpu=True,
+                           candidate=t(times[candidate.template]), candidate_graph=t(times[candidate.template] * 0.8),
+                           conversion_ms=1.5, dense=t(0.0050),
+                           baselines=[BaselineTiming(name="cusparse_csr_torch", ok=True, timing=t(0.012)),
+                                      BaselineTiming(name="cusparselt_2to4", ok=False, error="not supported")],
+                           speedup_vs_dense=0.0050 / times[candidate.template], reverified=True)
+
+    monkeypatch.setattr(harness, "bench", fake_bench)
+    monkeypatch.setattr(harness, "profile_ncu", lambda *a, **k: NcuResult(
+        available=True, metrics={"dram_throughput_pct": 71.0, "sm_throughput_pct": 22.0}))
+    ctx = Context(backend="cuda", target="H200", n_values=[16], use_memory=False)
+    state = {"matrix_key": put_matrix(A), "report": analyze(A).model_dump(mode="json"), "candidates": [],
+             "run_id": "t"}
+    for i, name in enumerate(("bitmap_tiles", "nm_compressed"), start=1):
+        cand = get_template(name).instantiate({})
+        state["current"] = {"spec": {"template": name, "params": {}, "rationale": "test"}, "source": cand.source,
+                            "source_hash": cand.source_hash, "origin": "template", "index": i, "attempt": 1}
+        cmd = profiler(state, Runtime(context=ctx))
+        assert cmd.goto == "planner"
+        rec = cmd.update["candidates"][0]
+        state["candidates"] = state["candidates"] + [rec]
+        state.update({k: cmd.update[k] for k in ("best", "dense") if k in cmd.update})
+        assert rec["status"] == "verified" and rec["timings_are_gpu"]
+        assert rec["speedup_vs_dense"] == pytest.approx(0.0050 / times[name])
+        assert rec["pct_of_roofline"] and 0 < rec["pct_of_roofline"] < 100
+        assert "DRAM 71%" in rec["bottleneck"] and ("roofline" in rec["bottleneck"] or "launch" in rec["bottleneck"])
+        assert rec["baselines"]["cusparse_csr_torch"] == pytest.approx(0.012)
+        assert rec["baselines"]["cusparselt_2to4"] is None and "not supported" in rec["baseline_notes"]["cusparselt_2to4"]
+    assert state["best"]["template"] == "nm_compressed"
+    verdict = choose_best(state, ctx)
+    assert verdict["template"] == "nm_compressed" and verdict["selection"] == "measured"
+    assert "1.25x" in verdict["reason"]
+    # a 1% win is noise: dense stays
+    times["nm_compressed"] = 0.00495
+    state["candidates"][-1] = {**state["candidates"][-1], "median_ms": 0.00495, "speedup_vs_dense": 0.0050 / 0.00495}
+    slow = choose_best(state, ctx)
+    assert slow["template"] == "dense" and "same run" in slow["reason"]
+    end = finalize({**state, "dense": state["dense"]}, Runtime(context=ctx))
+    assert end.update["final"]["template"] == "dense" and end.update["done"]
