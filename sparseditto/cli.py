@@ -72,7 +72,7 @@ def cmd_run(args) -> int:
 
 def cmd_demo(args) -> int:
     """Run the main job on the bundled example with the embedded defaults."""
-    example = EXAMPLE_DIR / "pruned_2of4_256x256.mtx"
+    example = EXAMPLE_DIR / "pruned_2of4_256x256.mtx.gz"
     args.matrix = str(example)
     args.tensor = None
     return cmd_run(args)
