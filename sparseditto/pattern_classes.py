@@ -29,20 +29,25 @@ cascade whose score is >= 0.5 (order matters where patterns overlap):
    must be >= 20% full (ramp 0.1 -> 0.3) and >= 1.5x fuller than random placement would make
    them (ramp 1.0 -> 2.0). Best shape: among qualifying shapes whose occupancy is within 10% of
    the best occupancy, the largest area (ties: the wider bk, which makes longer K loads).
-6. **row_pruned / column_pruned**: empty rows (columns) exceed the random expectation
-   ``(1 - d)^k`` by >= 5% of all rows (ramp 0 -> 0.1), the kept rows are regular (coefficient of
-   variation of nonempty row lengths <= max(0.5, 3x the binomial cv at the kept density), ramp
-   1.5x -> 0.5x), and the empty rows are *not* explained by a detected block structure (empty
-   rows lying in wholly empty block-rows of the best block shape discount the score).
-7. **power_law**: row or column degrees heavy-tailed: coefficient of variation >= 0.8 (ramp
-   0.5 -> 1.1) and >= 2.5x the binomial cv of a random matrix at this density (ramp 1.5 -> 3.5),
-   and a max degree >= 4x the mean (ramp 2 -> 6).
+6. **power_law**: row or column degrees (of the nonempty lines) heavy-tailed: coefficient of
+   variation >= 0.8 (ramp 0.5 -> 1.1), >= 2.5x the binomial cv of a random line with the same
+   mean (ramp 1.5 -> 3.5), and a max degree >= 4x the mean (ramp 2 -> 6). Checked before
+   pruning because power-law graphs also have many empty (isolated) rows and columns.
+7. **row_pruned / column_pruned**: empty rows (columns) exceed the random expectation
+   ``(1 - d)^k`` by >= 15% of all rows (ramp 0.05 -> 0.25: a few percent of empty rows is not
+   worth a compaction kernel), the kept rows are regular (coefficient of variation of nonempty
+   row lengths <= max(0.5, 2x the binomial cv at the kept density), ramp 1.5x -> 0.5x), the
+   columns are regular too (same test, binomial over the kept rows: pruning leaves the kept part
+   random-looking both ways), and the empty rows are *not* explained by a detected block
+   structure (empty rows lying in wholly empty block-rows of the best block shape discount the
+   score).
 8. **unstructured**: none of the above; score = 1 - the strongest structured score.
 
 Confidence = chosen score x (1 - 0.5 x the strongest competing score), so a clear winner with no
 competitor approaches 1 and a borderline call sits near 0.5. Competitors that the chosen class
-itself produces do not count (``EXPLAINS``): a band is made of full diagonal blocks, and block
-sparsity leaves empty block-rows and uneven row lengths.
+itself produces do not count (``EXPLAINS``): a band is made of full diagonal blocks, block
+sparsity leaves empty block-rows and uneven row lengths, and a power-law graph has isolated
+vertices (empty rows and columns).
 """
 from __future__ import annotations
 
@@ -64,6 +69,7 @@ EXPLAINS = {
     "block": ("row_pruned", "column_pruned", "power_law"),
     "row_pruned": ("power_law",),
     "column_pruned": ("power_law",),
+    "power_law": ("row_pruned", "column_pruned"),
 }
 
 
@@ -179,8 +185,27 @@ def _aligned_empty_fraction(lengths: np.ndarray, edge: int) -> float:
     return float(in_empty_groups.sum()) / n_empty
 
 
-def pruned_evidence(lengths: np.ndarray, other_dim: int, density: float, aligned_edge: int | None) -> tuple[float, dict]:
-    """Evidence that whole lines (rows, or columns) were pruned; ``lengths`` are their nnz."""
+def _regularity(lengths: np.ndarray, trials: int) -> tuple[float, float, float]:
+    """(score, cv, cv limit): are these nonempty line lengths as even as Binomial(trials, p) ones?
+
+    The limit is 2x the binomial cv (at least 0.5, for full or nearly full lines); the score is
+    1 at half the limit, 0 at 1.5x the limit.
+    """
+    if lengths.size == 0 or trials <= 0:
+        return 0.0, 0.0, 0.0
+    cv = _cv(lengths)
+    limit = max(0.5, 2.0 * _binomial_cv(trials, float(lengths.mean()) / trials))
+    return ramp(cv / limit, 1.5, 0.5), cv, limit
+
+
+def pruned_evidence(lengths: np.ndarray, cross_lengths: np.ndarray, other_dim: int, density: float,
+                    aligned_edge: int | None) -> tuple[float, dict]:
+    """Evidence that whole lines (rows, or columns) were pruned.
+
+    ``lengths`` are the nnz of those lines, ``cross_lengths`` of the lines across them (columns
+    for row pruning). Pruning leaves the kept part random-looking in *both* directions; a
+    power-law graph also has many empty lines, but its nonempty lines are skewed both ways.
+    """
     n = lengths.size
     empty = int(np.count_nonzero(lengths == 0))
     kept = n - empty
@@ -191,15 +216,15 @@ def pruned_evidence(lengths: np.ndarray, other_dim: int, density: float, aligned
         return 0.0, info
     kept_lengths = lengths[lengths > 0]
     kept_density = float(kept_lengths.sum()) / (kept * other_dim)
-    cv_kept = _cv(kept_lengths)
-    cv_limit = max(0.5, 3.0 * _binomial_cv(other_dim, kept_density))
-    regular = ramp(cv_kept / cv_limit, 1.5, 0.5)
-    score = min(ramp(excess, 0.05, 0.25), regular)
+    regular, cv_kept, cv_limit = _regularity(kept_lengths, other_dim)
+    regular_cross, cv_cross, cv_cross_limit = _regularity(cross_lengths[cross_lengths > 0], kept)
+    score = min(ramp(excess, 0.05, 0.25), regular, regular_cross)
     if aligned_edge:
         explained = _aligned_empty_fraction(lengths, aligned_edge)
         score *= 1.0 - explained
         info["explained_by_blocks"] = round(explained, 4)
-    info.update({"kept_density": round(kept_density, 4), "kept_cv": round(cv_kept, 4), "cv_limit": round(cv_limit, 4)})
+    info.update({"kept_density": round(kept_density, 4), "kept_cv": round(cv_kept, 4), "cv_limit": round(cv_limit, 4),
+                 "cross_cv": round(cv_cross, 4), "cross_cv_limit": round(cv_cross_limit, 4)})
     return score, info
 
 
@@ -240,8 +265,8 @@ def classify(f: PatternFeatures) -> Classification:
     block_score, block_shape, block_info = block_evidence(f)
     aligned_m = block_shape[0] if block_shape else None
     aligned_k = block_shape[1] if block_shape else None
-    row_score, row_info = pruned_evidence(f.row_lengths, k, d, aligned_m)
-    col_score, col_info = pruned_evidence(f.col_lengths, m, d, aligned_k)
+    row_score, row_info = pruned_evidence(f.row_lengths, f.col_lengths, k, d, aligned_m)
+    col_score, col_info = pruned_evidence(f.col_lengths, f.row_lengths, m, d, aligned_k)
     pl_score, pl_info = powerlaw_evidence(f)
     powerlaw = powerlaw_fit(f.col_lengths if pl_info.get("axis") == "col" else f.row_lengths)
     if powerlaw is not None:
@@ -269,7 +294,7 @@ def classify(f: PatternFeatures) -> Classification:
     scores["unstructured"] = 1.0 - structured
 
     pattern = "unstructured"
-    for name in ("dense", "banded", "nm", "block", "pruned", "power_law"):
+    for name in ("dense", "banded", "nm", "block", "power_law", "pruned"):
         if name == "pruned":
             if max(row_score, col_score) >= 0.5:
                 pattern = "row_pruned" if row_score >= col_score else "column_pruned"

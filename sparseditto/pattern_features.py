@@ -134,36 +134,43 @@ def _stripes(indptr: np.ndarray, rows: int):
         r0 = r1
 
 
+_BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))   # bit p of a tile word
+
+
 def _scan_nonzeros(A: SparseMatrix):
-    """One pass over nnz: 8x8 tile words, column lengths and the |i - j| histogram."""
+    """One pass over nnz: 8x8 tile words (sorted nonempty tile ids + words) and the |i - j| histogram."""
     m, k = A.shape
     tile_rows, tile_cols = -(-m // 8), -(-k // 8)
     n_tiles = tile_rows * tile_cols
     dense_grid = n_tiles <= DENSE_TILE_LIMIT
     grid = np.zeros(n_tiles, dtype=np.uint64) if dense_grid else None
     id_parts, word_parts = [], []
-    col_lengths = np.zeros(k, dtype=np.int64)
     offset_hist = np.zeros(max(m, k), dtype=np.int64)
     lengths = np.diff(A.indptr)
-    row_dtype = np.int32 if max(m, k) < 2**31 - 1 else np.int64
-    one = np.uint64(1)
+    # int32 arithmetic is ~2x faster than int64 on these passes; fall back when ids could overflow
+    small = max(m, k, n_tiles) < 2**31 - 1
+    idx_dtype = np.int32 if small else np.int64
     for r0, r1 in _stripes(A.indptr, m):
         lo, hi = int(A.indptr[r0]), int(A.indptr[r1])
         if hi == lo:
             continue
-        cols = A.indices[lo:hi]
-        rows = np.repeat(np.arange(r0, r1, dtype=row_dtype), lengths[r0:r1])
-        col_lengths += np.bincount(cols, minlength=k)
-        offset_hist += np.bincount(np.abs(rows - cols.astype(row_dtype)), minlength=offset_hist.size)
-        tile = (rows >> 3).astype(np.int64) * tile_cols + (cols >> 3)
-        bit = np.left_shift(one, (((rows & 7) << 3) | (cols & 7)).astype(np.uint64))
+        cols = A.indices[lo:hi].astype(idx_dtype, copy=False)
+        rows = np.repeat(np.arange(r0, r1, dtype=idx_dtype), lengths[r0:r1])
+        offset_hist += np.bincount(np.abs(rows - cols), minlength=offset_hist.size)
+        pos = rows & 7
+        pos <<= 3
+        pos |= cols & 7
+        bit = _BIT[pos]
+        tile = rows >> 3
+        tile *= tile_cols
+        tile += cols >> 3
         if dense_grid:
             np.bitwise_or.at(grid, tile, bit)
         else:
             order = np.argsort(tile, kind="stable")   # 8 sorted runs per stripe: a cheap merge
             tile, bit = tile[order], bit[order]
             starts = np.flatnonzero(np.r_[True, tile[1:] != tile[:-1]])
-            id_parts.append(tile[starts])
+            id_parts.append(tile[starts].astype(np.int64))
             word_parts.append(np.bitwise_or.reduceat(bit, starts))
     if dense_grid:
         ids = np.flatnonzero(grid)
@@ -171,11 +178,29 @@ def _scan_nonzeros(A: SparseMatrix):
     else:
         ids = np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int64)
         words = np.concatenate(word_parts) if word_parts else np.zeros(0, dtype=np.uint64)
-    return ids, words, (tile_rows, tile_cols), col_lengths, offset_hist
+    return ids, words, (tile_rows, tile_cols), offset_hist
+
+
+def _column_lengths(A: SparseMatrix, ids: np.ndarray, words_t: np.ndarray, tile_cols: int) -> np.ndarray:
+    """Nonzeros per column: from the transposed tiles (byte c is column c's 8-row mask) when there
+    are fewer tile bytes than nonzeros, else one bincount over the column indices."""
+    k = A.shape[1]
+    if 8 * ids.size >= A.nnz:
+        return np.bincount(A.indices, minlength=k).astype(np.int64)
+    per_byte = np.bitwise_count(words_t.astype("<u8", copy=False).view(np.uint8))
+    col = ((ids % tile_cols) * 8)[:, None] + np.arange(8)
+    return np.bincount(col.ravel(), weights=per_byte, minlength=tile_cols * 8)[:k].astype(np.int64)
 
 
 def _nm_counts(words: np.ndarray, words_t: np.ndarray, m: int, k: int):
-    """Violating groups and total groups for each N:M ratio along rows and along columns."""
+    """Violating groups and total groups for each N:M ratio along rows and along columns.
+
+    Only tiles with at least two nonzeros can hold a violating group (1:2 needs two in a pair), so
+    very sparse matrices look up just those.
+    """
+    crowded = np.bitwise_count(words) >= 2
+    if np.count_nonzero(crowded) < 0.5 * words.size:
+        words, words_t = words[crowded], words_t[crowded]
     row_bytes = words.astype("<u8", copy=False).view(np.uint8)
     col_bytes = words_t.astype("<u8", copy=False).view(np.uint8)
     violations, groups = {}, {}
@@ -219,15 +244,48 @@ def _block_counts(ids: np.ndarray, tile_grid: tuple[int, int], shape: tuple[int,
                 level = _or_pairs(level, 1)
             level_rows = _or_pairs(level_rows, 0)
         return out
-    bi, bj = ids // tile_cols, ids % tile_cols
+    # Sorted-tile path (huge, sparse grids). Keys (block_row << S) | block_col are sorted. Merging
+    # g neighbouring tile columns = clearing the low log2(g) bits of the column part, which keeps
+    # the order (drop adjacent duplicates); merging f tile rows = clearing low bits of the row
+    # part, then one stable sort (a merge of sorted runs). Each level starts from the
+    # deduplicated keys of the level before, so the sets shrink as blocks grow.
+    shift = max(1, int(tile_cols).bit_length())
+    block_row, block_col = np.divmod(ids, tile_cols)
+    level = (block_row << shift) | block_col
+    # nonempty block columns do not depend on bm: OR-reduce the nonempty tile columns once per bk
+    used_cols, block_cols = np.bincount(block_col, minlength=tile_cols) > 0, {}
+    del block_row, block_col
+    for bk in edges_k:
+        block_cols[bk] = int(np.count_nonzero(used_cols))
+        used_cols = _or_pairs(used_cols[None, :], 1)[0]
     for bm in edges_m:
+        if bm > 8:
+            level = _dedupe_sorted(np.sort(level & ~np.int64(((bm // 8) - 1) << shift), kind="stable"))
+        n_block_rows = _count_runs(level >> shift)
+        keys = level
         for bk in edges_k:
-            fi, fj = bm // 8, bk // 8
-            ci, cj = bi // fi, bj // fj
-            n_cols = -(-tile_cols // fj)
-            out.append(BlockCount((bm, bk), int(np.unique(ci * n_cols + cj).size), -(-m // bm) * -(-k // bk),
-                                  int(np.unique(ci).size), int(np.unique(cj).size)))
+            if bk > 8:
+                keys = _dedupe_sorted(keys & ~np.int64((bk // 8) - 1))
+            out.append(BlockCount((bm, bk), int(keys.size), -(-m // bm) * -(-k // bk), n_block_rows,
+                                  block_cols[bk]))
     return out
+
+
+def _dedupe_sorted(values: np.ndarray) -> np.ndarray:
+    """Drop adjacent duplicates of a sorted array (np.unique without the sort or the hashing)."""
+    if values.size < 2:
+        return values
+    keep = np.empty(values.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def _count_runs(sorted_values: np.ndarray) -> int:
+    """Number of distinct values in a sorted array."""
+    if sorted_values.size == 0:
+        return 0
+    return 1 + int(np.count_nonzero(sorted_values[1:] != sorted_values[:-1]))
 
 
 def _vector_counts(words: np.ndarray, words_t: np.ndarray, shape: tuple[int, int]) -> list[BlockCount]:
@@ -259,8 +317,9 @@ def structure_signature(A: SparseMatrix) -> str:
 def compute_features(A: SparseMatrix) -> PatternFeatures:
     """Measure everything the report and the classifier need (see the module docstring)."""
     m, k = A.shape
-    ids, words, tile_grid, col_lengths, offset_hist = _scan_nonzeros(A)
+    ids, words, tile_grid, offset_hist = _scan_nonzeros(A)
     words_t = _transpose_tiles(words)
+    col_lengths = _column_lengths(A, ids, words_t, tile_grid[1])
     violations, groups = _nm_counts(words, words_t, m, k)
     blocks = _block_counts(ids, tile_grid, A.shape) + _vector_counts(words, words_t, A.shape)
     return PatternFeatures(
