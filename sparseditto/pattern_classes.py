@@ -320,7 +320,7 @@ def classify(f: PatternFeatures) -> Classification:
         params = {"kept_rows": m - empty_rows, "kept_cols": k - empty_cols,
                   "kept_density": (row_info if pattern == "row_pruned" else col_info).get("kept_density")}
     elif pattern == "banded":
-        params = {"bandwidth": int(q), "bandwidth_max": int(np.flatnonzero(f.offset_hist).max())}
+        params = {"bandwidth": int(q), "bandwidth_max": f.max_offset}
     elif pattern == "power_law":
         params = {"axis": pl_info["axis"], "alpha": round(powerlaw[0], 4) if powerlaw else None,
                   "cv": pl_info["cv"]}

@@ -42,6 +42,9 @@ BLOCK_EDGES = (8, 16, 32, 64, 128)
 VECTOR_SHAPES = ((1, 8), (8, 1))
 # N:M ratios measured, as (n, m).
 NM_RATIOS = ((1, 2), (2, 4), (4, 8))
+# The |i - j| histogram has one bin per offset up to this many bins, coarser bins beyond (very
+# tall or wide matrices); bandwidth and the near-diagonal count stay exact either way.
+OFFSET_HIST_BINS = 1 << 22
 SIGNATURE_VERSION = b"sparseditto-pattern-signature-v1"
 SIGNATURE_CHARS = 20
 
@@ -79,7 +82,10 @@ class PatternFeatures:
     nm_violations: dict[tuple[int, int, str], int]
     nm_groups: dict[tuple[int, int, str], int]
     blocks: list[BlockCount]
-    offset_hist: np.ndarray            # offset_hist[d] = nonzeros with |i - j| == d
+    offset_hist: np.ndarray            # offset_hist[b] = nonzeros with |i - j| // offset_bin == b
+    offset_bin: int                    # 1 unless max(rows, cols) > OFFSET_HIST_BINS
+    max_offset: int                    # max |i - j| (0 without nonzeros)
+    near_diagonal: int                 # nonzeros with |i - j| <= diag_band(shape)
     signature: str
     extras: dict = field(default_factory=dict)
 
@@ -92,11 +98,15 @@ class PatternFeatures:
         return 1.0 - self.nm_violations[(n, m, axis)] / total if total else 1.0
 
     def offset_quantile(self, q: float) -> int:
-        """Smallest d such that at least a fraction q of the nonzeros have |i - j| <= d."""
+        """Smallest d such that at least a fraction q of the nonzeros have |i - j| <= d.
+
+        Exact with unit bins; with coarse bins, the upper edge of the bin (an upper bound).
+        """
         if self.nnz == 0:
             return 0
         cum = np.cumsum(self.offset_hist)
-        return int(np.searchsorted(cum, q * self.nnz - 1e-9, side="left"))
+        b = int(np.searchsorted(cum, q * self.nnz - 1e-9, side="left"))
+        return min(self.max_offset, (b + 1) * self.offset_bin - 1)
 
 
 # ---- byte lookup tables for N:M violations inside one 8-entry group ---------------------------
@@ -137,15 +147,23 @@ def _stripes(indptr: np.ndarray, rows: int):
 _BIT = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))   # bit p of a tile word
 
 
+def diag_band(shape: tuple[int, int]) -> int:
+    """Half-width of the band ``diag_fraction`` counts: max(1, floor(1% of min(rows, cols)))."""
+    return max(1, int(0.01 * min(shape)))
+
+
 def _scan_nonzeros(A: SparseMatrix):
-    """One pass over nnz: 8x8 tile words (sorted nonempty tile ids + words) and the |i - j| histogram."""
+    """One pass over nnz: 8x8 tile words (sorted nonempty tile ids + words) and |i - j| statistics."""
     m, k = A.shape
     tile_rows, tile_cols = -(-m // 8), -(-k // 8)
     n_tiles = tile_rows * tile_cols
     dense_grid = n_tiles <= DENSE_TILE_LIMIT
     grid = np.zeros(n_tiles, dtype=np.uint64) if dense_grid else None
     id_parts, word_parts = [], []
-    offset_hist = np.zeros(max(m, k), dtype=np.int64)
+    offset_bin = -(-max(m, k) // OFFSET_HIST_BINS)
+    offset_hist = np.zeros(-(-max(m, k) // offset_bin), dtype=np.int64)
+    max_offset = near_diagonal = 0
+    band = diag_band((m, k))
     lengths = np.diff(A.indptr)
     # int32 arithmetic is ~2x faster than int64 on these passes; fall back when ids could overflow
     small = max(m, k, n_tiles) < 2**31 - 1
@@ -156,7 +174,11 @@ def _scan_nonzeros(A: SparseMatrix):
             continue
         cols = A.indices[lo:hi].astype(idx_dtype, copy=False)
         rows = np.repeat(np.arange(r0, r1, dtype=idx_dtype), lengths[r0:r1])
-        offset_hist += np.bincount(np.abs(rows - cols), minlength=offset_hist.size)
+        offset = np.abs(rows - cols)
+        max_offset = max(max_offset, int(offset.max()))
+        near_diagonal += int(np.count_nonzero(offset <= band))
+        offset_hist += np.bincount(offset // offset_bin if offset_bin > 1 else offset, minlength=offset_hist.size)
+        del offset
         pos = rows & 7
         pos <<= 3
         pos |= cols & 7
@@ -178,7 +200,7 @@ def _scan_nonzeros(A: SparseMatrix):
     else:
         ids = np.concatenate(id_parts) if id_parts else np.zeros(0, dtype=np.int64)
         words = np.concatenate(word_parts) if word_parts else np.zeros(0, dtype=np.uint64)
-    return ids, words, (tile_rows, tile_cols), offset_hist
+    return ids, words, (tile_rows, tile_cols), (offset_hist, offset_bin, max_offset, near_diagonal)
 
 
 def _column_lengths(A: SparseMatrix, ids: np.ndarray, words_t: np.ndarray, tile_cols: int) -> np.ndarray:
@@ -317,7 +339,7 @@ def structure_signature(A: SparseMatrix) -> str:
 def compute_features(A: SparseMatrix) -> PatternFeatures:
     """Measure everything the report and the classifier need (see the module docstring)."""
     m, k = A.shape
-    ids, words, tile_grid, offset_hist = _scan_nonzeros(A)
+    ids, words, tile_grid, (offset_hist, offset_bin, max_offset, near_diagonal) = _scan_nonzeros(A)
     words_t = _transpose_tiles(words)
     col_lengths = _column_lengths(A, ids, words_t, tile_grid[1])
     violations, groups = _nm_counts(words, words_t, m, k)
@@ -331,6 +353,9 @@ def compute_features(A: SparseMatrix) -> PatternFeatures:
         nm_groups=groups,
         blocks=blocks,
         offset_hist=offset_hist,
+        offset_bin=offset_bin,
+        max_offset=max_offset,
+        near_diagonal=near_diagonal,
         signature=structure_signature(A),
     )
 

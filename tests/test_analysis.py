@@ -87,8 +87,9 @@ def check_against_reference(A: SparseMatrix) -> PatternReport:
 @pytest.mark.parametrize("path", ["dense_grid", "sorted_tiles"])
 def test_measurements_match_brute_force(path, monkeypatch):
     rng = np.random.default_rng(11)
-    if path == "sorted_tiles":
+    if path == "sorted_tiles":   # the path for huge sparse graphs, with a coarse |i - j| histogram
         monkeypatch.setattr(pf, "DENSE_TILE_LIMIT", 0)
+        monkeypatch.setattr(pf, "OFFSET_HIST_BINS", 16)
     for trial in range(12):
         monkeypatch.setattr(pf, "CHUNK_NNZ", int(rng.integers(1, 4000)))
         m, k = (int(x) for x in rng.integers(1, 260, size=2))
@@ -102,6 +103,18 @@ def test_measurements_match_brute_force(path, monkeypatch):
         else:
             A = gen.banded(m, k, bandwidth=int(rng.integers(0, 9)), fill=0.7, seed=trial)
         check_against_reference(A)
+
+
+@pytest.mark.parametrize("bins", [1 << 22, 64])
+def test_offset_quantile_is_exact_or_a_tight_upper_bound(bins, monkeypatch):
+    monkeypatch.setattr(pf, "OFFSET_HIST_BINS", bins)
+    for A in (gen.banded(3000, 3000, 20, 0.5), gen.unstructured(5000, 40, 0.9), gen.laplacian_2d(30, 30)):
+        i, j = np.nonzero(A.mask())
+        exact = int(np.quantile(np.abs(i - j), 0.995, method="inverted_cdf"))
+        f = pf.compute_features(A)
+        q = f.offset_quantile(0.995)
+        assert exact <= q < exact + f.offset_bin
+        assert f.offset_bin == -(-max(A.shape) // bins)
 
 
 # ---- classification -------------------------------------------------------------------------
@@ -237,6 +250,17 @@ def test_non_sparsematrix_inputs_go_through_load_matrix():
     r_sp = analyze(sp.csr_matrix(dense))
     assert r_np.name == "from-numpy" and r_np.nnz == r_sp.nnz == int(mask.sum())
     assert r_np.signature == r_sp.signature == analyze(from_mask(mask)).signature
+
+
+@pytest.mark.parametrize("indices,match", [
+    ([0, 3, 1, 2, 0], "row 2 has column 0 after column 2"),   # unsorted inside the last row
+    ([0, 0, 1, 0, 2], "row 0 has column 0 after column 0"),   # duplicate
+    ([0, 3, 1, 0, 4], "column index 4 out of range \\[0, 4\\)"),
+])
+def test_non_canonical_input_is_rejected(indices, match):
+    A = SparseMatrix(np.array([0, 2, 3, 5], np.int64), np.array(indices, np.int32), np.ones(5, np.float32), (3, 4))
+    with pytest.raises(ValueError, match=match):
+        analyze(A)
 
 
 # ---- real matrices --------------------------------------------------------------------------
