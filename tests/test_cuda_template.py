@@ -72,7 +72,7 @@ def test_cuda_source_compiles_with_nvcc(tmp_path):
     entries = re.findall(r"^\.visible \.entry (\S+)\(", text, flags=re.MULTILINE)
     nnz = [e for e in entries if "csr_vector_nnz" in e]
     cols = [e for e in entries if "csr_vector_cols" in e]
-    assert len(nnz) == 3 * 5 * 4, "nnz kernels: 3 dtypes x 5 groups x 4 tiles"
+    assert len(nnz) == 3 * 5 * 5, "nnz kernels: 3 dtypes x 5 groups x 5 tiles"
     assert len(cols) == 3 + 4 + 4, "cols kernels: fp32 VEC 1/2/4, fp16 and bf16 VEC 1/2/4/8"
     assert "ld.global.nc.v4" in text, "expected 16-byte vector loads of B"
 
@@ -88,6 +88,12 @@ def test_prepare_and_launch_plan_on_cpu(tmp_path):
     assert spmv["layout"] == "nnz" and spmv["name"].endswith(", 1>") and spmv["grid"][1] == 1
     small = module.plan_launch(packed, 5, torch.float16, 0, 5)
     assert small["name"].endswith(", 8>") and small["vec_ok"] == 0  # ldb 5 is not a multiple of 8
+    decode = module.plan_launch(packed, 16, torch.float16, 256, 16)   # 32 bytes of a B row per lane
+    assert decode["layout"] == "nnz" and decode["name"].endswith(", 16>") and decode["grid"][1] == 1
+    assert decode["vec_ok"] == 1
+    decode32 = module.plan_launch(packed, 16, torch.float32, 256, 16)
+    assert decode32["name"] == "csr_vector_nnz<F32, 16, 8>" and decode32["grid"][1] == 2
+    assert module.plan_launch(packed, 17, torch.float16, 0, 17)["layout"] == "cols"
     wide = module.plan_launch(packed, 4096, torch.float16, 256, 4096)
     assert wide["name"] == "csr_vector_cols<F16, 8>" and wide["vec_ok"] == 1
     assert wide["grid"] == (-(-50 // 4), 4096 // 256, 1) and wide["block"] == (128, 1, 1)
@@ -149,6 +155,7 @@ def _check_gpu(module, A: SparseMatrix, n: int, dtype, *, misalign=False, transp
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("params", [{}, {"LAYOUT": "nnz", "GROUP": 4, "TILE_N": 8},
+                                    {"LAYOUT": "nnz", "GROUP": 8, "TILE_N": 16},
                                     {"LAYOUT": "nnz", "GROUP": 32, "TILE_N": 1},
                                     {"LAYOUT": "cols", "VEC": 1}, {"LAYOUT": "cols", "VEC": 8, "WARPS_PER_BLOCK": 8}])
 def test_gpu_matches_reference(params, dtype, tmp_path):

@@ -252,7 +252,9 @@ def test_split_k_counters_reset_between_launches(tmp_path_factory):
     module = load_candidate("bitmap_tiles", {"SPLIT_K": 4, "KW": 1, "BLOCK_M": 16}, tmp_path_factory)
     A = MATRICES["u95"]()
     packed = run_and_check(module, A, 5, torch.float16, seed=1)
-    (_, cnt), = packed["scratch"].values()
+    (plan,) = packed["scratch"].values()
+    cnt = plan["cnt"]
+    assert plan["config"]["SPLIT"] == 4 and cnt.numel() > 1
     assert int(cnt.abs().sum()) == 0
     B = torch.randn(A.shape[1], 5, generator=torch.Generator().manual_seed(2)).to(torch.float16).to(DEVICE)
     out = torch.full((A.shape[0], 5), float("nan"), dtype=torch.float16, device=DEVICE)
@@ -270,8 +272,12 @@ def test_nm_packing_decodes_to_the_matrix(expand, tmp_path_factory):
 
     A = MATRICES["24_wide"]()
     fmt = NMCompressed.from_matrix(A, n=2, m=4)
+    nm = module.nm_arrays(A, 2, 4)   # the template's own O(nnz) path: must equal NMCompressed
+    assert nm["residual"] is None and fmt.residual is None
+    assert np.array_equal(nm["positions"], fmt.positions.reshape(A.shape[0], -1))
+    assert np.array_equal(nm["values"], fmt.values.reshape(A.shape[0], -1).astype(np.float32))
     lay = module._layout(2, 4, expand)
-    planar, words, steps, Mp = module._pack(fmt, 16, 16, lay, expand)
+    planar, words, steps, Mp = module._pack(nm, 16, 16, lay, expand)
     F, H = lay["F"], 16
     M, K = A.shape
     vals = planar.reshape(Mp, steps, 2, F, H)

@@ -7,7 +7,8 @@
 //   csr_vector_nnz<T, GROUP, TILE_N>   small N (SpMV, decode): a group of GROUP lanes of one warp
 //       shares a row; each lane takes every GROUP-th nonzero of the row and accumulates TILE_N
 //       columns of C in registers; a shuffle reduction inside the group combines the lanes. The
-//       row's nonzeros are read with coalesced loads across the group.
+//       row's nonzeros are read with coalesced loads across the group; the loop is unrolled 4
+//       deep so a lane has several (column id -> B row) load chains in flight at once.
 //   csr_vector_cols<T, VEC>            larger N: a warp per row and a strip of 32*VEC columns; the
 //       warp loads 32 nonzeros at a time (one per lane, coalesced), broadcasts each (column, value)
 //       with __shfl_sync, and every lane multiplies it into its VEC consecutive columns of B,
@@ -86,6 +87,7 @@ __global__ void csr_vector_nnz(const int* __restrict__ indptr, const int* __rest
     if (row < M) {
         const int start = indptr[row];
         const int end = indptr[row + 1];
+#pragma unroll 4
         for (int k = start + lane; k < end; k += GROUP) {
             const float v = T::to_float(values[k]);
             float b[TILE_N];
@@ -149,7 +151,7 @@ __global__ void csr_vector_cols(const int* __restrict__ indptr, const int* __res
 // (CuPy's name_expressions instantiate the same set through NVRTC).
 #define SD_NNZ(T, G, TN) template __global__ void csr_vector_nnz<T, G, TN>( \
     const int*, const int*, const T::storage*, const T::storage*, T::storage*, int, int, long long, long long, int);
-#define SD_NNZ_G(T, G) SD_NNZ(T, G, 1) SD_NNZ(T, G, 2) SD_NNZ(T, G, 4) SD_NNZ(T, G, 8)
+#define SD_NNZ_G(T, G) SD_NNZ(T, G, 1) SD_NNZ(T, G, 2) SD_NNZ(T, G, 4) SD_NNZ(T, G, 8) SD_NNZ(T, G, 16)
 #define SD_NNZ_ALL(T) SD_NNZ_G(T, 2) SD_NNZ_G(T, 4) SD_NNZ_G(T, 8) SD_NNZ_G(T, 16) SD_NNZ_G(T, 32)
 #define SD_COLS(T, V) template __global__ void csr_vector_cols<T, V>( \
     const int*, const int*, const T::storage*, const T::storage*, T::storage*, int, int, long long, long long, int);

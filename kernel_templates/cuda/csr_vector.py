@@ -4,16 +4,20 @@ Why this template exists: it is the hand-written CUDA-core baseline the Triton t
 measured against, and the place to reach for warp-level primitives Triton does not expose
 (shuffles for the cross-lane row reduction, explicit vector loads). Two layouts, chosen per call
 from N when LAYOUT="auto":
-  * "nnz"  (N <= 8: SpMV and decode) GROUP lanes share a row and split its nonzeros; each lane
-           keeps TILE_N columns of C in registers; a shuffle reduction combines the lanes.
-  * "cols" (N > 8) a warp per row, lanes over 32*VEC columns of B; each batch of 32 nonzeros is
+  * "nnz"  (N <= 16: SpMV and decode) GROUP lanes share a row and split its nonzeros; each lane
+           keeps TILE_N columns of C in registers (up to 32 bytes of a B row: 16 fp16/bf16 or 8
+           fp32 values, loaded as 16-byte vectors), unrolled 4 nonzeros deep so several B rows
+           are in flight per lane; a shuffle reduction combines the lanes.
+  * "cols" (N > 16) a warp per row, lanes over 32*VEC columns of B; each batch of 32 nonzeros is
            loaded once (coalesced) and broadcast with __shfl_sync; B strips load as 8/16-byte
            vectors when aligned.
 The kernels live in csr_vector.cu; the registry inlines that file into CUDA_SRC when it
 instantiates this template, so a candidate's source is self-contained. prepare() compiles them
 with cupy.RawModule (NVRTC, -std=c++17, name_expressions for every instantiation this PARAMS can
 reach for the dtype) and keeps the kernel handles in the packed dict, so compilation is part of
-the separately timed preparation and spmm() is a single launch on torch's current stream.
+the separately timed preparation and spmm() is a single launch on torch's current stream. The
+launch plan (kernel, grid, vector flag) and the CuPy view of torch's stream are cached per
+(N, B/C layout) and per stream under packed["scratch"], so a repeated call does no planning.
 """
 META = {
     "name": "csr_vector",
@@ -23,7 +27,7 @@ META = {
     "params": {
         "LAYOUT": ["auto", "nnz", "cols"],
         "GROUP": ["auto", 2, 4, 8, 16, 32],
-        "TILE_N": ["auto", 1, 2, 4, 8],
+        "TILE_N": ["auto", 1, 2, 4, 8, 16],
         "VEC": ["auto", 1, 2, 4, 8],
         "WARPS_PER_BLOCK": [1, 2, 4, 8],
     },
@@ -52,7 +56,8 @@ except ImportError:  # pragma: no cover - exercised on machines without CuPy
     cp = None
 
 _DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-_NNZ_LAYOUT_MAX_N = 8
+_NNZ_LAYOUT_MAX_N = 16
+_MAX_TILE_BYTES = 32    # a lane's strip of a B row in the "nnz" layout: two 16-byte vectors
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
 
@@ -81,7 +86,9 @@ def reachable_kernels(dtype, group: int) -> tuple:
     max_vec = 16 // _element_size(dtype)  # one 16-byte vector per lane at most
     names = set()
     if PARAMS["LAYOUT"] in ("auto", "nnz"):
-        tiles = (1, 2, 4, 8) if PARAMS["TILE_N"] == "auto" else (int(PARAMS["TILE_N"]),)
+        max_tile = _MAX_TILE_BYTES // _element_size(dtype)
+        tiles = tuple(t for t in (1, 2, 4, 8, 16) if t <= max_tile) if PARAMS["TILE_N"] == "auto" \
+            else (int(PARAMS["TILE_N"]),)
         names.update(f"csr_vector_nnz<{tag}, {group}, {t}>" for t in tiles)
     if PARAMS["LAYOUT"] in ("auto", "cols"):
         vecs = (1, 2, 4, 8) if PARAMS["VEC"] == "auto" else (int(PARAMS["VEC"]),)
@@ -115,7 +122,8 @@ def prepare(A, dtype, device) -> dict:
     if group == "auto":
         group = max(2, min(32, _next_pow2(int(np.ceil(mean_row)))))
     kernels = _compile(dtype, int(group), device) if device.type == "cuda" else {}
-    return {**tensors, "shape": tuple(A.shape), "nnz": csr.nnz, "group": int(group), "kernels": kernels}
+    return {**tensors, "shape": tuple(A.shape), "nnz": csr.nnz, "group": int(group), "kernels": kernels,
+            "scratch": {}}
 
 
 def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
@@ -131,7 +139,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     if layout == "nnz":
         group = int(packed["group"])
         tile = PARAMS["TILE_N"]
-        tile = min(_next_pow2(N), 8) if tile == "auto" else int(tile)
+        tile = min(_next_pow2(N), _MAX_TILE_BYTES // esize) if tile == "auto" else int(tile)
         rows_per_block = warps * 32 // group
         grid = (-(-M // rows_per_block), -(-N // tile), 1)
         vec = tile
@@ -155,7 +163,7 @@ def spmm(packed: dict, B, out) -> None:
     if B.dim() != 2 or B.shape[0] != K:
         raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
     N = B.shape[1]
-    if tuple(out.shape) != (M, N):
+    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
         raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
     if B.dtype != packed["values"].dtype or out.dtype != B.dtype:
         raise ValueError(f"Expected B and out in the prepared dtype {packed['values'].dtype}, "
@@ -168,16 +176,25 @@ def spmm(packed: dict, B, out) -> None:
     # With N == 1 only column 0 is touched, so the column stride never matters.
     b = B if B.stride(1) == 1 or N == 1 else B.contiguous()
     target = out if out.stride(1) == 1 or N == 1 else torch.empty((M, N), dtype=out.dtype, device=out.device)
-    plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0))
-    kernel = packed["kernels"][plan["name"]]
+    scratch = packed["scratch"]
+    key = (N, b.dtype, b.device, b.stride(0), target.stride(0), b.data_ptr() % 64)  # vec_ok: <= 64-byte vectors
+    plan = scratch.get(key)
+    if plan is None:
+        plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0))
+        plan["kernel"] = packed["kernels"][plan["name"]]
+        scratch[key] = plan
+    stream_ptr = torch.cuda.current_stream(b.device).cuda_stream
+    ctx = scratch.get(("stream", b.device.index, stream_ptr))
+    if ctx is None:  # CuPy's view of torch's stream (and the device), made once per stream
+        ctx = (cp.cuda.Device(b.device.index), cp.cuda.ExternalStream(torch.cuda.current_stream(b.device).cuda_stream))
+        scratch[("stream", b.device.index, stream_ptr)] = ctx
     # Raw device pointers (8-byte values): no per-call DLPack conversion on the hot path.
     ptr = np.uint64
     args = (ptr(packed["indptr"].data_ptr()), ptr(packed["indices"].data_ptr()),
             ptr(packed["values"].data_ptr()), ptr(b.data_ptr()), ptr(target.data_ptr()),
             np.int32(M), np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)),
             np.int32(plan["vec_ok"]))
-    with torch.cuda.device(b.device), cp.cuda.Device(b.device.index):
-        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-            kernel(plan["grid"], plan["block"], args)
+    with ctx[0], ctx[1]:
+        plan["kernel"](plan["grid"], plan["block"], args)
     if target is not out:
         out.copy_(target)

@@ -56,7 +56,7 @@ META = {
         "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
         "FP32_DOT": ["ieee", "tf32"],
         "num_warps": ["auto", 2, 4, 8],
-        "num_stages": [1, 2, 3, 4],
+        "num_stages": ["auto", 1, 2, 3, 4],
     },
     "defaults": {
         "NM": "2:4",
@@ -68,7 +68,7 @@ META = {
         "SPLIT_K": "auto",
         "FP32_DOT": "ieee",
         "num_warps": "auto",
-        "num_stages": 3,
+        "num_stages": "auto",
     },
     "patterns": ["nm", "2:4", "n:m", "semi_structured"],
     # Tried first by the registry's bounded search (each entry overrides the defaults).
@@ -396,36 +396,95 @@ def _resolve_expand(n: int, m: int) -> str:
     return expand
 
 
-def _pack(fmt: NMCompressed, block_m: int, h: int, lay: dict, expand: str):
+def _slot_tables(n: int, m: int):
+    """Lookup tables over all m-bit occupancy masks u (m <= 16): `full[u]` = u plus its lowest
+    n - popcount(u) free positions (NMCompressed's canonical padding: a group with fewer than n
+    entries is padded with zeros at the lowest free positions), `pos[u, s]` = position of slot s
+    (the s-th set bit of full[u]) and `popc[u]`."""
+    u = np.arange(1 << m, dtype=np.int64)
+    bits = (u[:, None] >> np.arange(m)) & 1                       # [2^m, m]
+    popc = bits.sum(axis=1)
+    free_rank = np.cumsum(1 - bits, axis=1)                       # 1-based rank among free positions
+    pad = (bits == 0) & (free_rank <= (n - popc)[:, None])
+    full_bits = bits | pad
+    full = (full_bits << np.arange(m)).sum(axis=1)
+    slot = np.cumsum(full_bits, axis=1) - 1                       # slot index of each set position
+    pos = np.zeros((1 << m, n), dtype=np.uint8)
+    rows_, cols_ = np.nonzero(full_bits & (slot < n))
+    pos[rows_, slot[rows_, cols_]] = cols_
+    return full, pos, popc
+
+
+def nm_arrays(A, n: int, m: int) -> dict:
+    """Kept values [M, G*n] (float32), positions [M, G*n] (uint8) and the residual CSR (or None),
+    exactly as sparseditto.formats.NMCompressed builds them. Matrices where no group holds more
+    than n entries (every n:m-pruned weight) take an O(nnz) path: a group's entries are contiguous
+    in CSR order, so its occupancy mask is one bitwise-or reduction, and lookup tables over the
+    2^m masks give the padded slots. Otherwise NMCompressed picks the n largest per group and
+    builds the residual."""
+    M, K = A.shape
+    G = -(-K // m)
+    idx = np.int32 if M * G * n < 2**31 else np.int64
+    lengths = np.diff(A.indptr)
+    rows = np.repeat(np.arange(M, dtype=idx), lengths)
+    cols = A.indices.astype(idx, copy=False)
+    if m & (m - 1) == 0:  # shifts and masks: numpy's integer division is slow
+        shift = m.bit_length() - 1
+        key = rows * idx(G) + (cols >> idx(shift))
+        p = cols & idx(m - 1)
+    else:
+        key = rows * idx(G) + cols // idx(m)
+        p = cols % idx(m)
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1]))) if key.size else np.zeros(0, np.int64)
+    most = int(np.diff(np.append(starts, key.size)).max()) if key.size else 0
+    if m > 16 or most > n:
+        fmt = NMCompressed.from_matrix(A, n=n, m=m)
+        return {"values": fmt.values.astype(np.float32, copy=False).reshape(M, G * n),
+                "positions": fmt.positions.reshape(M, G * n), "n": n, "m": m, "M": M, "G": G,
+                "residual": fmt.residual}
+    full, pos_table, popc = _slot_tables(n, m)
+    bit = np.left_shift(idx(1), p)
+    occ = np.zeros(M * G, dtype=idx)
+    if key.size:
+        occ[key[starts]] = np.bitwise_or.reduceat(bit, starts)
+    sel = full[occ]                                               # [M*G] selected positions mask
+    positions = pos_table[sel]                                    # [M*G, n]
+    slot = popc[sel[key] & (bit - 1)]                             # selected positions under each entry
+    values = np.zeros(M * G * n, dtype=np.float32)
+    values[key * n + slot] = A.data
+    return {"values": values.reshape(M, G * n), "positions": positions.reshape(M, G * n), "n": n, "m": m,
+            "M": M, "G": G, "residual": None}
+
+
+def _pack(nm: dict, block_m: int, h: int, lay: dict, expand: str):
     """Slot-planar values [Mp, steps, n, F, H] and metadata words [Mp, steps, H] (see module doc)."""
-    n, m, F = fmt.n, fmt.m, lay["F"]
-    M = fmt.shape[0]
-    G = fmt.groups_per_row
+    n, m, F = nm["n"], nm["m"], lay["F"]
+    M, G = nm["M"], nm["G"]
     steps = max(1, -(-G // (F * h)))
     Gp, Mp = steps * F * h, -(-M // block_m) * block_m
     vals = np.zeros((Mp, Gp, n), dtype=np.float32)
-    vals[:M, :G] = fmt.values.reshape(M, G, n)
-    pos = np.broadcast_to(np.arange(n, dtype=np.uint64), (Mp, Gp, n)).copy()  # canonical padding
-    pos[:M, :G] = fmt.positions.reshape(M, G, n)
+    vals[:M, :G] = nm["values"].reshape(M, G, n)
+    pos = np.broadcast_to(np.arange(n, dtype=np.uint32), (Mp, Gp, n)).copy()  # canonical padding
+    pos[:M, :G] = nm["positions"].reshape(M, G, n)
     planar = vals.reshape(Mp, steps, F, h, n).transpose(0, 1, 4, 2, 3)
     if expand == "bits":   # occupancy: bit p set when some slot sits at position p
-        code = np.bitwise_or.reduce(np.left_shift(np.uint64(1), pos), axis=2)
+        code = np.bitwise_or.reduce(np.left_shift(np.uint32(1), pos), axis=2)
     else:                  # slot s's position at bits [s*PB, (s+1)*PB)
-        code = (pos << (np.arange(n, dtype=np.uint64) * np.uint64(lay["PB"]))).sum(axis=2, dtype=np.uint64)
+        code = (pos << (np.arange(n, dtype=np.uint32) * np.uint32(lay["PB"]))).sum(axis=2, dtype=np.uint32)
     code = code.reshape(Mp, steps, F, h)
-    words = (code << (np.arange(F, dtype=np.uint64) * np.uint64(lay["CB"]))[None, None, :, None]).sum(
-        axis=2, dtype=np.uint64)
+    words = (code << (np.arange(F, dtype=np.uint32) * np.uint32(lay["CB"]))[None, None, :, None]).sum(
+        axis=2, dtype=np.uint32)
     if lay["WB"] == 8:
         words = words.astype(np.uint8)
     elif lay["WB"] == 16:
         words = words.astype(np.uint16).view(np.int16)
     else:
-        words = words.astype(np.uint32).view(np.int32)
+        words = words.view(np.int32)
     return np.ascontiguousarray(planar), np.ascontiguousarray(words), steps, Mp
 
 
 def prepare(A, dtype, device) -> dict:
-    """NMCompressed (kept values, positions, residual CSR) repacked slot-planar for the kernel."""
+    """n:m kept values, positions and residual CSR, repacked slot-planar for the kernel."""
     _check_params()
     dtype = _torch_dtype(dtype)
     if PARAMS["NM"] == "auto":
@@ -434,18 +493,19 @@ def prepare(A, dtype, device) -> dict:
         n, m = (int(x) for x in PARAMS["NM"].split(":"))
     expand = _resolve_expand(n, m)
     lay = _layout(n, m, expand)
-    fmt = NMCompressed.from_matrix(A, n=n, m=m)
+    nm = nm_arrays(A, n, m)
     h, block_m = int(PARAMS["BLOCK_G"]), int(PARAMS["BLOCK_M"])
-    planar, words, steps, Mp = _pack(fmt, block_m, h, lay, expand)
+    planar, words, steps, Mp = _pack(nm, block_m, h, lay, expand)
+    residual = nm["residual"]
     packed = {
         "values": torch.from_numpy(planar.reshape(-1)).to(device=device, dtype=dtype),
         "meta": torch.from_numpy(words.reshape(-1)).to(device),
         "shape": tuple(A.shape), "n": n, "m": m, "steps": steps, "padded_rows": Mp,
         "layout": lay, "expand": expand, "BLOCK_G": h, "BLOCK_M": block_m, "dtype": dtype, "scratch": {},
-        "residual_nnz": 0 if fmt.residual is None else fmt.residual.nnz,
+        "residual_nnz": 0 if residual is None else residual.nnz,
     }
-    if fmt.residual is not None:
-        r = fmt.residual.to_torch(device=device, dtype=dtype)
+    if residual is not None:
+        r = residual.to_torch(device=device, dtype=dtype)
         packed.update(r_indptr=r["indptr"], r_indices=r["indices"], r_values=r["values"])
     return packed
 
@@ -456,39 +516,114 @@ def _sm_count(device) -> int:
     return _DEFAULT_SMS
 
 
-def _launch_config(packed: dict, N: int, device) -> dict:
+_SMEM_LIMIT = 227 * 1024        # H100/H200 shared memory per block
+_SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
+
+
+def smem_estimate(packed: dict, block_n: int, stages: int) -> int:
+    """Shared memory Triton allocates for the pipelined main loop, in bytes: (stages - 1) buffers
+    of one K step (values + metadata + the B rows of every plane) plus one more B step (the dot
+    operand staging). Matches sm_90 compiles: 2:4, BLOCK_M 64, BLOCK_G 32, BLOCK_N 16 / 3 stages
+    -> 61440 B; BLOCK_N 128 / 3 stages -> 233472 B (over the 232448 B limit: the failure at
+    N = 2048 this function exists to avoid) and / 2 stages -> 149504 B."""
+    lay, vb = packed["layout"], packed["dtype"].itemsize
+    bm, h, n, m, F = packed["BLOCK_M"], packed["BLOCK_G"], packed["n"], packed["m"], lay["F"]
+    b_step = F * h * m * block_n * vb
+    step = bm * h * F * n * vb + bm * h * lay["WB"] // 8 + b_step
+    return max(1, stages - 1) * step + b_step
+
+
+def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+    """Tiles, split, warps and pipeline depth for N; pure Python. The depth (num_stages, "auto" =
+    3) and, when "auto", BLOCK_N are lowered until the shared-memory estimate fits the device."""
     block_m = packed["BLOCK_M"]
     block_n = PARAMS["BLOCK_N"]
-    if block_n == "auto":
+    auto_n = block_n == "auto"
+    if auto_n:
         block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
+    stages = 3 if PARAMS["num_stages"] == "auto" else int(PARAMS["num_stages"])
+    budget = _SMEM_LIMIT - _SMEM_MARGIN
+    while smem_estimate(packed, block_n, stages) > budget:
+        if stages > 2:
+            stages -= 1
+        elif auto_n and block_n > 16:
+            block_n //= 2
+        elif stages > 1:
+            stages -= 1
+        else:
+            break
     n_tiles = -(-N // block_n)
     tiles = (packed["padded_rows"] // block_m) * n_tiles
     split = PARAMS["SPLIT_K"]
     if split == "auto":
         # ~2 waves of programs, each split keeping >= 2 K steps so its loads can pipeline.
-        want = -(-2 * _sm_count(device) // tiles)
+        want = -(-2 * sms // tiles)
         cap = max(1, min(16, want, packed["steps"] // 2))
         split = 1 << (cap.bit_length() - 1)
     warps = PARAMS["num_warps"]
     if warps == "auto":
         warps = 8 if block_m * block_n >= 128 * 128 else 4
     return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
-            "num_warps": int(warps)}
+            "num_warps": int(warps), "num_stages": int(stages),
+            "smem_estimate": smem_estimate(packed, block_n, stages)}
 
 
-def _scratch(packed: dict, tiles: int, split: int, bm: int, block_n: int, device):
-    """fp32 partial tiles [split, tiles, bm, block_n] and zeroed arrival counters, cached per shape
-    under packed["scratch"] (the harness lets spmm overwrite keys starting with "scratch")."""
-    key = (str(device), tiles, split, bm, block_n)
-    if key not in packed["scratch"]:
-        if split == 1:
-            ws = torch.empty(1, dtype=torch.float32, device=device)
-            cnt = torch.zeros(1, dtype=torch.int32, device=device)
-        else:
-            ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=device)
-            cnt = torch.zeros(tiles, dtype=torch.int32, device=device)
-        packed["scratch"][key] = (ws, cnt)
-    return packed["scratch"][key]
+def _make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
+    """A launch plan: the kernel's arguments in signature order (B and C left as None)."""
+    names = list(kernel.arg_names)
+    return {"kernel": kernel, "grid": grid, "args": [named[n] for n in names], "b_at": names.index("b_ptr"),
+            "out_at": names.index("out_ptr"), "options": options, "compiled": None, **extra}
+
+
+def _plan(packed: dict, B, out) -> dict:
+    """Grid, constexprs, split-K workspace and argument list for one (N, B/C layout)."""
+    M, K = packed["shape"]
+    N = int(B.shape[1])
+    cfg = launch_config(packed, N, _sm_count(B.device))
+    block_m, lay = packed["BLOCK_M"], packed["layout"]
+    tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
+    if split > 1:
+        ws = torch.empty(split * tiles * block_m * block_n, dtype=torch.float32, device=B.device)
+        cnt = torch.zeros(tiles, dtype=torch.int32, device=B.device)
+    else:
+        ws = torch.empty(1, dtype=torch.float32, device=B.device)
+        cnt = torch.zeros(1, dtype=torch.int32, device=B.device)
+    has_res = "r_indptr" in packed
+    named = dict(
+        vals_ptr=packed["values"], meta_ptr=packed["meta"], b_ptr=None, out_ptr=None, ws_ptr=ws, cnt_ptr=cnt,
+        rptr_ptr=packed["r_indptr"] if has_res else cnt, rind_ptr=packed["r_indices"] if has_res else cnt,
+        rval_ptr=packed["r_values"] if has_res else ws,
+        M=M, N=N, K=K, N_TILES=cfg["n_tiles"], NUM_TILES=tiles, NSTEPS=packed["steps"],
+        stride_bk=B.stride(0), stride_bn=B.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
+        NS=packed["n"], MM=packed["m"], PB=lay["PB"], CB=lay["CB"], F=lay["F"],
+        H=packed["BLOCK_G"], BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=split,
+        EXPAND=packed["expand"], HAS_RESIDUAL=has_res, NUM_STAGES=cfg["num_stages"],
+        UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
+        IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
+        USE_PTX=(B.device.type == "cuda" and PARAMS["BITS_LOGIC"] == "ptx"
+                 and packed["values"].element_size() == 2 and B.element_size() == 2),
+        EVEN_K=(K % (lay["F"] * packed["BLOCK_G"] * packed["m"]) == 0), EVEN_N=(N % block_n == 0))
+    return _make_plan(_nm_kernel, named, (tiles, split),
+                      {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+                      config=cfg, ws=ws, cnt=cnt)
+
+
+def _launch(plan: dict, B, out) -> None:
+    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
+    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
+    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
+    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    args = list(plan["args"])
+    args[plan["b_at"]] = B
+    args[plan["out_at"]] = out
+    compiled = plan["compiled"]
+    if compiled is not None:
+        compiled[plan["grid"]](*args)
+        return
+    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
+    if B.is_cuda and result is not None:
+        plan["compiled"] = result
 
 
 def spmm(packed: dict, B, out) -> None:
@@ -496,31 +631,18 @@ def spmm(packed: dict, B, out) -> None:
     M, K = packed["shape"]
     if B.dim() != 2 or B.shape[0] != K:
         raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = int(B.shape[1])
-    if tuple(out.shape) != (M, N):
+    N = B.shape[1]
+    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
         raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
     if out.dtype != B.dtype:
         raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
     if N == 0:
         return
-    _check_params()
-    cfg = _launch_config(packed, N, B.device)
-    block_m, lay = packed["BLOCK_M"], packed["layout"]
-    ws, cnt = _scratch(packed, cfg["tiles"], cfg["SPLIT"], block_m, cfg["BLOCK_N"], B.device)
-    has_res = "r_indptr" in packed
-    res = (packed["r_indptr"], packed["r_indices"], packed["r_values"]) if has_res else (cnt, cnt, ws)
-    grid = (cfg["tiles"], cfg["SPLIT"])
-    _nm_kernel[grid](
-        packed["values"], packed["meta"], B, out, ws, cnt, *res,
-        M, N, K, cfg["n_tiles"], cfg["tiles"], packed["steps"],
-        B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-        NS=packed["n"], MM=packed["m"], PB=lay["PB"], CB=lay["CB"], F=lay["F"],
-        H=packed["BLOCK_G"], BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], SPLIT=cfg["SPLIT"],
-        EXPAND=packed["expand"], HAS_RESIDUAL=has_res, NUM_STAGES=int(PARAMS["num_stages"]),
-        UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
-        IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
-        USE_PTX=(B.device.type == "cuda" and PARAMS["BITS_LOGIC"] == "ptx"
-                 and packed["values"].element_size() == 2 and B.element_size() == 2),
-        EVEN_K=(K % (lay["F"] * packed["BLOCK_G"] * packed["m"]) == 0), EVEN_N=(N % cfg["BLOCK_N"] == 0),
-        num_warps=cfg["num_warps"], num_stages=int(PARAMS["num_stages"]),
-    )
+    key = (N, B.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+           B.data_ptr() % 16, out.data_ptr() % 16)
+    plan = packed["scratch"].get(key)
+    if plan is None:
+        _check_params()
+        plan = _plan(packed, B, out)
+        packed["scratch"][key] = plan
+    _launch(plan, B, out)
