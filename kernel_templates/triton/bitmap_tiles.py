@@ -44,7 +44,7 @@ META = {
         "GATHER": ["window", "direct"],
         "POPC": ["auto", "swar"],
         "FP32_DOT": ["ieee", "tf32"],
-        "num_warps": ["auto", 2, 4, 8],
+        "num_warps": ["auto", 1, 2, 4, 8],
         "num_stages": ["auto", 1, 2, 3, 4],
     },
     "defaults": {

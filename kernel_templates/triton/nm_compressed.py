@@ -55,7 +55,7 @@ META = {
         "BLOCK_N": ["auto", 16, 32, 64, 128],
         "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
         "FP32_DOT": ["ieee", "tf32"],
-        "num_warps": ["auto", 2, 4, 8],
+        "num_warps": ["auto", 1, 2, 4, 8],
         "num_stages": ["auto", 1, 2, 3, 4],
     },
     "defaults": {
