@@ -71,6 +71,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="auto")
     p.add_argument("--budget", type=int, default=None)
     p.add_argument("--memory", default=os.environ.get("SPARSEDITTO_MEMORY", "graph_runs_memory.sqlite"))
+    p.add_argument("--ncu", default="best", choices=["all", "best", "off"], help="Nsight Compute per candidate")
     p.add_argument("--out", default="graph_runs.json")
     args = p.parse_args(argv)
     console = Console()
@@ -82,7 +83,8 @@ def main(argv=None) -> int:
             t0 = time.perf_counter()
             try:
                 res = run_graph(matrix, target=args.target, n=n, backend=args.backend, budget=args.budget,
-                                memory=args.memory, thread_id=f"{name}-{n}-{attempt}-{time.time_ns()}")
+                                memory=args.memory, thread_id=f"{name}-{n}-{attempt}-{time.time_ns()}",
+                                ncu=args.ncu)
             except Exception as exc:  # one failing case is a row, not the end of the run
                 row[attempt] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 continue

@@ -102,6 +102,7 @@ class Context:
     bench_repeats: Optional[int] = None     # None -> 20 on a GPU, 1 on the interpreter (CPU timings)
     bench_warmup: Optional[int] = None      # None -> 5 on a GPU, 0 on the interpreter
     baselines: Optional[list[str]] = None   # None -> the harness default set
+    ncu: str = "best"                # Nsight Compute per candidate: "all", "best" (new best only), "off"
     policy: Any = None               # a ready Policy object (overrides llm)
     memory: Any = None               # a ready Memory object (overrides memory_path)
     hooks: Any = None                # test hooks: {"before_node": callable(node, state)}
