@@ -10,7 +10,7 @@ Per (case, N) the script times dense cuBLAS (torch.matmul on the densified A), t
 (template + params) the same way the harness's bench does: `prepare` timed on its own, one checked
 run against an fp64 reference, eager cold-L2 timing (CUDA events around the call, L2 flushed
 before each launch: includes the Python work in spmm), the same launch replayed from a CUDA graph
-(the kernel's own time), and the host cost of one spmm call (100 calls enqueued back to back,
+(the kernel's own time), and the host cost of one spmm call (50 calls enqueued back to back,
 wall time before synchronizing). Outputs written by the timed runs are re-checked.
 
 Compilation dominates a cold run, so a pool of worker processes first runs every variant once
@@ -89,7 +89,8 @@ def dlmc(root: Path) -> dict:
 # ---- variants -----------------------------------------------------------------------------------
 
 def variants(dlmc_names: list[str]) -> list[tuple[str, int, str, dict]]:
-    """(case, N, template, params), most important first (a run cut short keeps the head)."""
+    """(case, N, template, params), most important first (a run cut short keeps the head).
+    "<template>@old" entries run the files of --old (the previous templates) for before/after."""
     V = []
 
     def add(case, n, template, *param_sets):
@@ -100,67 +101,50 @@ def variants(dlmc_names: list[str]) -> list[tuple[str, int, str, dict]]:
     add("u99", 16, "csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, {"ROWS_PER_PROGRAM": 2, "num_warps": 4},
         {"ROWS_PER_PROGRAM": 2, "num_warps": 2}, {"ROWS_PER_PROGRAM": 1, "num_warps": 2},
         {"ROWS_PER_PROGRAM": 1, "num_warps": 4}, {"ROWS_PER_PROGRAM": 4, "num_warps": 8},
-        {"ROWS_PER_PROGRAM": 4, "num_warps": 4}, {"ROWS_PER_PROGRAM": 2, "LAYOUT": "csr"},
-        {"ROWS_PER_PROGRAM": 1, "LAYOUT": "csr", "BLOCK_NNZ": 64, "num_warps": 2},
+        {"ROWS_PER_PROGRAM": 2, "LAYOUT": "csr"}, {"ROWS_PER_PROGRAM": 1, "LAYOUT": "csr", "BLOCK_NNZ": 64,
+                                                   "num_warps": 2},
         {"ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 64, "num_warps": 4})
-    add("u99", 16, "csr_vector", {}, {"GROUP": 16}, {"WARPS_PER_BLOCK": 8})
+    add("u99", 16, "csr_vector", {"GROUP": 16}, {"GROUP": 8})
     add("u99", 16, "csr_balanced", {}, {"NNZ_PER_PROGRAM": 128})
-    add("u99", 16, "csr_rowsplit@old", {"ROWS_PER_PROGRAM": 2})
-    add("u99", 16, "csr_balanced@old", {"NNZ_PER_PROGRAM": 128})
     # unstructured 90%, N = 16: 6.7 MB of A in CSR int16; goal 3x.
     add("u90", 16, "csr_rowsplit", {}, {"ROWS_PER_PROGRAM": 2}, {"ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 128},
         {"ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 128, "num_warps": 4}, {"ROWS_PER_PROGRAM": 4, "BLOCK_NNZ": 32},
-        {"ROWS_PER_PROGRAM": 1, "BLOCK_NNZ": 128, "num_warps": 2}, {"ROWS_PER_PROGRAM": 1, "BLOCK_NNZ": 64,
-                                                                   "num_warps": 1},
-        {"ROWS_PER_PROGRAM": 2, "LAYOUT": "padded"}, {"ROWS_PER_PROGRAM": 1, "LAYOUT": "padded"},
-        {"ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 64, "num_warps": 2}, {"ROWS_PER_PROGRAM": 4, "BLOCK_NNZ": 64,
-                                                                   "num_warps": 8},
-        {"ROWS_PER_PROGRAM": 1, "BLOCK_NNZ": 128, "num_warps": 4, "num_stages": 1})
-    add("u90", 16, "csr_vector", {}, {"GROUP": 16}, {"WARPS_PER_BLOCK": 8})
+        {"ROWS_PER_PROGRAM": 1, "BLOCK_NNZ": 128, "num_warps": 2},
+        {"ROWS_PER_PROGRAM": 1, "BLOCK_NNZ": 64, "num_warps": 1},
+        {"ROWS_PER_PROGRAM": 2, "LAYOUT": "padded"}, {"ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 64, "num_warps": 2},
+        {"ROWS_PER_PROGRAM": 4, "BLOCK_NNZ": 64, "num_warps": 8})
+    add("u90", 16, "csr_vector", {"WARPS_PER_BLOCK": 8, "GROUP": 16})
     add("u90", 16, "bitmap_tiles", {}, {"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 2},
-        {"BLOCK_M": 16, "num_warps": 1}, {"BLOCK_M": 32, "SPLIT_K": 4})
-    add("u90", 16, "nm_compressed", {"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 2},
-        {"NM": "auto", "BLOCK_M": 32})
-    add("u90", 16, "csr_balanced", {}, {"NNZ_PER_PROGRAM": 1024, "BLOCK_NNZ": 64})
-    add("u90", 16, "csr_rowsplit@old", {})
-    add("u90", 16, "bitmap_tiles@old", {})
-    add("u90", 16, "nm_compressed@old", {})
+        {"BLOCK_M": 16, "num_warps": 1})
+    add("u90", 16, "nm_compressed", {"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 2})
+    add("u90", 16, "csr_balanced", {})
     # block-sparse 32x32 blocks, 10% kept, N = 16: goal 4x.
-    add("block32_90", 16, "bsr_tc", {}, {"SPLIT": 1}, {"SPLIT": 4}, {"BM": 16, "BK": 32}, {"BM": 16, "BK": 32, "SPLIT": 1},
-        {"num_stages": 3}, {"GROUP": 1}, {"GROUP": 4}, {"SPLIT": 1, "num_warps": 4}, {"BM": 16, "BK": 16, "SPLIT": 1},
-        {"SPLIT": 1, "ORDER": "natural"})
-    add("block32_90", 16, "bsr_tc@old", {})
+    add("block32_90", 16, "bsr_tc", {}, {"SPLIT": 1}, {"SPLIT": 4}, {"BM": 16, "BK": 32},
+        {"BM": 16, "BK": 32, "SPLIT": 1}, {"num_stages": 3}, {"GROUP": 1}, {"GROUP": 4},
+        {"BM": 16, "BK": 16, "SPLIT": 1})
     # 2:4, N = 16: goal 1.5x.
     add("nm24", 16, "nm_compressed", {}, {"BLOCK_M": 32}, {"BLOCK_M": 32, "num_warps": 2},
         {"BLOCK_M": 32, "SPLIT_K": 4}, {"BLOCK_M": 32, "SPLIT_K": 2}, {"BLOCK_M": 16, "num_warps": 1},
         {"BLOCK_M": 32, "num_stages": 4}, {"BLOCK_M": 32, "BLOCK_G": 64}, {"BLOCK_M": 64, "SPLIT_K": 8},
-        {"BLOCK_M": 32, "BITS_LOGIC": "triton"}, {"BLOCK_M": 32, "EXPAND": "planes"},
-        {"BLOCK_M": 16, "num_warps": 1, "SPLIT_K": 2})
+        {"BLOCK_M": 32, "EXPAND": "planes"}, {"BLOCK_M": 16, "num_warps": 1, "SPLIT_K": 2})
     add("nm24", 16, "bitmap_tiles", {"BLOCK_M": 32})
-    add("nm24", 16, "nm_compressed@old", {})
     # row-pruned 50% (kept rows dense), N = 16: goal ~2x (cuBLAS-like on the kept half).
     add("rowpruned50", 16, "compact_rows_cols", {}, {"SPLIT_K": 4}, {"SPLIT_K": 16}, {"BLOCK_M": 32},
-        {"BLOCK_M": 128, "num_warps": 8}, {"BLOCK_K": 256}, {"num_stages": 3}, {"BLOCK_M": 32, "SPLIT_K": 8},
-        {"BLOCK_K": 64, "SPLIT_K": 16})
+        {"BLOCK_M": 128, "num_warps": 8}, {"BLOCK_K": 256}, {"num_stages": 3}, {"BLOCK_M": 32, "SPLIT_K": 8})
     add("rowpruned50", 16, "csr_rowsplit", {})
-    add("rowpruned50", 16, "compact_rows_cols@old", {"BLOCK_K": 128})
     # N = 2048.
     add("block32_90", 2048, "bsr_tc", {}, {"BLOCK_N": 256}, {"num_warps": 8}, {"BLOCK_N": 64},
-        {"num_stages": 3}, {"GROUP": 1}, {"BLOCK_N": 256, "num_warps": 8})
-    add("block64_90", 2048, "bsr_tc", {}, {"BLOCK_N": 256, "num_warps": 8}, {"num_warps": 8}, {"num_stages": 3})
+        {"BLOCK_N": 256, "num_warps": 8})
+    add("block64_90", 2048, "bsr_tc", {}, {"BLOCK_N": 256, "num_warps": 8}, {"num_warps": 8})
     add("u99", 2048, "csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, {"ROWS_PER_PROGRAM": 1, "BLOCK_N": 64},
-        {"ROWS_PER_PROGRAM": 1, "BLOCK_N": 128, "BLOCK_NNZ": 16}, {"ROWS_PER_PROGRAM": 2, "BLOCK_N": 256,
-                                                                   "BLOCK_NNZ": 8},
+        {"ROWS_PER_PROGRAM": 1, "BLOCK_N": 128, "BLOCK_NNZ": 16},
         {"ROWS_PER_PROGRAM": 1, "BLOCK_N": 256, "BLOCK_NNZ": 16, "num_warps": 8})
-    add("u99", 2048, "csr_vector", {}, {"WARPS_PER_BLOCK": 8})
     add("u99", 2048, "csr_balanced", {})
     add("nm24", 2048, "nm_compressed", {}, {"BLOCK_M": 128, "num_warps": 8})
-    add("rowpruned50", 2048, "compact_rows_cols", {}, {"BLOCK_N": 256, "num_warps": 8}, {"num_stages": 3},
-        {"BLOCK_M": 64})
+    add("rowpruned50", 2048, "compact_rows_cols", {}, {"BLOCK_N": 256, "num_warps": 8}, {"num_stages": 3})
     # DLMC at N = 256 (vs torch's cuSPARSE CSR).
     for name in dlmc_names:
         add(name, 256, "csr_rowsplit", {}, {"ROWS_PER_PROGRAM": 2}, {"BLOCK_N": 64})
-        add(name, 256, "csr_vector", {})
         add(name, 256, "bitmap_tiles", {"BLOCK_M": 32})
     return V
 
@@ -310,9 +294,9 @@ def time_variant(module, inputs: Inputs, repeats: int) -> dict:
         out_g = None
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(100):
+    for _ in range(50):
         module.spmm(packed, inputs.B, out)
-    host_us = (time.perf_counter() - t0) / 100 * 1e6
+    host_us = (time.perf_counter() - t0) / 50 * 1e6
     torch.cuda.synchronize()
     problems = [p for p in (inputs.check(out), inputs.check(out_g) if out_g is not None else None) if p]
     row.update(status="ok" if not problems else "wrong_after_timing", message="; ".join(problems),
@@ -444,17 +428,20 @@ def print_table(rows: list[dict]) -> None:
 
 # ---- harness path -------------------------------------------------------------------------------
 
-HARNESS_CHECKS = [("csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, "u99", 16), ("compact_rows_cols", {}, "rowpruned50", 16),
-                  ("nm_compressed", {}, "nm24", 2048), ("bsr_tc", {}, "block32_90", 16),
-                  ("csr_balanced", {}, "u99", 16), ("bitmap_tiles", {}, "u90", 16), ("csr_vector", {}, "u99", 16)]
+HARNESS_CHECKS = [("nm_compressed", {}, "nm24", 2048), ("csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, "u99", 16),
+                  ("compact_rows_cols", {}, "rowpruned50", 16), ("bsr_tc", {}, "block32_90", 16),
+                  ("csr_vector", {}, "u99", 16), ("bitmap_tiles", {}, "u90", 16), ("csr_balanced", {}, "u99", 16)]
 
 
-def harness_checks(cfg: dict) -> list[dict]:
+def harness_checks(cfg: dict, deadline: float) -> list[dict]:
     from sparseditto.harness import bench, run_and_verify
     from sparseditto.kernel_templates.registry import get_template
 
     out, mats = [], {}
     for template, params, case, n in HARNESS_CHECKS:
+        if time.time() > deadline:
+            print(f"harness: deadline reached before {template} on {case}", flush=True)
+            break
         if case not in mats:
             mats.clear()
             mats[case] = builders(cfg)[case]()
@@ -499,12 +486,14 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="*", help="only these N")
     ap.add_argument("--size", type=int, default=SIZE)
     ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=25)
     ap.add_argument("--budget", type=float, default=230.0, help="seconds; no new timing starts after it")
     ap.add_argument("--workers", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--old", default=str(ROOT / ".gpu" / "old_templates"), help="dir of earlier template files")
     ap.add_argument("--dlmc-dir", default=os.environ.get("SPARSEDITTO_DATA", str(ROOT / ".gpu" / "data")))
     ap.add_argument("--harness", action="store_true", help="also run a few defaults through run_and_verify + bench")
+    ap.add_argument("--harness-until", type=float, default=270.0,
+                    help="start no harness check after this many seconds from the start")
     ap.add_argument("--wait-pid", type=int, default=0,
                     help="before timing, wait for this process (e.g. GPU tests run during compilation)")
     ap.add_argument("--wait-max", type=float, default=60.0, help="longest wait for --wait-pid, seconds")
@@ -623,8 +612,8 @@ def main(argv=None) -> int:
     if stopped:
         print(f"budget of {args.budget:.0f} s reached: {len(rows)} of {len(V)} variants timed", flush=True)
     harness = []
-    if args.harness and device == "cuda" and time.time() - t_start < args.budget + 30:
-        harness = harness_checks(cfg)
+    if args.harness and device == "cuda":
+        harness = harness_checks(cfg, t_start + args.harness_until)
     out_path.write_text(json.dumps({"env": env, "rows": rows, "harness": harness}, indent=1, default=str))
     print_table(rows)
     print(f"total {time.time() - t_start:.0f} s", flush=True)

@@ -370,3 +370,75 @@ def test_gpu_nm_residual_and_odd_shapes(tmp_path_factory):
     """Violations spill to the residual CSR; odd M, K, N exercise the masked edges on the device."""
     module = load_candidate("nm_compressed", {}, tmp_path_factory)
     run_and_check(module, nm_matrix(1000, 1030, 2, 4, seed=33, violations=0.01), 7, torch.float16, device="cuda")
+
+
+# ---- the compiled-kernel launch path (GPU only at run time; its Python side checked here) -------
+
+def launch_through_compiled_kernel(module, packed, B, out, monkeypatch):
+    """Run spmm's fast path through Triton's real CompiledKernel launcher code with the device
+    parts stubbed: after the first (JIT) launch a plan keeps the CompiledKernel and later calls do
+    `compiled[grid](*args)`. Returns what reached the low-level launcher, per launch."""
+    import triton.compiler.compiler as tcc
+
+    calls = []
+
+    class _Active:
+        @staticmethod
+        def get_current_device():
+            return 0
+
+        @staticmethod
+        def get_current_stream(device):
+            return 1234
+
+    class _Driver:
+        active = _Active()
+
+    def fake_compiled():
+        ck = object.__new__(tcc.CompiledKernel)
+        ck.module, ck.function, ck.packed_metadata, ck.name = object(), "fn", "meta", "k"
+        ck._run = lambda *a: calls.append(a)
+        return ck
+
+    monkeypatch.setattr(tcc, "driver", _Driver())
+    monkeypatch.setattr(tcc.knobs.runtime, "launch_enter_hook", None)
+    plans = [p for v in packed["scratch"].values() for p in (v if isinstance(v, list) else [v])
+             if isinstance(p, dict) and "compiled" in p]
+    assert plans, "spmm cached no launch plan"
+    for plan in plans:
+        plan["compiled"] = fake_compiled()
+    module.spmm(packed, B, out)
+    assert len(calls) == len(plans)
+    for plan, call in zip(plans, calls):
+        grid, stream, fn, meta, _md, _enter, _exit, args = call[:3], call[3], call[4], call[5], call[6], call[7], \
+            call[8], call[9:]
+        assert grid == tuple(plan["grid"]) and len(grid) == 3 and all(isinstance(g, int) and g >= 1 for g in grid)
+        assert (stream, fn, meta) == (1234, "fn", "meta")
+        names = list(plan["kernel"].arg_names)
+        assert len(args) == len(names), "every kernel parameter (constexprs included) is passed, in order"
+        if plan["b_at"] is not None:
+            assert args[names.index("b_ptr")] is B
+        assert args[names.index("out_ptr")] is out
+    return calls
+
+
+@pytest.mark.parametrize("name,params,kind", [
+    ("bsr_tc", {"SPLIT": 2}, "blk16"), ("nm_compressed", {"BLOCK_M": 16, "BLOCK_G": 16}, "24"),
+    ("bitmap_tiles", {"BLOCK_M": 16, "SPLIT_K": 2}, "u50"),
+    # the CSR-family Triton templates share the launch path
+    ("csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, "u70"), ("csr_balanced", {"NNZ_PER_PROGRAM": 64, "FIXUP": "launch"}, "u50"),
+    ("compact_rows_cols", {"SPLIT_K": 2, "BLOCK_M": 16, "BLOCK_K": 16}, "u95")])
+def test_compiled_launch_path(name, params, kind, tmp_path_factory, monkeypatch):
+    """Every Triton template's cached-plan fast path, through Triton's real CompiledKernel runner
+    (this is the path every GPU call after the first takes; a 2-D grid used to break it)."""
+    module = load_candidate(name, params, tmp_path_factory)
+    A = MATRICES[kind]()
+    B = torch.randn(A.shape[1], 5, generator=torch.Generator().manual_seed(0)).to(torch.float16)
+    packed = module.prepare(A, torch.float16, "cpu")
+    out = torch.empty(A.shape[0], 5, dtype=torch.float16)
+    module.spmm(packed, B, out)             # plans the launch (interpreter: JIT path)
+    launch_through_compiled_kernel(module, packed, B, out, monkeypatch)
+    # a different N (or layout of B) is a different plan, never the cached kernel of another
+    B2 = torch.randn(A.shape[1], 9).to(torch.float16)
+    module.spmm(packed, B2, torch.empty(A.shape[0], 9, dtype=torch.float16))
+    assert len(packed["scratch"]) == 2

@@ -324,7 +324,7 @@ def _plan(packed: dict, B, out) -> dict:
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
         IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32",
         EVEN_K=(K % (_TILE_K * packed["KW"]) == 0), EVEN_N=(N % block_n == 0))
-    return _make_plan(_bitmap_kernel, named, (tiles, split),
+    return _make_plan(_bitmap_kernel, named, (tiles, split, 1),
                       {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
                       config=cfg, ws=ws, cnt=cnt)
 
@@ -334,7 +334,8 @@ def _launch(plan: dict, B, out) -> None:
     keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
     JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
     key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
+    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
     args = list(plan["args"])
     args[plan["b_at"]] = B
     args[plan["out_at"]] = out

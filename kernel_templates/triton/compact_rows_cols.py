@@ -281,7 +281,7 @@ def _plan(packed: dict, B, out) -> dict:
         ws = torch.empty(1, dtype=torch.float32, device=device)
         cnt = torch.zeros(1, dtype=torch.int32, device=device)
     dropped_tiles = -(-packed["dropped_m"] // bm)
-    grid = ((kept_tiles + dropped_tiles) * n_tiles, split)
+    grid = ((kept_tiles + dropped_tiles) * n_tiles, split, 1)
     fp32 = B.dtype == torch.float32
     args = [packed["dense"], packed["rows"], packed["cols"], packed["dropped"], None, None, ws, cnt,
             packed["kept_m"], packed["kept_k"], packed["dropped_m"], N, cfg["k_steps"], kept_tiles, n_tiles, tiles,
@@ -302,7 +302,8 @@ def _launch(plan: dict, B, out) -> None:
     keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
     JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
     key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
+    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
     args = list(plan["args"])
     args[plan["b_at"]] = B
     args[plan["out_at"]] = out

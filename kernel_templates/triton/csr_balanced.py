@@ -297,7 +297,7 @@ def _plan(packed: dict, B, out) -> list:
         nnz=packed["nnz"], N=N, nnz_per_program=packed["nnz_per_program"], n_tiles=n_tiles,
         stride_bk=B.stride(0), stride_bn=B.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
         BLOCK_N=block_n, BLOCK_NNZ=cfg["BLOCK_NNZ"], INLINE_FIXUP=bool(inline and n_shared))
-    plans = [_make_plan(_csr_balanced_kernel, named, (programs, n_tiles),
+    plans = [_make_plan(_csr_balanced_kernel, named, (programs, n_tiles, 1),
                         {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
                         partials=partials)]
     if n_shared and not inline:
@@ -306,7 +306,7 @@ def _plan(packed: dict, B, out) -> list:
                    out_ptr=None, b_ptr=None, N=N, stride_om=out.stride(0), stride_on=out.stride(1),
                    BLOCK_N=block_n)
         names = list(_csr_balanced_fixup_kernel.arg_names)
-        plans.append({"kernel": _csr_balanced_fixup_kernel, "grid": (n_shared, n_tiles),
+        plans.append({"kernel": _csr_balanced_fixup_kernel, "grid": (n_shared, n_tiles, 1),
                       "args": [fix[n] for n in names], "b_at": None, "out_at": names.index("out_ptr"),
                       "options": {"num_warps": max(1, min(4, block_n // 32))}, "compiled": None})
     return plans
@@ -317,7 +317,8 @@ def _launch(plan: dict, B, out) -> None:
     keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
     JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
     key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
+    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
     args = list(plan["args"])
     if plan["b_at"] is not None:
         args[plan["b_at"]] = B

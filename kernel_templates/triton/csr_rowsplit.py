@@ -288,7 +288,7 @@ def _plan(packed: dict, B, out) -> dict:
     args = [packed["indptr"], packed["lengths"], packed["indices"], packed["values"], packed["order"], None, None,
             M, N, max(packed["width"], 1), B.stride(0), B.stride(1), out.stride(0), out.stride(1)]
     args += [consts[name] for name in ("ROWS", "BLOCK_N", "BLOCK_NNZ", "USE_ORDER", "PADDED", "ONE_CHUNK", "WIDE")]
-    grid = (triton.cdiv(M, cfg["ROWS"]), triton.cdiv(N, cfg["BLOCK_N"]))
+    grid = (triton.cdiv(M, cfg["ROWS"]), triton.cdiv(N, cfg["BLOCK_N"]), 1)
     return {"kernel": _csr_rowsplit_kernel, "grid": grid, "args": args, "b_at": 5, "out_at": 6,
             "options": {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
             "compiled": None}
@@ -299,7 +299,8 @@ def _launch(plan: dict, B, out) -> None:
     keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
     JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
     key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
+    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
     args = list(plan["args"])
     args[plan["b_at"]] = B
     args[plan["out_at"]] = out

@@ -603,7 +603,7 @@ def _plan(packed: dict, B, out) -> dict:
         USE_PTX=(B.device.type == "cuda" and PARAMS["BITS_LOGIC"] == "ptx"
                  and packed["values"].element_size() == 2 and B.element_size() == 2),
         EVEN_K=(K % (lay["F"] * packed["BLOCK_G"] * packed["m"]) == 0), EVEN_N=(N % block_n == 0))
-    return _make_plan(_nm_kernel, named, (tiles, split),
+    return _make_plan(_nm_kernel, named, (tiles, split, 1),
                       {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
                       config=cfg, ws=ws, cnt=cnt)
 
@@ -613,7 +613,8 @@ def _launch(plan: dict, B, out) -> None:
     keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
     JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
     key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time."""
+    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
+    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
     args = list(plan["args"])
     args[plan["b_at"]] = B
     args[plan["out_at"]] = out
