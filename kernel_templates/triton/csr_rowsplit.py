@@ -67,8 +67,16 @@ _INT16_COLUMN_LIMIT = 32768
 _INT32_LIMIT = 2**31 - 1
 _PAD_MAX_EXTRA = 0.15          # LAYOUT="auto": pad rows when it adds <= 15% bytes of A ...
 _PAD_FREE_BYTES = 1 << 20      # ... or less than 1 MiB (latency-bound sizes: bytes are free)
-_CHUNK_ELEMS = 2048            # BLOCK_NNZ="auto": ~2K gathered B elements per program step
-_ELEMS_PER_THREAD = 16         # num_warps="auto": accumulator elements per thread
+_DEFAULT_SMS = 132             # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+# "auto" tile rules, from H200 measurements (benchmarks/tune.py, docs/kernels.md): a looped
+# program step gathers ~1K B elements at N <= 32 and ~2K at N >= 64; a row that fits one chunk
+# of up to 4K elements is done in one straight-line step. Accumulator elements per thread: 64
+# for one-chunk programs and 32 for looped ones at small N (fewer, fuller warps won: u99 7.9 us
+# at 2 warps vs 13.4 us at 8; u90 17.0 us at 1 warp vs 20.6 us at 4), 16 at N >= 64.
+_STEP_ELEMS_SMALL_N = 1024
+_STEP_ELEMS_LARGE_N = 2048
+_ONE_CHUNK_ELEMS = 4096
+_MIN_PROGRAMS_PER_SM = 8       # below this, BLOCK_N="auto" halves once (more, narrower N tiles)
 
 
 @triton.jit
@@ -252,34 +260,47 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-def launch_config(packed: dict, N: int) -> dict:
-    """Tile sizes and warps for N (the "auto" rules); pure Python, no device needed."""
+def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+    """Tile sizes and warps for N (the "auto" rules above); pure Python, no device needed."""
     rows = int(PARAMS["ROWS_PER_PROGRAM"])
+    M = packed["shape"][0]
     block_n = PARAMS["BLOCK_N"]
     if block_n == "auto":
         block_n = min(_next_pow2(N), 128)
+        if block_n > 16 and -(-M // rows) * -(-N // block_n) < _MIN_PROGRAMS_PER_SM * sms:
+            block_n //= 2   # few rows (e.g. 512): more N tiles keep the SMs busy
     block_n = int(block_n)
-    block_nnz = PARAMS["BLOCK_NNZ"]
+    large_n = block_n >= 64
     span = packed["width"] if packed["layout"] == "padded" else packed["max_row_nnz"]
+    block_nnz = PARAMS["BLOCK_NNZ"]
     if block_nnz == "auto":
-        # ~2K gathered elements per step; up to 4K when that makes every row one chunk (short
-        # rows: the program becomes straight-line code and all its loads issue at once).
-        budget = _CHUNK_ELEMS * (2 if span <= 128 else 1)
-        cap = max(8, min(128, budget // (block_n * rows)))
-        block_nnz = max(8, min(cap, _next_pow2(max(span, 1))))
+        one_chunk = min(128, _ONE_CHUNK_ELEMS // (block_n * rows))
+        if span <= one_chunk:
+            block_nnz = max(8, _next_pow2(max(span, 1)))
+        else:
+            step = _STEP_ELEMS_LARGE_N if large_n else _STEP_ELEMS_SMALL_N
+            block_nnz = max(8, min(128, step // (block_n * rows)))
     block_nnz = int(block_nnz)
+    one = span <= block_nnz
     warps = PARAMS["num_warps"]
     if warps == "auto":
-        warps = max(1, min(8, (rows * block_nnz * block_n) // (32 * _ELEMS_PER_THREAD)))
-    return {"ROWS": rows, "BLOCK_N": block_n, "BLOCK_NNZ": block_nnz, "num_warps": int(warps),
-            "ONE_CHUNK": span <= block_nnz}
+        per_thread = 16 if large_n else (64 if one else 32)
+        warps = max(1, min(8, (rows * block_nnz * block_n) // (32 * per_thread)))
+        warps = 1 << (int(warps).bit_length() - 1)
+    return {"ROWS": rows, "BLOCK_N": block_n, "BLOCK_NNZ": block_nnz, "num_warps": int(warps), "ONE_CHUNK": one}
+
+
+def _sm_count(device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return _DEFAULT_SMS
 
 
 def _plan(packed: dict, B, out) -> dict:
     """Everything one launch needs for this (A, N, B/C layout): grid, constexprs, argument list."""
     M, K = packed["shape"]
     N = int(B.shape[1])
-    cfg = launch_config(packed, N)
+    cfg = launch_config(packed, N, _sm_count(B.device))
     reach = max(K * abs(B.stride(0)) + N * abs(B.stride(1)), M * abs(out.stride(0)) + N * abs(out.stride(1)),
                 M * max(packed["width"], 1), packed["nnz"])
     consts = dict(ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NNZ=cfg["BLOCK_NNZ"],
@@ -291,7 +312,7 @@ def _plan(packed: dict, B, out) -> dict:
     grid = (triton.cdiv(M, cfg["ROWS"]), triton.cdiv(N, cfg["BLOCK_N"]), 1)
     return {"kernel": _csr_rowsplit_kernel, "grid": grid, "args": args, "b_at": 5, "out_at": 6,
             "options": {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
-            "compiled": None}
+            "compiled": None, "config": cfg}
 
 
 def _launch(plan: dict, B, out) -> None:

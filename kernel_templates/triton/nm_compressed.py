@@ -50,7 +50,7 @@ META = {
         "NM": ["2:4", "1:2", "1:4", "2:8", "4:8", "auto"],
         "EXPAND": ["auto", "bits", "planes", "select"],
         "BITS_LOGIC": ["ptx", "triton"],
-        "BLOCK_M": [16, 32, 64, 128],
+        "BLOCK_M": ["auto", 16, 32, 64, 128],
         "BLOCK_G": [16, 32, 64],
         "BLOCK_N": ["auto", 16, 32, 64, 128],
         "SPLIT_K": ["auto", 1, 2, 4, 8, 16],
@@ -62,7 +62,7 @@ META = {
         "NM": "2:4",
         "EXPAND": "auto",
         "BITS_LOGIC": "ptx",
-        "BLOCK_M": 64,
+        "BLOCK_M": "auto",
         "BLOCK_G": 32,
         "BLOCK_N": "auto",
         "SPLIT_K": "auto",
@@ -89,6 +89,7 @@ from sparseditto.formats import NMCompressed
 _DEFAULT_SMS = 132          # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
 _MAX_PLANE_SLOTS = 4        # "planes" keeps each slot in its own register tile: n <= 4
 _AUTO_NM = ((1, 4), (2, 8), (1, 2), (2, 4), (4, 8))
+_AUTO_PAD_M = 128           # BLOCK_M="auto": rows padded for the largest launch-time choice
 
 
 def _bits24_ptx(j: int) -> str:
@@ -494,14 +495,16 @@ def prepare(A, dtype, device) -> dict:
     expand = _resolve_expand(n, m)
     lay = _layout(n, m, expand)
     nm = nm_arrays(A, n, m)
-    h, block_m = int(PARAMS["BLOCK_G"]), int(PARAMS["BLOCK_M"])
+    # "auto" picks BLOCK_M per N at launch (64 or 128): pad rows for the largest.
+    h = int(PARAMS["BLOCK_G"])
+    block_m = _AUTO_PAD_M if PARAMS["BLOCK_M"] == "auto" else int(PARAMS["BLOCK_M"])
     planar, words, steps, Mp = _pack(nm, block_m, h, lay, expand)
     residual = nm["residual"]
     packed = {
         "values": torch.from_numpy(planar.reshape(-1)).to(device=device, dtype=dtype),
         "meta": torch.from_numpy(words.reshape(-1)).to(device),
         "shape": tuple(A.shape), "n": n, "m": m, "steps": steps, "padded_rows": Mp,
-        "layout": lay, "expand": expand, "BLOCK_G": h, "BLOCK_M": block_m, "dtype": dtype, "scratch": {},
+        "layout": lay, "expand": expand, "BLOCK_G": h, "pad_m": block_m, "dtype": dtype, "scratch": {},
         "residual_nnz": 0 if residual is None else residual.nnz,
     }
     if residual is not None:
@@ -520,14 +523,14 @@ _SMEM_LIMIT = 227 * 1024        # H100/H200 shared memory per block
 _SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
 
 
-def smem_estimate(packed: dict, block_n: int, stages: int) -> int:
+def smem_estimate(packed: dict, block_m: int, block_n: int, stages: int) -> int:
     """Shared memory Triton allocates for the pipelined main loop, in bytes: (stages - 1) buffers
     of one K step (values + metadata + the B rows of every plane) plus one more B step (the dot
     operand staging). Matches sm_90 compiles: 2:4, BLOCK_M 64, BLOCK_G 32, BLOCK_N 16 / 3 stages
     -> 61440 B; BLOCK_N 128 / 3 stages -> 233472 B (over the 232448 B limit: the failure at
     N = 2048 this function exists to avoid) and / 2 stages -> 149504 B."""
     lay, vb = packed["layout"], packed["dtype"].itemsize
-    bm, h, n, m, F = packed["BLOCK_M"], packed["BLOCK_G"], packed["n"], packed["m"], lay["F"]
+    bm, h, n, m, F = block_m, packed["BLOCK_G"], packed["n"], packed["m"], lay["F"]
     b_step = F * h * m * block_n * vb
     step = bm * h * F * n * vb + bm * h * lay["WB"] // 8 + b_step
     return max(1, stages - 1) * step + b_step
@@ -536,14 +539,22 @@ def smem_estimate(packed: dict, block_n: int, stages: int) -> int:
 def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
     """Tiles, split, warps and pipeline depth for N; pure Python. The depth (num_stages, "auto" =
     3) and, when "auto", BLOCK_N are lowered until the shared-memory estimate fits the device."""
-    block_m = packed["BLOCK_M"]
+    block_m = PARAMS["BLOCK_M"]
+    if block_m == "auto":
+        # H200, 2:4 4096 x 4096: BLOCK_M 64 (4 warps, split-K 4) 17.9 us at N = 16 (32: 20.4 us,
+        # 16: 27.9 us); at N = 2048 BLOCK_M 128 with 8 warps 224 us against 311 us for 64.
+        block_m = 64 if N <= 64 else 128
+    block_m = int(block_m)
+    if packed["pad_m"] % block_m:
+        raise ValueError(f"nm_compressed: BLOCK_M={block_m} does not divide the prepared row padding "
+                         f"{packed['pad_m']}; prepare with the same PARAMS.")
     block_n = PARAMS["BLOCK_N"]
     auto_n = block_n == "auto"
     if auto_n:
         block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
     stages = 3 if PARAMS["num_stages"] == "auto" else int(PARAMS["num_stages"])
     budget = _SMEM_LIMIT - _SMEM_MARGIN
-    while smem_estimate(packed, block_n, stages) > budget:
+    while smem_estimate(packed, block_m, block_n, stages) > budget:
         if stages > 2:
             stages -= 1
         elif auto_n and block_n > 16:
@@ -565,7 +576,7 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
         warps = 8 if block_m * block_n >= 128 * 128 else 4
     return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
             "num_warps": int(warps), "num_stages": int(stages),
-            "smem_estimate": smem_estimate(packed, block_n, stages)}
+            "smem_estimate": smem_estimate(packed, block_m, block_n, stages), "BLOCK_M": block_m}
 
 
 def _make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
@@ -580,7 +591,7 @@ def _plan(packed: dict, B, out) -> dict:
     M, K = packed["shape"]
     N = int(B.shape[1])
     cfg = launch_config(packed, N, _sm_count(B.device))
-    block_m, lay = packed["BLOCK_M"], packed["layout"]
+    block_m, lay = cfg["BLOCK_M"], packed["layout"]
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:
         ws = torch.empty(split * tiles * block_m * block_n, dtype=torch.float32, device=B.device)
