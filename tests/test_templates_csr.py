@@ -102,6 +102,7 @@ def run_and_check(module, A: SparseMatrix, n: int, dtype, *, b_transposed=False,
         worst = np.unravel_index(int(torch.argmax(err - bound)), tuple(err.shape))
         raise AssertionError(f"max error {float(err.max()):.3g} at {worst}: got {float(got[worst]):.6g}, "
                              f"expected {float(ref[worst]):.6g} (bound {float(bound[worst]):.3g})")
+    return packed
 
 
 SMALL = random_matrix(64, 96, 0.15, seed=1, empty_rows=(0, 17, 63), empty_cols=(5, 6))
@@ -123,6 +124,13 @@ CASES = [
     ("compact_rows_cols", {}, "pruned", 33, torch.float16),
     ("compact_rows_cols", {"BLOCK_M": 16, "BLOCK_K": 16, "BLOCK_N": 16, "num_warps": 1}, "pruned", 7, torch.float32),
     ("compact_rows_cols", {"BLOCK_M": 32, "BLOCK_K": 32}, "small", 1, torch.bfloat16),
+    # both row layouts, one-chunk and looped programs, several rows at once
+    ("csr_rowsplit", {"LAYOUT": "csr", "ROWS_PER_PROGRAM": 4, "BLOCK_NNZ": 8}, "small", 16, torch.float16),
+    ("csr_rowsplit", {"LAYOUT": "padded", "ROWS_PER_PROGRAM": 2, "BLOCK_NNZ": 8}, "skewed", 3, torch.float32),
+    ("csr_rowsplit", {"LAYOUT": "padded", "ROWS_PER_PROGRAM": 8, "REORDER": "length"}, "small", 5, torch.bfloat16),
+    # split-K: partials reduced by the last split; rows only pruned (B read directly) and not
+    ("compact_rows_cols", {"SPLIT_K": 4, "BLOCK_M": 16, "BLOCK_K": 16}, "rows_only", 16, torch.float16),
+    ("compact_rows_cols", {"SPLIT_K": 2, "BLOCK_M": 16, "BLOCK_K": 16}, "pruned", 5, torch.float32),
 ]
 
 
@@ -131,6 +139,8 @@ def _matrix(kind: str) -> SparseMatrix:
         return SMALL
     if kind == "skewed":
         return skewed_matrix(48, 160, seed=3)  # one full row: spans 3+ programs of 64 nonzeros
+    if kind == "rows_only":  # row pruning of a dense weight: every column kept
+        return random_matrix(40, 70, 1.0, seed=6, empty_rows=range(1, 40, 3))
     # Channel-pruned: whole rows and columns removed, the rest fairly dense.
     return random_matrix(48, 72, 0.6, seed=2, empty_rows=range(0, 48, 5), empty_cols=range(3, 72, 4))
 
@@ -283,3 +293,110 @@ def test_gpu_balanced_fixups(fixup, tmp_path_factory):
         module.spmm(packed, B, again)
         assert torch.equal(first, again)
     assert int(packed["counters"].abs().sum()) == 0
+
+
+# ---- launch plans, layouts, the "auto" rules --------------------------------------------------
+
+def test_rowsplit_layouts_agree_and_padded_rows_are_aligned(tmp_path_factory):
+    """LAYOUT="padded" stores row r at r*W (W a multiple of 16, >= the longest row) with its length;
+    both layouts give the same result, and "auto" pads only when it costs few bytes."""
+    A = skewed_matrix(30, 50, seed=21)
+    padded = load_candidate("csr_rowsplit", {"LAYOUT": "padded"}, tmp_path_factory)
+    packed = padded.prepare(A, torch.float32, "cpu")
+    lengths = np.diff(A.indptr)
+    W = packed["width"]
+    assert packed["layout"] == "padded" and W % 16 == 0 and W >= lengths.max()
+    idx = packed["indices"].numpy().reshape(30, W)
+    for r in (0, 10, 29):
+        assert idx[r, :lengths[r]].tolist() == A.indices[A.indptr[r]:A.indptr[r + 1]].tolist()
+        assert not idx[r, lengths[r]:].any()
+    run_and_check(padded, A, 4, torch.float32)
+    run_and_check(load_candidate("csr_rowsplit", {"LAYOUT": "csr"}, tmp_path_factory), A, 4, torch.float32)
+    choose = padded.choose_layout
+    assert choose(np.full(1000, 40), 2, 2) == "padded"                       # equal rows: no padding
+    big = np.concatenate([np.full(100_000, 10), [5000]])                     # one long row: 2 GB padded
+    assert choose(big, 2, 2) == "csr"
+
+
+def test_rowsplit_wide_index_math(tmp_path_factory, monkeypatch):
+    """Offsets past 2^31 switch the kernel to int64 index math (WIDE); forced here by lowering the
+    limit, the results must not change."""
+    module = load_candidate("csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, tmp_path_factory)
+    monkeypatch.setattr(module, "_INT32_LIMIT", 10)
+    packed = run_and_check(module, SMALL, 6, torch.float32)
+    (plan,) = packed["scratch"].values()
+    names = list(plan["kernel"].arg_names)
+    assert plan["args"][names.index("WIDE")] is True
+
+
+def test_rowsplit_auto_rules_match_the_tuned_configs(tmp_path_factory):
+    """The "auto" tiles reproduce the configurations measured fastest on the H200 (docs/kernels.md):
+    90% sparse rows of ~410 -> 1 warp, 64-nonzero chunks; 99% (rows of ~41, padded to 80) with
+    2 rows per program -> one 128-wide chunk, 2 warps; N = 2048 -> 128-column tiles, 16-nonzero
+    chunks, 4 warps; few rows -> narrower N tiles."""
+    def packed_like(M, mean, longest, layout):
+        return {"shape": (M, 4096), "layout": layout, "width": longest if layout == "padded" else 0,
+                "max_row_nnz": longest, "mean_row_nnz": mean}
+
+    one = load_candidate("csr_rowsplit", {}, tmp_path_factory)
+    two = load_candidate("csr_rowsplit", {"ROWS_PER_PROGRAM": 2}, tmp_path_factory)
+    cfg = one.launch_config(packed_like(4096, 410, 490, "csr"), 16)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_NNZ"], cfg["num_warps"], cfg["ONE_CHUNK"]) == (16, 64, 1, False)
+    cfg = two.launch_config(packed_like(4096, 41, 80, "padded"), 16)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_NNZ"], cfg["num_warps"], cfg["ONE_CHUNK"]) == (16, 128, 2, True)
+    cfg = one.launch_config(packed_like(4096, 41, 80, "padded"), 2048)
+    assert (cfg["BLOCK_N"], cfg["BLOCK_NNZ"], cfg["num_warps"]) == (128, 16, 4)
+    assert one.launch_config(packed_like(512, 10, 30, "padded"), 256)["BLOCK_N"] == 64
+
+
+def test_compact_auto_split_and_direct_b(tmp_path_factory):
+    """Row pruning keeps every column: B is read directly (no column-id loads). The split-K
+    counters are reset by the reducing program, so repeated launches stay exact."""
+    module = load_candidate("compact_rows_cols", {"SPLIT_K": 4, "BLOCK_M": 16, "BLOCK_K": 16}, tmp_path_factory)
+    A = _matrix("rows_only")
+    packed = run_and_check(module, A, 9, torch.float16)
+    assert packed["direct_b"] and packed["kept_k"] == A.shape[1]
+    (plan,) = packed["scratch"].values()
+    assert plan["config"]["SPLIT"] == 4 and int(plan["cnt"].abs().sum()) == 0
+    B = torch.randn(A.shape[1], 9, generator=torch.Generator().manual_seed(5)).to(torch.float16)
+    out = torch.full((A.shape[0], 9), float("nan"), dtype=torch.float16)
+    module.spmm(packed, B, out)
+    ref = A.to_dense() @ B.double().numpy()
+    assert np.allclose(out.double().numpy(), ref, rtol=1e-2, atol=1e-2)
+    assert not load_candidate("compact_rows_cols", {}, tmp_path_factory).prepare(
+        _matrix("pruned"), torch.float16, "cpu")["direct_b"]
+    auto = load_candidate("compact_rows_cols", {}, tmp_path_factory)
+    big = {"kept_m": 2048, "kept_k": 4096, "dtype": torch.float16}
+    small_n, large_n = auto.launch_config(big, 16), auto.launch_config(big, 2048)
+    assert (small_n["BLOCK_M"], small_n["BLOCK_K"], small_n["SPLIT"], small_n["num_stages"]) == (64, 128, 4, 4)
+    assert (large_n["BLOCK_M"], large_n["BLOCK_N"], large_n["SPLIT"], large_n["num_stages"]) == (128, 128, 1, 3)
+
+
+def test_compact_prepare_matches_the_format():
+    """The template's O(nnz) compaction equals sparseditto.formats.Compacted."""
+    from sparseditto.formats import Compacted
+    from sparseditto.kernel_templates.registry import get_template
+
+    spec = importlib.util.spec_from_file_location("compact_tpl", get_template("compact_rows_cols").path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for A in (_matrix("pruned"), _matrix("rows_only"), SMALL):
+        rows, cols, dense = module._compact(A)
+        ref = Compacted.from_matrix(A)
+        assert np.array_equal(rows, ref.rows) and np.array_equal(cols, ref.cols)
+        assert np.array_equal(dense, ref.dense.astype(np.float32))
+
+
+def test_plans_are_cached_per_layout_of_b(tmp_path_factory):
+    """One plan per (N, B/C strides and alignment): a transposed B gets its own plan, and the
+    cached plan is reused (no re-planning) for a second call with the same layout."""
+    module = load_candidate("csr_rowsplit", {}, tmp_path_factory)
+    packed = module.prepare(SMALL, torch.float32, "cpu")
+    B = torch.randn(96, 4)
+    out = torch.empty(64, 4)
+    module.spmm(packed, B, out)
+    (plan,) = packed["scratch"].values()
+    module.spmm(packed, torch.randn(96, 4), out)
+    assert list(packed["scratch"].values()) == [plan]
+    module.spmm(packed, B.t().contiguous().t(), out)
+    assert len(packed["scratch"]) == 2

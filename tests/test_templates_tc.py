@@ -442,3 +442,80 @@ def test_compiled_launch_path(name, params, kind, tmp_path_factory, monkeypatch)
     B2 = torch.randn(A.shape[1], 9).to(torch.float16)
     module.spmm(packed, B2, torch.empty(A.shape[0], 9, dtype=torch.float16))
     assert len(packed["scratch"]) == 2
+
+
+# ---- launch configuration rules (pure Python) ---------------------------------------------------
+
+def _module(name):
+    spec = importlib.util.find_spec(f"sparseditto.kernel_templates.triton.{name}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nm_shared_memory_fits_at_large_n():
+    """The H200 failure this guards against: N = 2048 with 3 stages of 128-column B tiles asked
+    for 233472 B of shared memory (limit 232448). The estimate reproduces the sm_90 compiles
+    (61440 B at N = 16; 149504 / 167936 B at 2 stages for BLOCK_M 64 / 128) and the chosen
+    depth (and, when "auto", BLOCK_N) keeps every N under the limit."""
+    module = _module("nm_compressed")
+    packed = module.prepare(nm_matrix(256, 256, 2, 4, seed=40), torch.float16, "cpu")
+    assert module.smem_estimate(packed, 64, 16, 3) == 61440
+    assert module.smem_estimate(packed, 64, 128, 3) == 233472
+    assert module.smem_estimate(packed, 64, 128, 2) == 149504
+    assert module.smem_estimate(packed, 128, 128, 2) == 167936
+    for n in (1, 16, 33, 256, 2048, 8192):
+        cfg = module.launch_config(packed, n)
+        assert cfg["smem_estimate"] <= module._SMEM_LIMIT - module._SMEM_MARGIN, (n, cfg)
+    small, large = module.launch_config(packed, 16), module.launch_config(packed, 2048)
+    assert (small["BLOCK_M"], small["num_stages"], small["num_warps"]) == (64, 3, 4)
+    assert (large["BLOCK_M"], large["BLOCK_N"], large["num_stages"], large["num_warps"]) == (128, 128, 2, 8)
+    module.PARAMS = dict(module.META["defaults"], num_stages=4)     # an explicit depth is lowered too
+    assert module.launch_config(packed, 2048)["num_stages"] == 2
+
+
+def test_bitmap_block_m_per_n_and_shared_memory():
+    module = _module("bitmap_tiles")
+    packed = module.prepare(MATRICES["u70"](), torch.float16, "cpu")
+    assert packed["pad_m"] == 64
+    assert module.launch_config(packed, 16)["BLOCK_M"] == 64 and module.launch_config(packed, 256)["BLOCK_M"] == 32
+    for n in (16, 2048, 8192):
+        cfg = module.launch_config(packed, n)
+        assert module.smem_estimate(packed, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) <= \
+            module._SMEM_LIMIT - module._SMEM_MARGIN
+
+
+def test_bsr_slot_order_storage_and_auto_rules():
+    """Groups are stored in launch order (longest block row first), so a slot's extent needs no
+    block-row lookup; ORDER="natural" stores rows in order. The split only kicks in when fewer
+    than half the SMs would have a tile; N >= 256 uses 256-column tiles and 8 warps."""
+    module = _module("bsr_tc")
+    A = MATRICES["blk_skew"]()
+    packed = module.prepare(A, torch.float16, "cpu")
+    order = packed["order"].numpy()
+    sptr = packed["gptr"].numpy()
+    counts = np.diff(sptr)
+    assert (np.diff(counts) <= 0).all(), "slots are not longest first"
+    bm, bk = packed["block_shape"]
+    group = packed["group"]
+    dense = A.to_dense()
+    blocks = packed["blocks"].float().numpy()
+    gidx = packed["gidx"].numpy().reshape(-1, group)
+    for slot in range(order.size):   # every stored group is the right block of the slot's row
+        brow = order[slot]
+        for g in range(sptr[slot], sptr[slot + 1]):
+            for j in range(group):
+                col = gidx[g, j]
+                tile = blocks[g][:, j * bk:(j + 1) * bk]
+                if col < 0:
+                    assert not tile.any()
+                else:
+                    want = np.zeros((bm, bk))
+                    part = dense[brow * bm:(brow + 1) * bm, col * bk:(col + 1) * bk]
+                    want[:part.shape[0], :part.shape[1]] = part
+                    assert np.allclose(tile, want, atol=1e-2, rtol=1e-2)
+    big = {"block_shape": (32, 32), "block_rows": 128, "group": 2, "max_row_groups": 8, "dtype": torch.float16}
+    assert module.launch_config(big, 16)["SPLIT"] == 1                       # 128 tiles on 132 SMs
+    assert module.launch_config({**big, "block_rows": 32}, 16)["SPLIT"] > 1   # 32 tiles: split
+    wide = module.launch_config(big, 2048)
+    assert (wide["BLOCK_N"], wide["num_warps"], wide["num_stages"]) == (256, 8, 3)
