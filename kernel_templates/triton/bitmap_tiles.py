@@ -28,7 +28,9 @@ previous tile. POPC="auto" uses the hardware popc instruction on CUDA and a SWAR
 elsewhere (the Triton interpreter runs no inline assembly).
 Split-K as in the other tensor-core templates: fp32 partials in a workspace, the last split of a
 tile reduces them in a fixed order in the same launch (so concurrent launches of one prepared
-matrix on several streams are unsafe when SPLIT_K > 1).
+matrix on several streams are unsafe when SPLIT_K > 1). BLOCK_M="auto": 64 at N <= 16, 32 above
+(measured on an H200, docs/kernels.md); num_stages is lowered until the shared memory fits. The
+launch is planned once per (N, B/C layout) and cached in packed["scratch"].
 """
 META = {
     "name": "bitmap_tiles",

@@ -20,6 +20,7 @@ and one tl.dot (fp32 accumulate). Choices that matter on H100/H200-class GPUs:
     small block to 16 would.
   * Load balance: ORDER="length" launches block rows longest-first (LPT order), so the long rows
     start in the first wave and short ones fill the tail; the store uses the real block row.
+    Groups are stored in that launch order, so a program's extent loads depend on its slot only.
   * Filling 132 SMs: when block rows x N tiles is below ~2 waves, SPLIT slices each block row's
     blocks across SPLIT programs. Partial tiles go to an fp32 workspace; the last program to finish
     a tile (an acq_rel atomic counter per tile) sums the partials in a fixed order, writes C and
@@ -27,7 +28,9 @@ and one tl.dot (fp32 accumulate). Choices that matter on H100/H200-class GPUs:
   * N tiles of one block row are adjacent program ids, so a block row fetched from HBM is reused
     from L2 by its other N tiles.
 The counters make concurrent launches of one prepared matrix on different streams unsafe when
-SPLIT > 1; launches on one stream (the normal case) are fine.
+SPLIT > 1; launches on one stream (the normal case) are fine. The launch (grid, constexprs,
+workspace) is planned once per (N, B/C layout) and cached in packed["scratch"]; later calls
+launch Triton's compiled kernel directly (docs/kernels.md, "Launch plans").
 """
 META = {
     "name": "bsr_tc",

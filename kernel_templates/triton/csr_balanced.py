@@ -20,8 +20,10 @@ bit-identical results and verification is stable):
     one prepared matrix on several streams would share the counters: unsafe, as for any split-K.)
   * FIXUP="launch": a second small launch sums the partials of each shared row instead (no
     atomics). Either way nothing extra runs when no row is shared.
-Chunks of BLOCK_NNZ nonzeros start at multiples of BLOCK_NNZ on padded arrays (unmasked, vector
-loads), exactly as in csr_rowsplit.
+Each row's slice is walked in masked chunks of BLOCK_NNZ nonzeros into a 2-D [BLOCK_NNZ, BLOCK_N]
+fp32 accumulator reduced once per row (a reduction per chunk would cross warps every step). The
+launch (grid, constexprs, the partials buffer) is planned once per (N, B/C layout) and cached in
+packed["scratch"]; later calls launch Triton's compiled kernel directly.
 """
 META = {
     "name": "csr_balanced",

@@ -39,7 +39,11 @@ residual CSR, which split 0 of each row tile adds with a short gather loop, so r
 exact for any matrix. Split-K (SPLIT_K) fills 132 SMs when M/BLOCK_M is small: partial tiles go
 to an fp32 workspace and the last split of a tile (acq_rel atomic counter) reduces them in a fixed
 order in the same launch. Counters make concurrent launches of one prepared matrix on several
-streams unsafe when SPLIT_K > 1.
+streams unsafe when SPLIT_K > 1. BLOCK_M="auto" is 64 for N <= 64 and 128 above (rows are padded
+to 128 so one prepared matrix serves both); the pipeline depth (and an "auto" BLOCK_N) is lowered
+until the shared-memory estimate fits the device (smem_estimate: at N = 2048, 3 stages of
+128-column B tiles would need 233472 B > 227 KiB). The launch is planned once per (N, B/C
+layout) and cached in packed["scratch"]; later calls launch Triton's compiled kernel directly.
 """
 META = {
     "name": "nm_compressed",
