@@ -5,6 +5,7 @@ GPU time is scarce, so one invocation measures everything worth comparing and le
     python3 benchmarks/tune.py --out t.json --only u90 u99 --budget 120
     python3 benchmarks/tune.py --list                               # what would run (no GPU)
     python3 benchmarks/tune.py --smoke                              # tiny shapes, Triton interpreter
+    python3 benchmarks/tune.py --host-cost --out h.json             # Python cost per call, launch stubbed
 
 Per (case, N) the script times dense cuBLAS (torch.matmul on the densified A), then each variant
 (template + params) the same way the harness's bench does: `prepare` timed on its own, one checked
@@ -464,6 +465,60 @@ def harness_checks(cfg: dict, deadline: float) -> list[dict]:
     return out
 
 
+# ---- host cost with the launch stubbed (CPU, no GPU needed) -------------------------------------
+
+class _StubKernel:
+    """Stands in for a Triton kernel (JIT or compiled): indexing by grid gives a no-op launcher."""
+
+    def __init__(self, arg_names=()):
+        self.arg_names = list(arg_names)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+def host_cost(old_dir: Path | None, calls: int = 2000) -> list[dict]:
+    """Python work per spmm call with every kernel launch stubbed (CPU tensors, N = 16): what a
+    caller pays on top of the launch itself. With --old, the earlier files are measured too."""
+    import torch
+
+    from sparseditto import generate
+
+    cache = Path(os.environ.get("TMPDIR", "/tmp")) / "sparseditto_tune"
+    cache.mkdir(parents=True, exist_ok=True)
+    mats = {"csr_rowsplit": generate.unstructured(1024, 1024, 0.9, seed=1),
+            "csr_balanced": generate.unstructured(1024, 1024, 0.9, seed=1),
+            "compact_rows_cols": generate.row_pruned(1024, 1024, 0.5, seed=4),
+            "bsr_tc": generate.block_sparse(1024, 1024, block=(32, 32), block_density=0.1, occupancy=1.0, seed=2),
+            "nm_compressed": generate.nm_sparse(1024, 1024, n=2, m_group=4, seed=3),
+            "bitmap_tiles": generate.unstructured(1024, 1024, 0.7, seed=1)}
+    rows = []
+    for name, A in mats.items():
+        B = torch.randn(A.shape[1], 16, dtype=torch.float16)
+        out = torch.empty(A.shape[0], 16, dtype=torch.float16)
+        row = {"template": name}
+        for tag in ("new", "old"):
+            if tag == "old" and old_dir is None:
+                continue
+            source, digest = candidate_source(name + ("@old" if tag == "old" else ""), {}, old_dir)
+            module = load_module(source, digest, cache)
+            for attr in [a for a in list(vars(module)) if a.startswith("_") and a.endswith("_kernel")]:
+                setattr(module, attr, _StubKernel(getattr(getattr(module, attr), "arg_names", ())))
+            packed = module.prepare(A, torch.float16, "cpu")
+            module.spmm(packed, B, out)
+            for plan in (packed.get("scratch") or {}).values():   # what a GPU run keeps after call 1
+                for p in (plan if isinstance(plan, list) else [plan]):
+                    if isinstance(p, dict) and "compiled" in p:
+                        p["compiled"] = _StubKernel()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                module.spmm(packed, B, out)
+            row[f"{tag}_us"] = (time.perf_counter() - t0) / calls * 1e6
+        rows.append(row)
+        print("host cost (launch stubbed):", json.dumps(row), flush=True)
+    return rows
+
+
 # ---- main ---------------------------------------------------------------------------------------
 
 def _alive(pid: int) -> bool:
@@ -498,6 +553,8 @@ def main(argv=None) -> int:
                     help="before timing, wait for this process (e.g. GPU tests run during compilation)")
     ap.add_argument("--wait-max", type=float, default=60.0, help="longest wait for --wait-pid, seconds")
     ap.add_argument("--list", action="store_true", help="print the variants and exit")
+    ap.add_argument("--host-cost", action="store_true",
+                    help="CPU only: Python work per spmm call with the launches stubbed, then exit")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in the Triton interpreter (no timings)")
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -525,6 +582,10 @@ def main(argv=None) -> int:
     if args.list:
         for i, v in enumerate(V):
             print(i, *v)
+        return 0
+    if args.host_cost:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        Path(args.out).write_text(json.dumps({"host_cost": host_cost(old)}, indent=1))
         return 0
 
     import torch
