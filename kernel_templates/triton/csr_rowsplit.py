@@ -164,50 +164,7 @@ def _csr_rowsplit_kernel(
              tile.to(out_ptr.dtype.element_ty), mask=slot_ok[:, None] & n_mask[None, :])
 
 
-def _check_params() -> None:
-    for name, legal in META["params"].items():
-        if PARAMS.get(name) not in legal:
-            raise ValueError(f"csr_rowsplit parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
-
-
-def choose_layout(lengths: np.ndarray, index_bytes: int, value_bytes: int) -> str:
-    """LAYOUT="auto": "padded" (rows at a fixed stride, no row pointer on the critical path) when
-    padding every row to the longest adds <= 15% bytes of A or less than 1 MiB; else "csr"."""
-    if lengths.size == 0:
-        return "csr"
-    nnz = int(lengths.sum())
-    extra = (lengths.size * int(lengths.max()) - nnz) * (index_bytes + value_bytes)
-    csr_bytes = nnz * (index_bytes + value_bytes) + (lengths.size + 1) * 4
-    return "padded" if extra <= max(_PAD_MAX_EXTRA * csr_bytes, _PAD_FREE_BYTES) else "csr"
-
-
-def _padded(csr: CSR, lengths: np.ndarray, width: int):
-    """Row r's nonzeros at [r*width, r*width + len_r); padding entries are column 0, value 0."""
-    M = lengths.size
-    rows = np.repeat(np.arange(M, dtype=np.int64), lengths)
-    pos = np.arange(csr.nnz, dtype=np.int64) - csr.indptr[:-1].astype(np.int64)[rows]
-    dest = rows * width + pos
-    indices = np.zeros(max(M * width, 1), dtype=csr.indices.dtype)
-    values = np.zeros(max(M * width, 1), dtype=csr.values.dtype)
-    indices[dest] = csr.indices
-    values[dest] = csr.values
-    return indices, values
-
+# ---- entry points (helpers below) ----------------------------------------------------------------
 
 def prepare(A, dtype, device) -> dict:
     """CSR (int32 or int16 column ids) on `device`, optionally padded to a fixed row stride; the
@@ -258,6 +215,73 @@ def prepare(A, dtype, device) -> dict:
         "max_row_nnz": max_row,
         "scratch": {},
     }
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = B.shape[1]
+    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    if N == 0 or M == 0:
+        return
+    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+           B.data_ptr() % 16, out.data_ptr() % 16)
+    plan = packed["scratch"].get(key)
+    if plan is None:
+        _check_params()
+        plan = _plan(packed, B, out)
+        packed["scratch"][key] = plan
+    _launch(plan, B, out)
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+
+def _check_params() -> None:
+    for name, legal in META["params"].items():
+        if PARAMS.get(name) not in legal:
+            raise ValueError(f"csr_rowsplit parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
+
+
+def _torch_dtype(dtype):
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    if dtype not in named:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return named[dtype]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def choose_layout(lengths: np.ndarray, index_bytes: int, value_bytes: int) -> str:
+    """LAYOUT="auto": "padded" (rows at a fixed stride, no row pointer on the critical path) when
+    padding every row to the longest adds <= 15% bytes of A or less than 1 MiB; else "csr"."""
+    if lengths.size == 0:
+        return "csr"
+    nnz = int(lengths.sum())
+    extra = (lengths.size * int(lengths.max()) - nnz) * (index_bytes + value_bytes)
+    csr_bytes = nnz * (index_bytes + value_bytes) + (lengths.size + 1) * 4
+    return "padded" if extra <= max(_PAD_MAX_EXTRA * csr_bytes, _PAD_FREE_BYTES) else "csr"
+
+
+def _padded(csr: CSR, lengths: np.ndarray, width: int):
+    """Row r's nonzeros at [r*width, r*width + len_r); padding entries are column 0, value 0."""
+    M = lengths.size
+    rows = np.repeat(np.arange(M, dtype=np.int64), lengths)
+    pos = np.arange(csr.nnz, dtype=np.int64) - csr.indptr[:-1].astype(np.int64)[rows]
+    dest = rows * width + pos
+    indices = np.zeros(max(M * width, 1), dtype=csr.indices.dtype)
+    values = np.zeros(max(M * width, 1), dtype=csr.values.dtype)
+    indices[dest] = csr.indices
+    values[dest] = csr.values
+    return indices, values
 
 
 def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
@@ -332,23 +356,3 @@ def _launch(plan: dict, B, out) -> None:
     result = plan["kernel"][plan["grid"]](*args, **plan["options"])
     if B.is_cuda and result is not None:
         plan["compiled"] = result
-
-
-def spmm(packed: dict, B, out) -> None:
-    """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if N == 0 or M == 0:
-        return
-    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plan = packed["scratch"].get(key)
-    if plan is None:
-        _check_params()
-        plan = _plan(packed, B, out)
-        packed["scratch"][key] = plan
-    _launch(plan, B, out)
