@@ -10,7 +10,6 @@ every program in Python).
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 import numpy as np
 import pytest
@@ -24,34 +23,8 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_index_fix():
-    """Triton 3.6's interpreter cannot take loop bounds from loaded values under NumPy >= 2.4
-    (triton-lang/triton#9171); the harness's interpreter worker installs the upstream fix, and so
-    do these in-process runs."""
-    if DEVICE == "cpu":
-        from sparseditto.harness.interpreter_compat import patch_triton_interpreter
-
-        patch_triton_interpreter()
-    yield
-
-
-_LOADED: dict[str, object] = {}
-
-
-def load_candidate(name: str, params: dict, tmp_path_factory):
-    """Instantiate, write and import a template instance (cached per source hash)."""
-    cand = get_template(name).instantiate(params)
-    if cand.source_hash not in _LOADED:
-        path = tmp_path_factory.mktemp("cand") / f"cand_{cand.source_hash[:16]}.py"
-        path.write_text(cand.source)
-        modname = f"sparseditto_test_cand_{cand.source_hash[:16]}"
-        spec = importlib.util.spec_from_file_location(modname, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = module
-        spec.loader.exec_module(module)
-        _LOADED[cand.source_hash] = module
-    return _LOADED[cand.source_hash]
+# the NumPy >= 2.4 interpreter fix is applied by tests/conftest.py for in-process runs
+from template_instances import load_candidate  # noqa: E402
 
 
 def random_matrix(m, k, density, seed, empty_rows=(), empty_cols=()) -> SparseMatrix:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import sys
 
 import numpy as np
 import pytest
@@ -27,33 +26,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _interpreter_index_fix():
-    """Loop bounds loaded from memory need the NumPy >= 2.4 interpreter fix (see
-    sparseditto.harness.interpreter_compat); the harness worker installs it, so do these runs."""
-    if DEVICE == "cpu":
-        from sparseditto.harness.interpreter_compat import patch_triton_interpreter
-
-        patch_triton_interpreter()
-    yield
-
-
-_LOADED: dict[str, object] = {}
-
-
-def load_candidate(name: str, params: dict, tmp_path_factory):
-    """Instantiate (registry rewrites PARAMS), write and import a template instance, cached."""
-    cand = get_template(name).instantiate(params)
-    if cand.source_hash not in _LOADED:
-        path = tmp_path_factory.mktemp("tc") / f"cand_{cand.source_hash[:16]}.py"
-        path.write_text(cand.source)
-        modname = f"sparseditto_tc_cand_{cand.source_hash[:16]}"
-        spec = importlib.util.spec_from_file_location(modname, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[modname] = module
-        spec.loader.exec_module(module)
-        _LOADED[cand.source_hash] = module
-    return _LOADED[cand.source_hash]
+# the NumPy >= 2.4 interpreter fix is applied by tests/conftest.py for in-process runs
+from template_instances import load_candidate  # noqa: E402
 
 
 # ---- matrices -----------------------------------------------------------------------------------
