@@ -19,18 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from sparseditto.matrix import SparseMatrix
+from sparseditto.paths import cache_dir
 
 KEY_PREFIX = "matrix-"
-
-
-def cache_dir() -> Path:
-    """The directory SparseDitto caches into (artifacts, default memory and checkpoints)."""
-    env = os.environ.get("SPARSEDITTO_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "sparseditto"
 
 
 def matrix_key(matrix: SparseMatrix) -> str:

@@ -64,12 +64,13 @@ _CANDIDATE_UPDATABLE = ("status", "failure_class", "message", "timings", "metric
 
 # ---- small pure helpers ------------------------------------------------------------------------
 def default_memory_path() -> Path:
-    """``$SPARSEDITTO_MEMORY``, else ``<XDG_CACHE_HOME or ~/.cache>/sparseditto/memory.sqlite``."""
+    """``$SPARSEDITTO_MEMORY``, else ``memory.sqlite`` in the cache directory (`sparseditto.paths`)."""
+    from sparseditto.paths import cache_dir
+
     env = os.environ.get("SPARSEDITTO_MEMORY")
     if env:
         return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "sparseditto" / "memory.sqlite"
+    return cache_dir() / "memory.sqlite"
 
 
 def n_bucket(n: int | Iterable[int]) -> str:

@@ -20,13 +20,10 @@ _COUNTER = itertools.count()
 
 
 def default_cache_dir() -> Path:
-    """``$SPARSEDITTO_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparseditto``, else ``~/.cache/sparseditto``."""
-    env = os.environ.get("SPARSEDITTO_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "sparseditto"
+    """The project's cache directory (`sparseditto.paths.cache_dir`)."""
+    from sparseditto.paths import cache_dir
+
+    return cache_dir()
 
 
 def source_hash(source: str) -> str:
