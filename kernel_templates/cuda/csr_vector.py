@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from sparseditto.formats import CSR
+from sparseditto.kernel_templates import runtime as rt
 
 try:  # CuPy needs a GPU and a CUDA runtime; prepare() and the launch planning work without it.
     import cupy as cp
@@ -59,21 +60,6 @@ _DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16
 _NNZ_LAYOUT_MAX_N = 16
 _MAX_TILE_BYTES = 32    # a lane's strip of a B row in the "nnz" layout: two 16-byte vectors
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 
 
 def _element_size(dtype) -> int:
@@ -111,7 +97,7 @@ def _compile(dtype, group: int, device) -> dict:
 
 def prepare(A, dtype, device) -> dict:
     """int32 CSR on `device` (values in `dtype`), the lane-group size, and (on a GPU) the kernels."""
-    dtype = _torch_dtype(dtype)
+    dtype = rt.torch_dtype(dtype)
     if dtype not in _DTYPE_TAGS:
         raise ValueError(f"csr_vector supports float32, float16 and bfloat16 values, got {dtype}.")
     device = torch.device(device)
@@ -120,7 +106,7 @@ def prepare(A, dtype, device) -> dict:
     mean_row = float(csr.nnz) / max(1, A.shape[0])
     group = PARAMS["GROUP"]
     if group == "auto":
-        group = max(2, min(32, _next_pow2(int(np.ceil(mean_row)))))
+        group = max(2, min(32, rt.next_pow2(int(np.ceil(mean_row)))))
     kernels = _compile(dtype, int(group), device) if device.type == "cuda" else {}
     return {**tensors, "shape": tuple(A.shape), "nnz": csr.nnz, "group": int(group), "kernels": kernels,
             "scratch": {}}
@@ -128,7 +114,7 @@ def prepare(A, dtype, device) -> dict:
 
 def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     """Kernel name expression, grid, block and the vector-load flag for one call (pure Python)."""
-    dtype = _torch_dtype(dtype)
+    dtype = rt.torch_dtype(dtype)
     tag = _DTYPE_TAGS[dtype]
     esize = _element_size(dtype)
     M = packed["shape"][0]
@@ -139,14 +125,14 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     if layout == "nnz":
         group = int(packed["group"])
         tile = PARAMS["TILE_N"]
-        tile = min(_next_pow2(N), _MAX_TILE_BYTES // esize) if tile == "auto" else int(tile)
+        tile = min(rt.next_pow2(N), _MAX_TILE_BYTES // esize) if tile == "auto" else int(tile)
         rows_per_block = warps * 32 // group
         grid = (-(-M // rows_per_block), -(-N // tile), 1)
         vec = tile
         name = f"csr_vector_nnz<{tag}, {group}, {tile}>"
     else:
         vec = PARAMS["VEC"]
-        vec = _next_pow2(-(-N // 32)) if vec == "auto" else int(vec)
+        vec = rt.next_pow2(-(-N // 32)) if vec == "auto" else int(vec)
         vec = max(1, min(vec, 16 // esize))
         grid = (-(-M // warps), -(-N // (32 * vec)), 1)
         name = f"csr_vector_cols<{tag}, {vec}>"
@@ -159,12 +145,8 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
 
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B (B [K, N] on the GPU, any strides), fp32 accumulation, out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    M = packed["shape"][0]
+    N = rt.check_operands(packed, B, out)
     if B.dtype != packed["values"].dtype or out.dtype != B.dtype:
         raise ValueError(f"Expected B and out in the prepared dtype {packed['values'].dtype}, "
                          f"got B {B.dtype} and out {out.dtype}.")

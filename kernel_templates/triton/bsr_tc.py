@@ -71,11 +71,11 @@ import triton
 import triton.language as tl
 
 from sparseditto.formats import BSR
+from sparseditto.kernel_templates import runtime as rt
 
 _BLOCK_SIZES = (16, 32, 64, 128)
 _MIN_DOT = 16
 _AUTO_FILL_SLACK = 1.15   # "auto" block shape: largest block storing <= 15% more than the best
-_DEFAULT_SMS = 132        # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
 _GROUP_TARGET_K = 64      # "auto" GROUP: put >= 64 columns of blocks into each dot ...
 _GROUP_MAX_PAD = 0.125    # ... unless padding block rows to whole groups adds > 12.5% blocks
 _STAGE_SMEM_BUDGET = 96 * 1024  # shared memory the "auto" pipeline depth may spend on A/B buffers
@@ -183,23 +183,6 @@ def _bsr_tc_kernel(
 
 # ---- host side ----------------------------------------------------------------------------------
 
-def _check_params() -> None:
-    for name, legal in META["params"].items():
-        if PARAMS.get(name) not in legal:
-            raise ValueError(f"bsr_tc parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
 def _occupancy16(A) -> np.ndarray:
     """Boolean [ceil(M/16), ceil(K/16)] grid: which 16x16 tiles hold a stored entry."""
     M, K = A.shape
@@ -278,8 +261,8 @@ def _group_blocks(bsr, group: int):
 def prepare(A, dtype, device) -> dict:
     """BSR at the chosen block shape, grouped for the kernel and stored in launch order (block rows
     longest first with ORDER="length"), plus each launch slot's block row."""
-    _check_params()
-    dtype = _torch_dtype(dtype)
+    rt.check_params(META, PARAMS)
+    dtype = rt.torch_dtype(dtype)
     bm, bk = _resolve_block_shape(A)
     bsr = BSR.from_matrix(A, block_shape=(bm, bk))
     lengths = np.diff(bsr.indptr.astype(np.int64))
@@ -311,13 +294,7 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return _DEFAULT_SMS
-
-
-def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     """Tile, split, warps and pipeline depth for N (the "auto" rules); pure Python."""
     bm, bk = packed["block_shape"]
     block_n = PARAMS["BLOCK_N"]
@@ -356,19 +333,12 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
             "num_warps": int(warps), "num_stages": int(stages)}
 
 
-def _make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
-    """A launch plan: the kernel's arguments in signature order (B and C left as None)."""
-    names = list(kernel.arg_names)
-    return {"kernel": kernel, "grid": grid, "args": [named[n] for n in names], "b_at": names.index("b_ptr"),
-            "out_at": names.index("out_ptr"), "options": options, "compiled": None, **extra}
-
-
 def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, split-K workspace and argument list for one (N, B/C layout)."""
     M, K = packed["shape"]
     N = int(B.shape[1])
     bm, bk = packed["block_shape"]
-    cfg = launch_config(packed, N, _sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device))
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:
         ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=B.device)
@@ -384,47 +354,11 @@ def _plan(packed: dict, B, out) -> dict:
         EVEN_K=(K % bk == 0), EVEN_N=(N % block_n == 0), NUM_STAGES=cfg["num_stages"],
         UPCAST=(B.dtype == torch.bfloat16 and B.device.type != "cuda"),
         IN_PREC="ieee" if (B.dtype == torch.float32 and PARAMS["FP32_DOT"] == "ieee") else "tf32")
-    return _make_plan(_bsr_tc_kernel, named, (tiles, split, 1),
-                      {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
-                      config=cfg, ws=ws, cnt=cnt)
-
-
-def _launch(plan: dict, B, out) -> None:
-    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
-    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
-    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
-    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
-    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
-    args = list(plan["args"])
-    args[plan["b_at"]] = B
-    args[plan["out_at"]] = out
-    compiled = plan["compiled"]
-    if compiled is not None:
-        compiled[plan["grid"]](*args)
-        return
-    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
-    if B.is_cuda and result is not None:
-        plan["compiled"] = result
+    return rt.make_plan(_bsr_tc_kernel, named, (tiles, split, 1),
+                        {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+                        config=cfg, ws=ws, cnt=cnt)
 
 
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B for B [K, N] (any strides); fp32 accumulation; out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if out.dtype != B.dtype:
-        raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
-    if N == 0:
-        return
-    key = (N, B.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plan = packed["scratch"].get(key)
-    if plan is None:
-        _check_params()
-        plan = _plan(packed, B, out)
-        packed["scratch"][key] = plan
-    _launch(plan, B, out)
+    rt.run_plans(packed, B, out, _plan, META, PARAMS, same_dtype=True)

@@ -59,7 +59,8 @@ import torch
 import triton
 import triton.language as tl
 
-_DEFAULT_SMS = 132               # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+from sparseditto.kernel_templates import runtime as rt
+
 _STAGE_SMEM_BUDGET = 160 * 1024  # shared memory the "auto" pipeline depth may spend on A/B buffers
 
 
@@ -137,33 +138,12 @@ def _compact_kernel(
                      zeros, mask=m_mask[:, None] & n_mask[None, :])
 
 
-def _check_params() -> None:
-    for name, legal in META["params"].items():
-        if PARAMS.get(name) not in legal:
-            raise ValueError(f"compact_rows_cols parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
-
-
 def block_sizes(N: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K) with the "auto" rules: small N streams A in long K steps
     (BLOCK_K 128); large N is a GEMM with 128 x 128 tiles."""
     block_n = PARAMS["BLOCK_N"]
     if block_n == "auto":
-        block_n = max(16, min(_next_pow2(N), 128))  # tl.dot needs tiles of at least 16
+        block_n = max(16, min(rt.next_pow2(N), 128))  # tl.dot needs tiles of at least 16
     block_m = PARAMS["BLOCK_M"]
     if block_m == "auto":
         block_m = 64 if N <= 64 else 128
@@ -196,8 +176,8 @@ def _compact(A):
 def prepare(A, dtype, device) -> dict:
     """Kept rows/cols, the dense block padded to whole BLOCK_M x 256-column tiles (any legal
     BLOCK_K divides 256, so one prepared matrix serves every N), the dropped rows."""
-    _check_params()
-    dtype = _torch_dtype(dtype)
+    rt.check_params(META, PARAMS)
+    dtype = rt.torch_dtype(dtype)
     M, K = A.shape
     rows, cols, block = _compact(A)
     kept_m, kept_k = block.shape
@@ -232,13 +212,7 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return _DEFAULT_SMS
-
-
-def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     """Tiles, split, warps and stages for N ("auto" rules); pure Python."""
     bm, bn, bk = block_sizes(N)
     kept_tiles = -(-packed["kept_m"] // bm)
@@ -268,7 +242,7 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
 def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, workspace and argument list for one (N, B/C layout)."""
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, _sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device))
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT"]
     if packed["kept_m"] and (packed["dense"].shape[0] % bm or packed["dense"].shape[1] % bk):
         raise ValueError(f"compact_rows_cols: BLOCK_M={bm}/BLOCK_K={bk} do not divide the prepared block "
@@ -299,40 +273,6 @@ def _plan(packed: dict, B, out) -> dict:
             "config": cfg, "ws": ws, "cnt": cnt}
 
 
-def _launch(plan: dict, B, out) -> None:
-    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
-    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
-    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
-    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
-    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
-    args = list(plan["args"])
-    args[plan["b_at"]] = B
-    args[plan["out_at"]] = out
-    compiled = plan["compiled"]
-    if compiled is not None:
-        compiled[plan["grid"]](*args)
-        return
-    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
-    if B.is_cuda and result is not None:
-        plan["compiled"] = result
-
-
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if N == 0 or M == 0:
-        return
-    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plan = packed["scratch"].get(key)
-    if plan is None:
-        _check_params()
-        plan = _plan(packed, B, out)
-        packed["scratch"][key] = plan
-    _launch(plan, B, out)
+    rt.run_plans(packed, B, out, _plan, META, PARAMS)

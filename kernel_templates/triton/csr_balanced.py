@@ -58,6 +58,7 @@ import triton
 import triton.language as tl
 
 from sparseditto.formats import CSR
+from sparseditto.kernel_templates import runtime as rt
 
 _PAD_TO = 128
 _INT16_COLUMN_LIMIT = 32768
@@ -150,21 +151,6 @@ def _csr_balanced_fixup_kernel(
              acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
-
-
 def _pad(t, length: int):
     if t.shape[0] == length:
         return t
@@ -176,7 +162,7 @@ def _nnz_per_program(nnz: int) -> int:
     chosen = PARAMS["NNZ_PER_PROGRAM"]
     if chosen != "auto":
         return int(chosen)
-    return int(min(4096, max(128, _next_pow2(-(-nnz // 2048)))))
+    return int(min(4096, max(128, rt.next_pow2(-(-nnz // 2048)))))
 
 
 def split_by_nonzeros(indptr: np.ndarray, nnz_per_program: int) -> dict:
@@ -224,7 +210,7 @@ def split_by_nonzeros(indptr: np.ndarray, nnz_per_program: int) -> dict:
 
 def prepare(A, dtype, device) -> dict:
     """CSR on `device` (padded for aligned chunk loads) plus the nonzero split and fix-up lists."""
-    dtype = _torch_dtype(dtype)
+    dtype = rt.torch_dtype(dtype)
     M, K = A.shape
     bits = PARAMS["INDEX_BITS"]
     if bits == "auto":
@@ -266,20 +252,13 @@ def launch_config(packed: dict, N: int) -> dict:
     """BLOCK_N, BLOCK_NNZ and warps for N ("auto" rules); pure Python."""
     block_n = PARAMS["BLOCK_N"]
     if block_n == "auto":
-        block_n = min(_next_pow2(N), 128)
+        block_n = min(rt.next_pow2(N), 128)
     block_nnz = int(PARAMS["BLOCK_NNZ"])
     warps = PARAMS["num_warps"]
     if warps == "auto":
         warps = max(1, min(8, (block_n * block_nnz) // 512))
     return {"BLOCK_N": int(block_n), "BLOCK_NNZ": block_nnz, "num_warps": int(warps),
             "n_tiles": -(-N // int(block_n))}
-
-
-def _make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
-    """A launch plan: the kernel's arguments in signature order (B and C left as None)."""
-    names = list(kernel.arg_names)
-    return {"kernel": kernel, "grid": grid, "args": [named[n] for n in names], "b_at": names.index("b_ptr"),
-            "out_at": names.index("out_ptr"), "options": options, "compiled": None, **extra}
 
 
 def _plan(packed: dict, B, out) -> list:
@@ -299,56 +278,19 @@ def _plan(packed: dict, B, out) -> list:
         nnz=packed["nnz"], N=N, nnz_per_program=packed["nnz_per_program"], n_tiles=n_tiles,
         stride_bk=B.stride(0), stride_bn=B.stride(1), stride_om=out.stride(0), stride_on=out.stride(1),
         BLOCK_N=block_n, BLOCK_NNZ=cfg["BLOCK_NNZ"], INLINE_FIXUP=bool(inline and n_shared))
-    plans = [_make_plan(_csr_balanced_kernel, named, (programs, n_tiles, 1),
-                        {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
-                        partials=partials)]
+    plans = [rt.make_plan(_csr_balanced_kernel, named, (programs, n_tiles, 1),
+                          {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
+                          partials=partials)]
     if n_shared and not inline:
         fix = dict(shared_rows_ptr=packed["shared_rows"], first_prog_ptr=packed["shared_first"],
                    last_prog_ptr=packed["shared_last"], row_lo_ptr=packed["row_lo"], part_ptr=partials,
-                   out_ptr=None, b_ptr=None, N=N, stride_om=out.stride(0), stride_on=out.stride(1),
-                   BLOCK_N=block_n)
-        names = list(_csr_balanced_fixup_kernel.arg_names)
-        plans.append({"kernel": _csr_balanced_fixup_kernel, "grid": (n_shared, n_tiles, 1),
-                      "args": [fix[n] for n in names], "b_at": None, "out_at": names.index("out_ptr"),
-                      "options": {"num_warps": max(1, min(4, block_n // 32))}, "compiled": None})
+                   out_ptr=None, N=N, stride_om=out.stride(0), stride_on=out.stride(1), BLOCK_N=block_n)
+        # the fix-up kernel reads no B: its plan has b_at None
+        plans.append(rt.make_plan(_csr_balanced_fixup_kernel, fix, (n_shared, n_tiles, 1),
+                                  {"num_warps": max(1, min(4, block_n // 32))}))
     return plans
-
-
-def _launch(plan: dict, B, out) -> None:
-    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
-    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
-    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
-    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
-    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
-    args = list(plan["args"])
-    if plan["b_at"] is not None:
-        args[plan["b_at"]] = B
-    args[plan["out_at"]] = out
-    compiled = plan["compiled"]
-    if compiled is not None:
-        compiled[plan["grid"]](*args)
-        return
-    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
-    if B.is_cuda and result is not None:
-        plan["compiled"] = result
 
 
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if N == 0:
-        return
-    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plans = packed["scratch"].get(key)
-    if plans is None:
-        plans = _plan(packed, B, out)
-        packed["scratch"][key] = plans
-    for plan in plans:
-        _launch(plan, B, out)
+    rt.run_plans(packed, B, out, _plan, META, PARAMS)

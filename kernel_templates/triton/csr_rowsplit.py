@@ -23,7 +23,7 @@ Choices that matter on H100/H200-class GPUs:
     slot i computes row order[i] and stores it to row order[i] of C.
   * Index math in int32 unless an offset can pass 2^31 (then int64), decided once per shape.
   * Launch cost: everything that depends only on (A, N, the layout of B and C) is resolved once and
-    cached in packed["scratch"]; later calls launch Triton's compiled kernel directly (see _launch).
+    cached in packed["scratch"]; later calls launch Triton's compiled kernel directly (see runtime.launch).
 Wins for regular (not power-law) rows; for skewed rows csr_balanced splits by nonzeros instead.
 """
 META = {
@@ -61,13 +61,13 @@ import triton
 import triton.language as tl
 
 from sparseditto.formats import CSR
+from sparseditto.kernel_templates import runtime as rt
 from sparseditto.reorder import row_permutation
 
 _INT16_COLUMN_LIMIT = 32768
 _INT32_LIMIT = 2**31 - 1
 _PAD_MAX_EXTRA = 0.15          # LAYOUT="auto": pad rows when it adds <= 15% bytes of A ...
 _PAD_FREE_BYTES = 1 << 20      # ... or less than 1 MiB (latency-bound sizes: bytes are free)
-_DEFAULT_SMS = 132             # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
 # "auto" tile rules, from H200 measurements (benchmarks/tune.py, docs/kernels.md): a looped
 # program step gathers ~1K B elements at N <= 32 and ~2K at N >= 64; a row that fits one chunk
 # of up to 4K elements is done in one straight-line step. Accumulator elements per thread: 64
@@ -169,8 +169,8 @@ def _csr_rowsplit_kernel(
 def prepare(A, dtype, device) -> dict:
     """CSR (int32 or int16 column ids) on `device`, optionally padded to a fixed row stride; the
     row order; an empty plan cache under "scratch"."""
-    _check_params()
-    dtype = _torch_dtype(dtype)
+    rt.check_params(META, PARAMS)
+    dtype = rt.torch_dtype(dtype)
     M, K = A.shape
     bits = PARAMS["INDEX_BITS"]
     if bits == "auto":
@@ -219,46 +219,10 @@ def prepare(A, dtype, device) -> dict:
 
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B with B [K, N] (any strides), fp32 accumulation, out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if N == 0 or M == 0:
-        return
-    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plan = packed["scratch"].get(key)
-    if plan is None:
-        _check_params()
-        plan = _plan(packed, B, out)
-        packed["scratch"][key] = plan
-    _launch(plan, B, out)
+    rt.run_plans(packed, B, out, _plan, META, PARAMS)
 
 
 # ---- helpers --------------------------------------------------------------------------------------
-
-def _check_params() -> None:
-    for name, legal in META["params"].items():
-        if PARAMS.get(name) not in legal:
-            raise ValueError(f"csr_rowsplit parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
-
 
 def choose_layout(lengths: np.ndarray, index_bytes: int, value_bytes: int) -> str:
     """LAYOUT="auto": "padded" (rows at a fixed stride, no row pointer on the critical path) when
@@ -284,13 +248,13 @@ def _padded(csr: CSR, lengths: np.ndarray, width: int):
     return indices, values
 
 
-def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     """Tile sizes and warps for N (the "auto" rules above); pure Python, no device needed."""
     rows = int(PARAMS["ROWS_PER_PROGRAM"])
     M = packed["shape"][0]
     block_n = PARAMS["BLOCK_N"]
     if block_n == "auto":
-        block_n = min(_next_pow2(N), 128)
+        block_n = min(rt.next_pow2(N), 128)
         if block_n > 16 and -(-M // rows) * -(-N // block_n) < _MIN_PROGRAMS_PER_SM * sms:
             block_n //= 2   # few rows (e.g. 512): more N tiles keep the SMs busy
     block_n = int(block_n)
@@ -300,7 +264,7 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
     if block_nnz == "auto":
         one_chunk = min(128, _ONE_CHUNK_ELEMS // (block_n * rows))
         if span <= one_chunk:
-            block_nnz = max(8, _next_pow2(max(span, 1)))
+            block_nnz = max(8, rt.next_pow2(max(span, 1)))
         else:
             step = _STEP_ELEMS_LARGE_N if large_n else _STEP_ELEMS_SMALL_N
             block_nnz = max(8, min(128, step // (block_n * rows)))
@@ -314,17 +278,11 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
     return {"ROWS": rows, "BLOCK_N": block_n, "BLOCK_NNZ": block_nnz, "num_warps": int(warps), "ONE_CHUNK": one}
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return _DEFAULT_SMS
-
-
 def _plan(packed: dict, B, out) -> dict:
     """Everything one launch needs for this (A, N, B/C layout): grid, constexprs, argument list."""
     M, K = packed["shape"]
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, _sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device))
     reach = max(K * abs(B.stride(0)) + N * abs(B.stride(1)), M * abs(out.stride(0)) + N * abs(out.stride(1)),
                 M * max(packed["width"], 1), packed["nnz"])
     consts = dict(ROWS=cfg["ROWS"], BLOCK_N=cfg["BLOCK_N"], BLOCK_NNZ=cfg["BLOCK_NNZ"],
@@ -337,22 +295,3 @@ def _plan(packed: dict, B, out) -> dict:
     return {"kernel": _csr_rowsplit_kernel, "grid": grid, "args": args, "b_at": 5, "out_at": 6,
             "options": {"num_warps": cfg["num_warps"], "num_stages": int(PARAMS["num_stages"])},
             "compiled": None, "config": cfg}
-
-
-def _launch(plan: dict, B, out) -> None:
-    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
-    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
-    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
-    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
-    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
-    args = list(plan["args"])
-    args[plan["b_at"]] = B
-    args[plan["out_at"]] = out
-    compiled = plan["compiled"]
-    if compiled is not None:
-        compiled[plan["grid"]](*args)
-        return
-    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
-    if B.is_cuda and result is not None:
-        plan["compiled"] = result

@@ -89,8 +89,8 @@ import triton
 import triton.language as tl
 
 from sparseditto.formats import NMCompressed
+from sparseditto.kernel_templates import runtime as rt
 
-_DEFAULT_SMS = 132          # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
 _MAX_PLANE_SLOTS = 4        # "planes" keeps each slot in its own register tile: n <= 4
 _AUTO_NM = ((1, 4), (2, 8), (1, 2), (2, 4), (4, 8))
 _AUTO_PAD_M = 128           # BLOCK_M="auto": rows padded for the largest launch-time choice
@@ -342,23 +342,6 @@ def _nm_kernel(
 
 # ---- host side ----------------------------------------------------------------------------------
 
-def _check_params() -> None:
-    for name, legal in META["params"].items():
-        if PARAMS.get(name) not in legal:
-            raise ValueError(f"nm_compressed parameter {name}={PARAMS.get(name)!r} is not one of {legal}.")
-
-
-def _torch_dtype(dtype):
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    named = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-    if dtype not in named:
-        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
-    return named[dtype]
-
-
 def choose_nm(A) -> tuple[int, int]:
     """NM="auto": the n:m (of 1:4, 2:8, 1:2, 2:4, 4:8) with the fewest bytes, counting each entry
     that spills to the residual CSR at 6 bytes (fp16 value + int32 column)."""
@@ -490,8 +473,8 @@ def _pack(nm: dict, block_m: int, h: int, lay: dict, expand: str):
 
 def prepare(A, dtype, device) -> dict:
     """n:m kept values, positions and residual CSR, repacked slot-planar for the kernel."""
-    _check_params()
-    dtype = _torch_dtype(dtype)
+    rt.check_params(META, PARAMS)
+    dtype = rt.torch_dtype(dtype)
     if PARAMS["NM"] == "auto":
         n, m = choose_nm(A)
     else:
@@ -517,12 +500,6 @@ def prepare(A, dtype, device) -> dict:
     return packed
 
 
-def _sm_count(device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    return _DEFAULT_SMS
-
-
 _SMEM_LIMIT = 227 * 1024        # H100/H200 shared memory per block
 _SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
 
@@ -540,7 +517,7 @@ def smem_estimate(packed: dict, block_m: int, block_n: int, stages: int) -> int:
     return max(1, stages - 1) * step + b_step
 
 
-def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     """Tiles, split, warps and pipeline depth for N; pure Python. The depth (num_stages, "auto" =
     3) and, when "auto", BLOCK_N are lowered until the shared-memory estimate fits the device."""
     block_m = PARAMS["BLOCK_M"]
@@ -583,18 +560,11 @@ def launch_config(packed: dict, N: int, sms: int = _DEFAULT_SMS) -> dict:
             "smem_estimate": smem_estimate(packed, block_m, block_n, stages), "BLOCK_M": block_m}
 
 
-def _make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
-    """A launch plan: the kernel's arguments in signature order (B and C left as None)."""
-    names = list(kernel.arg_names)
-    return {"kernel": kernel, "grid": grid, "args": [named[n] for n in names], "b_at": names.index("b_ptr"),
-            "out_at": names.index("out_ptr"), "options": options, "compiled": None, **extra}
-
-
 def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, split-K workspace and argument list for one (N, B/C layout)."""
     M, K = packed["shape"]
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, _sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device))
     block_m, lay = cfg["BLOCK_M"], packed["layout"]
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:
@@ -618,47 +588,11 @@ def _plan(packed: dict, B, out) -> dict:
         USE_PTX=(B.device.type == "cuda" and PARAMS["BITS_LOGIC"] == "ptx"
                  and packed["values"].element_size() == 2 and B.element_size() == 2),
         EVEN_K=(K % (lay["F"] * packed["BLOCK_G"] * packed["m"]) == 0), EVEN_N=(N % block_n == 0))
-    return _make_plan(_nm_kernel, named, (tiles, split, 1),
-                      {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
-                      config=cfg, ws=ws, cnt=cnt)
-
-
-def _launch(plan: dict, B, out) -> None:
-    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
-    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
-    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
-    key (see spmm) fixes everything Triton specializes on: each int argument's value and each
-    pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are always
-    3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids, it does not)."""
-    args = list(plan["args"])
-    args[plan["b_at"]] = B
-    args[plan["out_at"]] = out
-    compiled = plan["compiled"]
-    if compiled is not None:
-        compiled[plan["grid"]](*args)
-        return
-    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
-    if B.is_cuda and result is not None:
-        plan["compiled"] = result
+    return rt.make_plan(_nm_kernel, named, (tiles, split, 1),
+                        {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]},
+                        config=cfg, ws=ws, cnt=cnt)
 
 
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B for B [K, N] (any strides); fp32 accumulation; out in B's dtype."""
-    M, K = packed["shape"]
-    if B.dim() != 2 or B.shape[0] != K:
-        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
-    N = B.shape[1]
-    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
-        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
-    if out.dtype != B.dtype:
-        raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
-    if N == 0:
-        return
-    key = (N, B.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
-           B.data_ptr() % 16, out.data_ptr() % 16)
-    plan = packed["scratch"].get(key)
-    if plan is None:
-        _check_params()
-        plan = _plan(packed, B, out)
-        packed["scratch"][key] = plan
-    _launch(plan, B, out)
+    rt.run_plans(packed, B, out, _plan, META, PARAMS, same_dtype=True)

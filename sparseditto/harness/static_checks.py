@@ -27,12 +27,18 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
+from collections import OrderedDict
 
 from .results import StaticCheckResult
+from .source_loader import source_hash
 
+# The project modules a candidate may use: formats and row orders, and the templates' shared
+# launch plumbing (trusted code: dtype names, PARAMS checks, cached launch plans).
+SPARSEDITTO_MODULES = ("sparseditto.formats", "sparseditto.reorder", "sparseditto.kernel_templates.runtime")
 ALLOWED_MODULES = frozenset({
-    "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy",
-    "sparseditto.formats", "sparseditto.reorder", "typing", "functools",
+    "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy", "typing", "functools",
+    *SPARSEDITTO_MODULES,
 })
 ALLOWED_MODULE_PREFIXES = ("triton.language.",)
 
@@ -43,7 +49,7 @@ KNOWN_SUBMODULES = frozenset({
     "numpy.linalg", "numpy.random", "numpy.lib", "numpy.fft", "numpy.ma", "numpy.core",
     "cupy.cuda", "cupy.linalg", "cupy.random", "cupy.fft", "triton.language", "triton.runtime",
     "triton.compiler", "triton.testing", "triton.language.extra", "triton.language.math",
-    "sparseditto.formats", "sparseditto.reorder",
+    *SPARSEDITTO_MODULES,
 })
 
 BANNED_BUILTINS = {
@@ -131,10 +137,33 @@ _FUNCTION_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 
 
+# One check per source: the debugger, compile, verify, bench and ncu all gate on the same source,
+# so its verdict is kept by content hash (a bounded, most-recently-used table).
+_RESULTS: OrderedDict[str, StaticCheckResult] = OrderedDict()
+_RESULTS_MAX = 512
+_RESULTS_LOCK = threading.Lock()
+
+
 def check_source(source: str) -> StaticCheckResult:
-    """Run every static check on a candidate source; never raises on bad input source."""
+    """Run every static check on a candidate source (once per distinct source: the verdict is
+    cached by content hash); never raises on bad input source."""
     if not isinstance(source, str):
         raise ValueError(f"Expected candidate source text (str), got {type(source).__name__}.")
+    key = source_hash(source)
+    with _RESULTS_LOCK:
+        hit = _RESULTS.get(key)
+        if hit is not None:
+            _RESULTS.move_to_end(key)
+            return hit.model_copy(deep=True)
+    result = _check(source)
+    with _RESULTS_LOCK:
+        _RESULTS[key] = result
+        while len(_RESULTS) > _RESULTS_MAX:
+            _RESULTS.popitem(last=False)
+    return result.model_copy(deep=True)
+
+
+def _check(source: str) -> StaticCheckResult:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -385,9 +414,9 @@ class _Checker:
         elif root == "torch" and last.startswith("set_"):
             self.flag(node, f"'{path}' changes global torch state (it would also change the "
                             f"baselines measured in the same process)")
-        elif root == "sparseditto" and path.split(".")[1:2] not in (["formats"], ["reorder"]):
+        elif root == "sparseditto" and not any(path == m or path.startswith(m + ".") for m in SPARSEDITTO_MODULES):
             self.flag(node, f"'{path}': candidates may only use sparseditto.formats and "
-                            f"sparseditto.reorder")
+                            f"sparseditto.reorder (and the launch plumbing sparseditto.kernel_templates.runtime)")
 
     def _check_call(self, node: ast.Call) -> None:
         func = node.func

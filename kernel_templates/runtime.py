@@ -1,0 +1,119 @@
+"""The launch plumbing every kernel template shares, in one trusted module candidates may import.
+
+Why one module: every Triton template needs the same host-side steps around its kernel (name ->
+torch dtype, check its PARAMS against META, check the operands of ``spmm``, cache one launch plan
+per layout of B and C, launch through Triton's compiled kernel after the first call). Written
+once here, a template file holds only what is its own: its kernels, its format, its launch rules.
+The static checks allow ``sparseditto.kernel_templates.runtime`` in candidate sources (beside
+``sparseditto.formats`` and ``sparseditto.reorder``), so an LLM editing a template instance keeps
+the same plumbing. It imports torch only (no Triton, no CuPy), so CUDA C++ templates use it too.
+
+A launch plan is a dict: ``kernel`` (a Triton JIT function), ``grid`` (a 3-tuple), ``args`` (every
+kernel argument in signature order, B and C left as None), ``b_at`` / ``out_at`` (where B and C go;
+``b_at`` None for a kernel that does not read B), ``options`` (num_warps, num_stages), ``compiled``
+(None until the first GPU launch) and anything the template keeps beside it (config, workspaces).
+"""
+from __future__ import annotations
+
+import torch
+
+DEFAULT_SMS = 132   # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+
+_NAMED_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+                 "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+                 "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """A torch dtype from a torch dtype or a name ("float16", "bf16", ...); ValueError otherwise."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _NAMED_DTYPES:
+        raise ValueError(f"Unsupported value dtype {dtype!r}; expected float16, bfloat16 or float32.")
+    return _NAMED_DTYPES[dtype]
+
+
+def next_pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1)."""
+    return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def check_params(meta: dict, params: dict) -> None:
+    """ValueError naming the first parameter whose value is not among META's legal values (a
+    candidate's PARAMS line may have been edited by hand or by an LLM)."""
+    for name, legal in meta["params"].items():
+        if params.get(name) not in legal:
+            raise ValueError(f"{meta['name']} parameter {name}={params.get(name)!r} is not one of {legal}.")
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (a torch.device); DEFAULT_SMS off the GPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return DEFAULT_SMS
+
+
+def check_operands(packed: dict, B, out) -> int:
+    """N, after checking B is [K, N] and out is [M, N] for the prepared A (ValueError otherwise)."""
+    M, K = packed["shape"]
+    if B.dim() != 2 or B.shape[0] != K:
+        raise ValueError(f"Expected B of shape ({K}, N), got {tuple(B.shape)}.")
+    N = B.shape[1]
+    if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
+        raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
+    return N
+
+
+def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
+    """A launch plan from the kernel's arguments by name (B and C as None at b_ptr / out_ptr)."""
+    names = list(kernel.arg_names)
+    return {"kernel": kernel, "grid": grid, "args": [named[n] for n in names],
+            "b_at": names.index("b_ptr") if "b_ptr" in names else None, "out_at": names.index("out_ptr"),
+            "options": options, "compiled": None, **extra}
+
+
+def launch(plan: dict, B, out) -> None:
+    """Launch a planned kernel. The first call goes through Triton's JIT (compiling if needed) and
+    keeps the CompiledKernel it returns; later calls launch that kernel directly, which skips the
+    JIT's per-call argument specialization and cache lookup. That is safe because the plan's cache
+    key (see `run_plans`) fixes everything Triton specializes on: each int argument's value and
+    each pointer's 16-byte alignment. In the interpreter the JIT path runs every time. Grids are
+    always 3-tuples: the compiled kernel's launcher reads grid[0..2] (the JIT pads shorter grids,
+    it does not)."""
+    args = list(plan["args"])
+    if plan["b_at"] is not None:
+        args[plan["b_at"]] = B
+    args[plan["out_at"]] = out
+    compiled = plan["compiled"]
+    if compiled is not None:
+        compiled[plan["grid"]](*args)
+        return
+    result = plan["kernel"][plan["grid"]](*args, **plan["options"])
+    if B.is_cuda and result is not None:
+        plan["compiled"] = result
+
+
+def run_plans(packed: dict, B, out, make_plans, meta: dict, params: dict, *, same_dtype: bool = False) -> None:
+    """The body of a Triton template's ``spmm``: check the operands, find (or make, once) the launch
+    plan(s) for this N and layout of B and C in ``packed["scratch"]``, launch them in order.
+
+    ``make_plans(packed, B, out)`` returns one plan or a list of plans (launched in order);
+    ``same_dtype`` makes an output dtype other than B's an error (kernels that store B's dtype).
+    """
+    N = check_operands(packed, B, out)
+    if same_dtype and out.dtype != B.dtype:
+        raise ValueError(f"Expected out in B's dtype {B.dtype}, got {out.dtype}.")
+    if N == 0 or packed["shape"][0] == 0:
+        return
+    key = (N, B.dtype, out.dtype, B.device, B.stride(0), B.stride(1), out.stride(0), out.stride(1),
+           B.data_ptr() % 16, out.data_ptr() % 16)
+    plans = packed["scratch"].get(key)
+    if plans is None:
+        check_params(meta, params)
+        plans = make_plans(packed, B, out)
+        packed["scratch"][key] = plans
+    if isinstance(plans, list):
+        for plan in plans:
+            launch(plan, B, out)
+    else:
+        launch(plans, B, out)
