@@ -1,0 +1,54 @@
+"""csr_balanced's planning knowledge: it fits any pattern and wins when row lengths are skewed."""
+from __future__ import annotations
+
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, csr_bytes, csr_index_bytes, next_pow2, sm_count
+
+APPLICABILITY = "always; it is the natural choice when row lengths are skewed (row cv > 1)"
+COST_MODEL = ("bytes = nnz*(vb + 4 or 2 for int16 ids) + (M+1)*4 + B + C, plus fp32 partials of rows that "
+              "cross a program boundary (2 * programs * N * 4); flops 2*nnz*N on CUDA cores")
+
+
+def applicable(stats, template) -> tuple[bool, str]:
+    return True, (f"CSR fits any pattern; nnz splitting balances rows (row cv {stats.row_cv:.2f}, "
+                  f"longest row {int(stats.row_max)} vs mean {stats.row_mean:.1f})")
+
+
+def nnz_per_program(nnz: int, params: dict) -> int:
+    """NNZ_PER_PROGRAM, "auto" resolved exactly as the template does."""
+    chosen = params.get("NNZ_PER_PROGRAM", "auto")
+    if chosen != "auto":
+        return int(chosen)
+    return int(min(4096, max(128, next_pow2(-(-nnz // 2048)))))
+
+
+def grid(stats, n: int, target, template) -> list[dict]:
+    sms = sm_count(target)
+    # About four programs per SM per N tile, within the legal range.
+    per = next_pow2(max(1, stats.nnz) / (4 * sms))
+    per = int(min(4096, max(64, per)))
+    auto = nnz_per_program(stats.nnz, {})
+    bn = min(next_pow2(n), 128)
+    block_nnz = 64 if stats.row_mean >= 32 else 32
+    return [
+        {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz},
+        {"NNZ_PER_PROGRAM": auto, "BLOCK_NNZ": block_nnz},
+        {"NNZ_PER_PROGRAM": min(4096, per * 4), "BLOCK_NNZ": block_nnz},
+        {"NNZ_PER_PROGRAM": max(64, per // 2), "BLOCK_NNZ": 16},
+        {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "BLOCK_N": max(1, bn // 2)},
+        {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "INDEX_BITS": 32},
+        {"NNZ_PER_PROGRAM": per, "BLOCK_NNZ": block_nnz, "FIXUP": "launch"},
+    ]
+
+
+def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
+    vb = VALUE_BYTES[dtype]
+    ib = csr_index_bytes(stats, params)
+    terms = CostTerms(a_bytes=csr_bytes(stats.m, stats.nnz, vb, ib), flops=2.0 * stats.nnz * n, unit="cuda_core",
+                      notes=[f"CSR with {8 * ib}-bit column ids"])
+    per = nnz_per_program(stats.nnz, params)
+    programs = max(1, -(-stats.nnz // per))
+    if stats.row_max > 1 and programs > 1:  # some row can cross a program boundary
+        terms.launches = 2 if params.get("FIXUP", "inline") == "launch" else 1
+        terms.extra_bytes += 2.0 * programs * n * 4
+    terms.notes.append(f"{programs} programs of {per} nonzeros")
+    return terms

@@ -1,0 +1,56 @@
+"""csr_rowsplit's planning knowledge: it fits any pattern; group short rows, reorder skewed ones."""
+from __future__ import annotations
+
+from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, csr_bytes, csr_index_bytes, next_pow2,
+                                               row_critical_bytes)
+
+APPLICABILITY = "always: CSR represents any pattern"
+COST_MODEL = ("bytes = nnz*(vb + 4 or 2 for int16 ids) + (M+1)*4 (+ M*4 row order when reordered) + B + C; "
+              "flops 2*nnz*N on CUDA cores; a long row bounds its program (critical path)")
+
+
+def applicable(stats, template) -> tuple[bool, str]:
+    return True, f"CSR fits any pattern ({stats.nnz} nonzeros, mean row {stats.row_mean:.1f})"
+
+
+def rows_per_program(mean_row: float) -> int:
+    """Enough nonzeros per program to amortize it: short rows are grouped."""
+    if mean_row < 8:
+        return 8
+    if mean_row < 24:
+        return 4
+    if mean_row < 64:
+        return 2
+    return 1
+
+
+def grid(stats, n: int, target, template) -> list[dict]:
+    rows = rows_per_program(stats.row_mean)
+    reorder = "length" if stats.row_cv > 0.5 else "none"
+    bn = min(next_pow2(n), 128)
+    base = {"ROWS_PER_PROGRAM": rows, "REORDER": reorder}
+    return [
+        base,
+        {**base, "BLOCK_N": max(1, bn // 2)},
+        {**base, "ROWS_PER_PROGRAM": max(1, rows // 2)},
+        {**base, "ROWS_PER_PROGRAM": min(16, rows * 2)},
+        {**base, "REORDER": "none" if reorder == "length" else "length"},
+        {**base, "BLOCK_NNZ": 64 if stats.row_mean >= 32 else 16},
+        {**base, "INDEX_BITS": 32},
+        {**base, "num_stages": 3},
+        {**base, "BLOCK_N": min(256, bn * 2)},
+    ]
+
+
+def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
+    vb = VALUE_BYTES[dtype]
+    ib = csr_index_bytes(stats, params)
+    terms = CostTerms(a_bytes=csr_bytes(stats.m, stats.nnz, vb, ib), flops=2.0 * stats.nnz * n, unit="cuda_core",
+                      notes=[f"CSR with {8 * ib}-bit column ids"])
+    if params.get("REORDER", "none") != "none":
+        terms.extra_bytes += stats.m * 4.0
+    if stats.nnz:
+        rows = int(params.get("ROWS_PER_PROGRAM", 1) or 1)
+        terms.critical_bytes = row_critical_bytes(stats, rows, vb, ib, n)
+        terms.critical_what = f"longest row ({int(stats.row_max)} nonzeros)"
+    return terms
