@@ -20,35 +20,11 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.graphs.state import (
-    Context,
-    State,
-    decision,
-    effective_context,
-    emit,
-    resolved_backend,
-    run_hook,
-    run_memory,
-    run_policy,
-)
+from sparseditto.agents.kit import (decision, emit, memory_gpu_key, record_step, run_hook, run_memory,
+                                    start_memory_run)
+from sparseditto.agents.state import Context, State, effective_context
 
 NEIGHBOURS = 3
-
-
-def memory_gpu_key(ctx: Context) -> str:
-    """What a remembered kernel choice is valid for: the GPU that measured it, or, on the Triton
-    interpreter (choice by cost model), the target it was planned for."""
-    if resolved_backend(ctx) == "cuda":
-        try:
-            import torch
-
-            return torch.cuda.get_device_name(0)
-        except Exception:
-            return "cuda"
-    from sparseditto.agents.planner import plan_target
-
-    target, _ = plan_target(ctx)
-    return f"interpret:{target.name}"
 
 
 def normalize_exact(hit: dict) -> dict:
@@ -130,9 +106,8 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     report = analyze(matrix)
     emit("analyzer", f"pattern {report.pattern} (confidence {report.confidence:.2f}, {report.params or 'no params'}) "
                      f"in {time.perf_counter() - t0:.2f} s")
-    report_dict = report.model_dump(mode="json")
 
-    update: dict = {"report": report_dict, "memory_hits": [], "queue": []}
+    update: dict = {"report": report.model_dump(mode="json"), "memory_hits": [], "queue": []}
     decisions = []
     events = []
     mem = run_memory(ctx)
@@ -140,8 +115,7 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     if mem is not None:
         try:
             if not memory_run_id:
-                memory_run_id = _start_memory_run(mem, ctx, state, report, matrix)
-                update["memory_run_id"] = memory_run_id
+                memory_run_id = update["memory_run_id"] = start_memory_run(mem, ctx, state, report, matrix)
             hits = lookup_memory(mem, report, ctx, exclude_run=memory_run_id)
         except Exception as exc:  # a broken memory file costs the priors, never the run
             hits = []
@@ -173,30 +147,10 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     decisions.insert(0, decision("analyzer", "analyze",
                                  f"{report.pattern} pattern (confidence {report.confidence:.2f}), sparsity "
                                  f"{report.sparsity:.1%}, signature {report.signature[:12]}"))
+    opened = {**state, "memory_run_id": memory_run_id}
     for d in decisions:
         emit("analyzer", d["rationale"])
-        if mem is not None and memory_run_id:
-            try:
-                mem.record_step(memory_run_id, "analyzer", "decision", d)
-            except Exception:
-                pass
+        record_step(ctx, opened, "analyzer", "decision", d)
     update["decisions"] = decisions
     update["events"] = events
     return Command(goto="planner", update=update)
-
-
-def _start_memory_run(mem, ctx: Context, state: dict, report, matrix) -> str:
-    from sparseditto.agents.planner import plan_target
-
-    target, _ = plan_target(ctx)
-    policy = run_policy(ctx, state.get("run_id", ""))
-    llm_model = None
-    if getattr(policy, "name", "expert") != "expert":
-        model = getattr(policy, "model", None)
-        llm_model = getattr(model, "model_name", None) or getattr(model, "model", None) or type(model).__name__
-        llm_model = str(llm_model)
-    return mem.start_run(
-        signature=report.signature, matrix_name=matrix.name, shape=matrix.shape, nnz=matrix.nnz,
-        pattern=report.pattern, n_values=list(ctx.n_values), dtype=ctx.dtype, gpu=memory_gpu_key(ctx),
-        target=target.name, backend=resolved_backend(ctx), policy=getattr(policy, "name", "expert"),
-        llm_model=llm_model, features=report.feature_vector(), report=report.model_dump(mode="json"))

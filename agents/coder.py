@@ -15,61 +15,22 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from sparseditto.agents.kit import call_policy, decision, emit, policy_events, policy_for_step, record_step, run_hook
 from sparseditto.agents.policy import CandidateSpec
-from sparseditto.graphs.state import (
-    Context,
-    State,
-    call_policy,
-    decision,
-    effective_context,
-    emit,
-    policy_events,
-    policy_for_step,
-    record_step,
-    run_hook,
-)
+from sparseditto.agents.records import build_record, make_candidate
+from sparseditto.agents.state import Context, State, effective_context
 
 
 def template_source(name: str) -> str:
-    """The template's default instance (what an LLM edits); '' for names not in the registry."""
-    try:
-        from sparseditto.kernel_templates.registry import get_template
+    """The template's default instance (what an LLM edits); '' for dense and for names not in the
+    registry (an LLM's own kernel)."""
+    from sparseditto.kernel_templates.registry import get_template
 
+    try:
         t = get_template(name)
-        if getattr(t, "backend", None) == "builtin":
-            return ""
-        return t.instantiate({}).source
-    except Exception:
+    except ValueError:
         return ""
-
-
-def make_candidate(spec: dict, source: str, origin: str):
-    """The harness's `Candidate` for this source: the registry's own instance when the source is
-    the plain template instance, else a candidate built around the given source."""
-    from sparseditto.kernel_templates.registry import Candidate, get_template
-
-    template = None
-    try:
-        template = get_template(spec["template"])
-    except Exception:
-        template = None
-    if template is not None and origin != "llm":
-        try:
-            inst = template.instantiate(spec.get("params") or {})
-            if inst.source == source:
-                return inst.model_copy(update={"origin": origin}) if hasattr(inst, "model_copy") else inst
-        except Exception:
-            pass
-    backend = getattr(template, "backend", None) if template is not None else None
-    if backend in (None, "builtin"):
-        backend = "cuda" if "RawModule" in source or "RawKernel" in source else "triton"
-    fields = dict(template=spec["template"], params=spec.get("params") or {}, source=source,
-                  backend=backend, origin=origin,
-                  format=getattr(template, "format", None) if template is not None else None)
-    known = getattr(Candidate, "model_fields", None)
-    if known:
-        fields = {k: v for k, v in fields.items() if k in known}
-    return Candidate(**fields)
+    return "" if t.backend == "builtin" else t.instantiate({}).source
 
 
 def format_feedback(failure: dict | None) -> str | None:
@@ -113,9 +74,9 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
     except (ValueError, LookupError) as exc:
         # No source could be made: an unknown template or illegal parameters (from a plan or a
         # debugger's retry). A failed candidate, not a crashed graph: back to the planner.
-        return _codegen_failed(ctx, state, current, spec, origin, exc, events, usage)
+        return _codegen_failed(ctx, state, {**current, "origin": origin}, exc, events, usage)
     current.update(source=source, source_hash=candidate.source_hash, backend=candidate.backend, origin=origin,
-                   fixed_source=None, format=getattr(candidate, "format", None))
+                   fixed_source=None, format=candidate.format)
     d = decision("coder", "code", why, template=spec["template"], attempt=current.get("attempt", 1),
                  source_hash=candidate.source_hash)
     emit("coder", f"{spec['template']} attempt {current.get('attempt', 1)}: {why} "
@@ -125,15 +86,14 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
                                             "token_usage": usage})
 
 
-def _codegen_failed(ctx: Context, state: dict, current: dict, spec: dict, origin: str, exc: Exception,
-                    events: list, usage: dict) -> Command:
+def _codegen_failed(ctx: Context, state: dict, current: dict, exc: Exception, events: list, usage: dict) -> Command:
+    spec = current["spec"]
     why = f"{spec['template']} {spec.get('params') or {}}: no source could be generated ({exc})"
-    record = {"index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
-              "params": spec.get("params") or {}, "origin": origin, "rationale": spec.get("rationale", ""),
-              "source": None, "source_hash": None, "status": "codegen_error", "failure_class": "invalid_spec",
-              "message": str(exc)[:2000], "expected_ms": spec.get("expected_ms")}
+    # no source came out of this attempt (a retry's `current` may still carry the previous one's)
+    record = build_record(current, "codegen_error", failure_class="invalid_spec", message=str(exc)[:2000],
+                          source=None, source_hash=None, backend=None)
     d = decision("coder", "give_up", why, template=spec["template"], attempt=current.get("attempt", 1))
     emit("coder", why)
     record_step(ctx, state, "coder", "feedback", {**d, "status": "codegen_error"})
-    return Command(goto="planner", update={"candidates": [record], "current": None, "decisions": [d],
-                                           "events": events, "token_usage": usage})
+    return Command(goto="planner", update={"candidates": [record.model_dump(mode="json")], "current": None,
+                                           "decisions": [d], "events": events, "token_usage": usage})

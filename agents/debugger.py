@@ -19,21 +19,11 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
+from sparseditto.agents.kit import (call_policy, decision, emit, policy_events, policy_for_step, record_step,
+                                    remember_candidate, run_hook)
 from sparseditto.agents.policy import FailureReport
-from sparseditto.graphs.state import (
-    Context,
-    State,
-    call_policy,
-    decision,
-    effective_context,
-    emit,
-    resolved_backend,
-    policy_events,
-    policy_for_step,
-    record_step,
-    run_hook,
-    run_memory,
-)
+from sparseditto.agents.records import build_record, candidate_of
+from sparseditto.agents.state import Context, State, effective_context, resolved_backend
 
 LOG_TAIL = 4000
 
@@ -46,25 +36,13 @@ def verify_n_values(ctx: Context) -> list[int]:
     return sorted(set(values))
 
 
-def candidate_from_current(current: dict):
-    from sparseditto.agents.coder import make_candidate
-
-    return make_candidate(current["spec"], current["source"], current.get("origin") or "template")
-
-
-def harness_pool(ctx: Context, state: dict):
-    """The worker pool for verify/bench calls: None selects the harness's process-wide default
-    pool, whose long-lived workers (torch + triton already imported) serve every run of this
-    process, so a candidate costs its own work, not a worker start-up."""
-    return None
-
-
-def check_candidate(candidate, matrix, ctx: Context, state: dict) -> dict:
+def check_candidate(candidate, matrix, ctx: Context) -> dict:
     """Static checks, compile, run and verify. Returns a plain dict: ok, status, message, log, ...
 
-    The static checks run here first (in-process, milliseconds) so a cheating or malformed source
-    never reaches a worker; compilation and the numeric checks run in the harness's sandboxed
-    worker (a crash or an illegal address kills the worker, not the graph).
+    The static checks run first (in-process, milliseconds, once per source: the harness's later
+    gates reuse the verdict) so a cheating or malformed source never reaches a worker; compilation
+    and the numeric checks run in the harness's sandboxed worker (a crash or an illegal address
+    kills the worker, not the graph).
     """
     from sparseditto import harness
 
@@ -76,19 +54,16 @@ def check_candidate(candidate, matrix, ctx: Context, state: dict) -> dict:
         return {"ok": False, "status": status, "failure_class": "syntax_error" if static.syntax_error else
                 "static_violation", "message": f"static checks: {why}", "log": "",
                 "violations": list(static.violations)}
-    compile_candidate = getattr(harness, "compile_candidate", None)
-    if compile_candidate is not None:
-        # On a GPU, compile against the real matrix (Triton JIT-compiles on first launch); on the
-        # interpreter there is nothing to compile beyond the import, and a trial launch would
-        # cost as much as the verification that follows.
-        comp = compile_candidate(candidate, backend=backend, matrix=matrix if backend == "cuda" else None,
-                                 dtype=ctx.dtype, timeout=ctx.verify_timeout_s)
-        if not comp.ok:
-            return {"ok": False, "status": "compile_error", "failure_class": comp.failure_class or "compile_error",
-                    "message": _first_lines(comp.log), "log": comp.log[-LOG_TAIL:],
-                    "violations": list(getattr(comp, "violations", []) or [])}
+    # On a GPU, compile against the real matrix (Triton JIT-compiles on first launch); on the
+    # interpreter there is nothing to compile beyond the import, and a trial launch would cost as
+    # much as the verification that follows.
+    comp = harness.compile_candidate(candidate, backend=backend, matrix=matrix if backend == "cuda" else None,
+                                     dtype=ctx.dtype, timeout=ctx.verify_timeout_s)
+    if not comp.ok:
+        return {"ok": False, "status": "compile_error", "failure_class": comp.failure_class or "compile_error",
+                "message": _first_lines(comp.log), "log": comp.log[-LOG_TAIL:], "violations": list(comp.violations)}
     vr = harness.run_and_verify(candidate, matrix, n_values=verify_n_values(ctx), dtype=ctx.dtype, backend=backend,
-                                seed=ctx.seed, timeout=ctx.verify_timeout_s, pool=harness_pool(ctx, state))
+                                seed=ctx.seed, timeout=ctx.verify_timeout_s)
     out = vr.model_dump(mode="json")
     out["log"] = (out.get("log") or "")[-LOG_TAIL:]
     return out
@@ -109,11 +84,10 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
     current = dict(state["current"])
     spec = current["spec"]
     attempt = int(current.get("attempt", 1))
-    candidate = candidate_from_current(current)
     matrix = get_matrix(state["matrix_key"])
     emit("debugger", f"verifying {spec['template']} (attempt {attempt}) on {resolved_backend(ctx)} at N="
                      f"{verify_n_values(ctx)}")
-    outcome = check_candidate(candidate, matrix, ctx, state)
+    outcome = check_candidate(candidate_of(current), matrix, ctx)
 
     if outcome["ok"]:
         checks = outcome.get("checks") or []
@@ -134,22 +108,14 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
     diag, events, usage = call_policy(policy, "diagnose", failure, current["source"], node="debugger")
     events = policy_events(ctx, state, "debugger", events)
     failure_class = diag.failure_class or outcome.get("failure_class") or outcome["status"]
-    record = failure_record(current, outcome, failure_class, diag.rationale)
-    mem = run_memory(ctx)
-    if mem is not None and state.get("memory_run_id"):
-        try:
-            mem.record_candidate(
-                state["memory_run_id"], step=current.get("index"), template=spec["template"],
-                params=spec.get("params") or {}, source=current["source"], origin=current.get("origin"),
-                status=outcome["status"], failure_class=failure_class, message=record["message"][:2000],
-                rationale=spec.get("rationale"), backend=current.get("backend"))
-        except Exception as exc:  # pragma: no cover
-            emit("debugger", f"memory: could not record candidate ({exc})")
+    record = build_record(current, outcome["status"], failure_class=failure_class,
+                          message=(outcome.get("message") or "")[:4000], diagnosis=diag.rationale)
+    remember_candidate(ctx, state, record, "debugger")
 
     can_retry = attempt <= ctx.max_debug_attempts
-    update: dict[str, Any] = {"candidates": [record], "events": events, "token_usage": usage}
+    update: dict[str, Any] = {"candidates": [record.model_dump(mode="json")], "events": events, "token_usage": usage}
     last_failure = {"status": outcome["status"], "failure_class": failure_class,
-                    "message": record["message"], "log": outcome.get("log", "")[-LOG_TAIL:],
+                    "message": record.message, "log": outcome.get("log", "")[-LOG_TAIL:],
                     "diagnosis": diag.rationale}
     if diag.action == "retry_params" and diag.params and can_retry:
         new_spec = dict(spec, params=diag.params, source=None,
@@ -175,18 +141,6 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
     d = decision("debugger", action, why, template=spec["template"], attempt=attempt, failure_class=failure_class)
     emit("debugger", why)
     record_step(ctx, state, "debugger", "feedback", {**d, "status": outcome["status"],
-                                                 "message": record["message"][:1000]})
+                                                 "message": record.message[:1000]})
     update.update(current=nxt, decisions=[d])
     return Command(goto=goto, update=update)
-
-
-def failure_record(current: dict, outcome: dict, failure_class: str, diagnosis: str) -> dict:
-    spec = current["spec"]
-    return {
-        "index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
-        "params": spec.get("params") or {}, "origin": current.get("origin") or spec.get("origin"),
-        "rationale": spec.get("rationale", ""), "source": current["source"], "source_hash": current.get("source_hash"),
-        "backend": current.get("backend"), "status": outcome["status"], "failure_class": failure_class,
-        "message": (outcome.get("message") or "")[:4000], "diagnosis": diagnosis,
-        "expected_ms": spec.get("expected_ms"),
-    }

@@ -35,6 +35,7 @@ from sparseditto.agents.policy import (
     PlanningInput,
     TriedCandidate,
 )
+from sparseditto.agents.records import params_key
 
 # Failures that condemn a template for the rest of the run (not just one parameter set): the
 # kernel computes the wrong thing, cheats, or kills its worker whatever the tile sizes.
@@ -60,11 +61,6 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
-
-
-def params_key(template: str, params: dict | None) -> str:
-    """Canonical identity of a template instance (dedupe across plans, memory and retries)."""
-    return template + ":" + json.dumps(params or {}, sort_keys=True, default=str)
 
 
 def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
@@ -414,11 +410,11 @@ class ExpertPolicy:
     @staticmethod
     def _smaller_tiles(template: str, params: dict) -> dict | None:
         """Same parameters with every tile size one legal step smaller (None when none can shrink)."""
-        try:
-            from sparseditto.kernel_templates.registry import get_template
+        from sparseditto.kernel_templates.registry import get_template
 
+        try:
             legal = get_template(template).params
-        except Exception:
+        except ValueError:   # not a registry template (an LLM's own kernel): nothing to shrink
             return None
         out, changed = dict(params), False
         for key in TILE_KEYS:

@@ -16,28 +16,13 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.graphs.state import (
-    Context,
-    State,
-    decision,
-    effective_context,
-    emit,
-    main_n,
-    resolved_backend,
-    resolved_repeats,
-    resolved_warmup,
-    record_step,
-    run_hook,
-    run_memory,
-)
+from sparseditto.agents.costing import roofline_for
+from sparseditto.agents.kit import decision, dense_record, emit, record_step, remember_candidate, run_hook
+from sparseditto.agents.records import build_record, candidate_of
+from sparseditto.agents.state import (Context, State, effective_context, main_n, resolved_backend, resolved_repeats,
+                                      resolved_warmup)
 
 LAUNCH_BOUND_US = 8.0     # below this a kernel is dominated by launch + tail, not by its bytes
-
-
-def _timing(t) -> dict | None:
-    if t is None:
-        return None
-    return t.model_dump(mode="json") if hasattr(t, "model_dump") else dict(t)
 
 
 def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float | None,
@@ -70,54 +55,6 @@ def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float
     return line
 
 
-def roofline_for(state: dict, ctx: Context, template: str, params: dict) -> dict | None:
-    """Estimate of this template instance: on the plan target (ranking) and on the measuring GPU."""
-    from sparseditto.agents.planner import measured_target, plan_target, report_model
-
-    try:
-        from sparseditto.kernel_templates.registry import get_template
-
-        t = get_template(template)
-    except Exception:
-        return None
-    if getattr(t, "backend", None) == "builtin":
-        return None
-    target, _ = plan_target(ctx)
-    rep = report_model(state["report"])
-    n = main_n(ctx)
-    try:
-        est = t.cost(rep, n, ctx.dtype, target, params)
-        gpu_target = measured_target(ctx)
-        est_gpu = t.cost(rep, n, ctx.dtype, gpu_target, params) if gpu_target is not None else est
-    except Exception:
-        return None
-    return {"estimate_ms": est.seconds * 1e3, "measured_ms": est_gpu.seconds * 1e3, "bound": est_gpu.bound,
-            "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops)}
-
-
-def bench_dense(state: dict, ctx: Context) -> dict:
-    """Time dense alone through the harness's builtin dense entry (used when no candidate ran)."""
-    from sparseditto import harness
-    from sparseditto.artifacts import get_matrix
-    from sparseditto.kernel_templates.registry import get_template
-
-    matrix = get_matrix(state["matrix_key"])
-    cand = get_template("dense").instantiate({})
-    res = harness.bench(cand, matrix, n=main_n(ctx), dtype=ctx.dtype, backend=resolved_backend(ctx),
-                        repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx), baselines=False, pool=None)
-    return dense_record(res)
-
-
-def dense_record(res) -> dict:
-    """Dense cuBLAS timing; ``median_ms`` is the graph-launched time when there is one (see
-    `kernel_timings`), the eager timing stays under ``eager``."""
-    graph = _timing(getattr(res, "dense_graph", None))
-    eager = _timing(res.dense) or {}
-    main = graph if (graph and res.timings_are_gpu and res.candidate_graph is not None) else eager
-    return {**main, "n": res.n, "gpu_name": res.gpu_name, "timings_are_gpu": res.timings_are_gpu,
-            "graph": graph, "eager": eager}
-
-
 def kernel_timings(res, gpu: bool) -> tuple[float, float, str]:
     """(candidate ms, dense ms, basis) used to rank candidates and to state speedups.
 
@@ -126,37 +63,46 @@ def kernel_timings(res, gpu: bool) -> tuple[float, float, str]:
     that would otherwise decide small-N cases (DESIGN.md, "Timing small kernels"). Eager times are
     kept in the record beside them. Without graph timings both sides are eager.
     """
-    if gpu and res.candidate_graph is not None and getattr(res, "dense_graph", None) is not None:
+    if gpu and res.candidate_graph is not None and res.dense_graph is not None:
         return res.candidate_graph.median_ms, res.dense_graph.median_ms, "cuda_graph"
     return res.candidate.median_ms, res.dense.median_ms, "eager"
+
+
+def _ncu(ctx: Context, candidate, matrix, n: int, promising: bool) -> tuple[dict, str | None]:
+    """(Nsight Compute metrics, note): only on a GPU, only for new bests when ncu='best'."""
+    from sparseditto import harness
+
+    if resolved_backend(ctx) != "cuda":
+        return {}, "ncu skipped: the interpreter backend runs no GPU kernels"
+    if ctx.ncu == "off":
+        return {}, "ncu skipped (ncu='off')"
+    if ctx.ncu == "best" and not promising:
+        return {}, f"ncu skipped (ncu={ctx.ncu!r}: only new best candidates are profiled)"
+    try:  # profile_ncu finds ncu itself and answers with a note when it is absent
+        ncu = harness.profile_ncu(candidate, matrix, n=n, dtype=ctx.dtype, seed=ctx.seed)
+    except Exception as exc:
+        return {}, f"ncu failed: {type(exc).__name__}: {exc}"
+    return (dict(ncu.metrics), None) if ncu.available else ({}, ncu.note)
 
 
 def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planner"]]:
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "profiler", state)
     from sparseditto import harness
-    from sparseditto.agents.debugger import candidate_from_current, harness_pool
     from sparseditto.artifacts import get_matrix
 
     current = dict(state["current"])
     spec = current["spec"]
-    params = spec.get("params") or {}
     backend = resolved_backend(ctx)
     gpu = backend == "cuda"
     n = main_n(ctx)
-    candidate = candidate_from_current(current)
+    candidate = candidate_of(current)
     matrix = get_matrix(state["matrix_key"])
     emit("profiler", f"benchmarking {spec['template']} at N={n} on {backend}")
-    base = {
-        "index": current.get("index"), "attempt": current.get("attempt", 1), "template": spec["template"],
-        "params": params, "origin": current.get("origin") or spec.get("origin"),
-        "rationale": spec.get("rationale", ""), "source": current["source"], "source_hash": current.get("source_hash"),
-        "backend": current.get("backend"),
-    }
     try:
-        res = harness.bench(candidate, matrix, n=n, dtype=ctx.dtype, backend=backend, repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx),
-                            baselines=True if ctx.baselines is None else ctx.baselines, seed=ctx.seed,
-                            pool=harness_pool(ctx, state))
+        res = harness.bench(candidate, matrix, n=n, dtype=ctx.dtype, backend=backend, repeats=resolved_repeats(ctx),
+                            warmup=resolved_warmup(ctx), baselines=True if ctx.baselines is None else ctx.baselines,
+                            seed=ctx.seed)
     except harness.BenchError as exc:  # failed to run correctly while being timed
         res, bench_error = None, f"{exc.result.status}: {exc.result.message}"
     except Exception as exc:
@@ -164,55 +110,37 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     else:
         bench_error = None if res.reverified else f"re-verification after timing failed: {res.reverify_message}"
     if res is None or bench_error:
-        record = {**base, "status": "bench_failed", "failure_class": "bench_failed" if res is None else "unstable",
-                  "message": bench_error}
+        record = build_record(current, "bench_failed", failure_class="bench_failed" if res is None else "unstable",
+                              message=bench_error)
         d = decision("profiler", "bench_failed", f"{spec['template']}: {bench_error}", template=spec["template"])
         emit("profiler", d["rationale"])
         record_step(ctx, state, "profiler", "outcome", d)
-        _memory_candidate(ctx, state, record)
-        return Command(goto="planner", update={"candidates": [record], "current": None, "decisions": [d]})
+        remember_candidate(ctx, state, record, "profiler")
+        return Command(goto="planner", update={"candidates": [record.model_dump(mode="json")], "current": None,
+                                               "decisions": [d]})
 
-    est = roofline_for(state, ctx, spec["template"], params)
+    est = roofline_for(state, ctx, spec["template"], spec.get("params") or {})
     median_ms, dense_ms, basis = kernel_timings(res, gpu)
     pct = 100.0 * est["measured_ms"] / median_ms if (gpu and est and median_ms > 0) else None
-    metrics: dict[str, Any] = {}
-    ncu_note = None
     best = state.get("best")
-    promising = best is None or median_ms < (best.get("median_ms") or float("inf"))
-    if gpu and (ctx.ncu == "off" or (ctx.ncu == "best" and not promising)):
-        ncu_note = f"ncu skipped (ncu={ctx.ncu!r}: only new best candidates are profiled)" if ctx.ncu == "best" \
-            else "ncu skipped (ncu='off')"
-    elif gpu:  # profile_ncu finds ncu itself and answers with a note when it is absent
-        try:
-            ncu = harness.profile_ncu(candidate, matrix, n=n, dtype=ctx.dtype, seed=ctx.seed)
-            metrics = dict(ncu.metrics) if ncu.available else {}
-            ncu_note = None if ncu.available else ncu.note
-        except Exception as exc:
-            ncu_note = f"ncu failed: {type(exc).__name__}: {exc}"
-    else:
-        ncu_note = "ncu skipped: the interpreter backend runs no GPU kernels"
+    metrics, ncu_note = _ncu(ctx, candidate, matrix, n, best is None or median_ms < (best.get("median_ms") or float("inf")))
     summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name)
-    dense = dense_record(res)
-    record = {
-        **base, "status": "verified", "failure_class": None, "message": "",
-        "median_ms": median_ms, "timing_basis": basis, "eager_ms": res.candidate.median_ms,
-        "p10_ms": res.candidate.p10_ms, "p90_ms": res.candidate.p90_ms,
-        "graph_ms": res.candidate_graph.median_ms if res.candidate_graph else None,
-        "dense_ms": dense_ms, "dense_eager_ms": res.dense.median_ms, "conversion_ms": res.conversion_ms,
-        "speedup_vs_dense": dense_ms / median_ms if gpu and median_ms > 0 else None,
-        "speedup_vs_dense_eager": res.speedup_vs_dense if gpu else None,
-        "cpu_speedup_vs_dense": None if gpu else res.speedup_vs_dense,
-        "speedup_vs_best_baseline": res.speedup_vs_best_baseline if gpu else None,
-        "best_baseline": res.best_baseline,
-        "baselines": {b.name: (b.timing.median_ms if b.ok and b.timing else None) for b in res.baselines},
-        "baseline_notes": {b.name: (b.error or b.note) for b in res.baselines if not b.ok or b.note},
-        "expected_ms": est["estimate_ms"] if est else spec.get("expected_ms"),
-        "pct_of_roofline": pct, "bottleneck": summary, "metrics": metrics, "ncu_note": ncu_note,
-        "timings_are_gpu": res.timings_are_gpu, "gpu_name": res.gpu_name, "n": n,
-        "verify": current.get("verify"), "notes": list(res.notes),
-    }
-    record["memory_candidate_id"] = _memory_candidate(ctx, state, record)
-    improved = best is None or _better(record, best, gpu)
+    record = build_record(
+        current, "verified", median_ms=median_ms, timing_basis=basis, eager_ms=res.candidate.median_ms,
+        p10_ms=res.candidate.p10_ms, p90_ms=res.candidate.p90_ms,
+        graph_ms=res.candidate_graph.median_ms if res.candidate_graph else None,
+        dense_ms=dense_ms, dense_eager_ms=res.dense.median_ms, conversion_ms=res.conversion_ms,
+        speedup_vs_dense=dense_ms / median_ms if gpu and median_ms > 0 else None,
+        speedup_vs_dense_eager=res.speedup_vs_dense if gpu else None,
+        cpu_speedup_vs_dense=None if gpu else res.speedup_vs_dense,
+        speedup_vs_best_baseline=res.speedup_vs_best_baseline if gpu else None, best_baseline=res.best_baseline,
+        baselines={b.name: (b.timing.median_ms if b.ok and b.timing else None) for b in res.baselines},
+        baseline_notes={b.name: (b.error or b.note) for b in res.baselines if not b.ok or b.note},
+        expected_ms=est["estimate_ms"] if est else spec.get("expected_ms"),
+        pct_of_roofline=pct, bottleneck=summary, metrics=metrics, ncu_note=ncu_note,
+        timings_are_gpu=res.timings_are_gpu, gpu_name=res.gpu_name, n=n, notes=list(res.notes))
+    record.memory_candidate_id = remember_candidate(ctx, state, record, "profiler")
+    improved = best is None or _better(record.model_dump(), best, gpu)
     if gpu:
         why = (f"{spec['template']}: {median_ms * 1e3:.1f} us vs dense {dense_ms * 1e3:.1f} us "
                f"({dense_ms / median_ms:.2f}x, {basis.replace('_', ' ')}; eager {res.candidate.median_ms * 1e3:.1f} "
@@ -224,12 +152,13 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
                  pct_of_roofline=pct)
     emit("profiler", why)
     record_step(ctx, state, "profiler", "outcome", {**d, "bottleneck": summary})
-    update: dict[str, Any] = {"candidates": [record], "current": None, "decisions": [d]}
+    dump = record.model_dump(mode="json")
+    update: dict[str, Any] = {"candidates": [dump], "current": None, "decisions": [d]}
     if improved:
-        update["best"] = record
-        update["dense"] = dense
+        update["best"] = dump
+        update["dense"] = dense_record(res)
     elif not state.get("dense"):
-        update["dense"] = dense
+        update["dense"] = dense_record(res)
     return Command(goto="planner", update=update)
 
 
@@ -238,27 +167,3 @@ def _better(record: dict, best: dict, gpu: bool) -> bool:
     if gpu:
         return (record.get("median_ms") or float("inf")) < (best.get("median_ms") or float("inf"))
     return (record.get("expected_ms") or float("inf")) < (best.get("expected_ms") or float("inf"))
-
-
-def _memory_candidate(ctx: Context, state: dict, record: dict) -> str | None:
-    mem = run_memory(ctx)
-    if mem is None or not state.get("memory_run_id"):
-        return None
-    timings = {k: record.get(k) for k in ("median_ms", "eager_ms", "p10_ms", "p90_ms", "graph_ms", "dense_ms",
-                                          "dense_eager_ms", "conversion_ms", "speedup_vs_dense_eager",
-                                          "speedup_vs_dense", "cpu_speedup_vs_dense", "expected_ms") if
-               record.get(k) is not None}
-    timings["timings_are_gpu"] = record.get("timings_are_gpu")
-    metrics = dict(record.get("metrics") or {})
-    if record.get("pct_of_roofline") is not None:
-        metrics["pct_of_roofline"] = record["pct_of_roofline"]
-    try:
-        return mem.record_candidate(
-            state["memory_run_id"], step=record.get("index"), template=record["template"], params=record["params"],
-            source=record["source"], origin=record.get("origin"), status=record["status"],
-            failure_class=record.get("failure_class"), message=(record.get("message") or "")[:2000],
-            timings=timings or None, metrics=metrics or None,
-            rationale=record.get("rationale"), backend=record.get("backend"))
-    except Exception as exc:  # pragma: no cover
-        emit("profiler", f"memory: could not record candidate ({exc})")
-        return None

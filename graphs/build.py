@@ -1,4 +1,4 @@
-"""Wire the five agents (plus finalize) into one LangGraph StateGraph.
+"""Wire the agents into one LangGraph StateGraph: which nodes, which entry, nothing else.
 
 Nodes route themselves by returning ``Command(goto=...)`` with ``Command[Literal[...]]`` return
 annotations, so the only static edge is the entry; LangGraph (and Studio) read the annotations and
@@ -20,11 +20,13 @@ from langgraph.graph import START, StateGraph
 from sparseditto.agents.analyzer import analyzer
 from sparseditto.agents.coder import coder
 from sparseditto.agents.debugger import debugger
-from sparseditto.agents.planner import finalize, planner
+from sparseditto.agents.finalize import finalize
+from sparseditto.agents.planner import planner
 from sparseditto.agents.profiler import profiler
-from sparseditto.graphs.state import Context, InputState, State
+from sparseditto.agents.state import Context, InputState, State
 
-NODES = ("planner", "analyzer", "coder", "debugger", "profiler", "finalize")
+NODES = {"planner": planner, "analyzer": analyzer, "coder": coder, "debugger": debugger, "profiler": profiler,
+         "finalize": finalize}
 
 
 def build_graph(loader: Callable | None = None) -> StateGraph:
@@ -40,12 +42,8 @@ def build_graph(loader: Callable | None = None) -> StateGraph:
     else:
         builder = StateGraph(State, context_schema=Context)
         entry = "planner"
-    builder.add_node("planner", planner)
-    builder.add_node("analyzer", analyzer)
-    builder.add_node("coder", coder)
-    builder.add_node("debugger", debugger)
-    builder.add_node("profiler", profiler)
-    builder.add_node("finalize", finalize)
+    for name, node in NODES.items():
+        builder.add_node(name, node)
     builder.add_edge(START, entry)
     return builder
 

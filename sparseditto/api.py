@@ -26,49 +26,12 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr
 
+from sparseditto.agents.records import CandidateRecord
 from sparseditto.matrix import SparseMatrix
 
-DTYPES = ("float16", "bfloat16", "float32")
-BACKENDS = ("auto", "cuda", "interpret")
-
-
 # ---- result models --------------------------------------------------------------------------------
-
-class CandidateRecord(BaseModel):
-    """One attempt at a kernel: what was tried, why, and what happened."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: int | None = None             # candidate number within the run (retries share it)
-    attempt: int = 1
-    template: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    origin: str | None = None            # template | memory | llm
-    rationale: str = ""
-    source: str | None = None
-    source_hash: str | None = None
-    backend: str | None = None           # triton | cuda (kernel language)
-    status: str                          # verified, compile_error, wrong_result, ... bench_failed
-    failure_class: str | None = None
-    message: str = ""
-    diagnosis: str | None = None
-    median_ms: float | None = None       # GPU: cold-L2 time of one launch inside a CUDA graph
-    timing_basis: str | None = None      # "cuda_graph" or "eager": what median_ms/dense_ms measure
-    eager_ms: float | None = None        # the same kernel launched eagerly (what users without graphs pay)
-    dense_ms: float | None = None
-    dense_eager_ms: float | None = None
-    conversion_ms: float | None = None
-    speedup_vs_dense: float | None = None       # GPU timings only, on timing_basis
-    speedup_vs_dense_eager: float | None = None
-    cpu_speedup_vs_dense: float | None = None   # interpreter runs: CPU timings, for the record only
-    expected_ms: float | None = None            # roofline estimate on the target
-    pct_of_roofline: float | None = None
-    bottleneck: str | None = None
-    baselines: dict[str, float | None] = Field(default_factory=dict)
-    metrics: dict[str, Any] = Field(default_factory=dict)
-
 
 class BestKernel(BaseModel):
     """The answer: a verified candidate, or dense, with how and why it was chosen."""
@@ -172,12 +135,6 @@ def _fmt_params(params: dict) -> str:
 
 # ---- the chosen kernel as a callable ----------------------------------------------------------------
 
-def _torch_dtype(name):
-    import torch
-
-    return name if isinstance(name, torch.dtype) else getattr(torch, name)
-
-
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -240,33 +197,15 @@ class SpMMKernel:
 
 # ---- input validation --------------------------------------------------------------------------------
 
-def _check_n(n) -> list[int]:
-    if n is None:
-        return [16]
-    values = [n] if not isinstance(n, (list, tuple)) else list(n)
-    if not values:
-        raise ValueError("Expected at least one N value (columns of B), got an empty list.")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) and not (hasattr(v, "__index__")):
-            raise ValueError(f"Expected integer N values (columns of B), got {v!r} in n={n!r}.")
-        v = int(v)
-        if v <= 0:
-            raise ValueError(f"Expected N >= 1 (columns of B), got {v} in n={n!r}.")
-        out.append(v)
-    return list(dict.fromkeys(out))
-
-
 def _check_settings(target, n, dtype, backend, budget) -> tuple[Any, str | None, list[int], str]:
+    from sparseditto.agents.state import check_backend, check_budget, check_dtype, parse_n_values
     from sparseditto.targets import resolve_target
 
-    if dtype not in DTYPES:
-        raise ValueError(f"Unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}.")
-    if backend not in BACKENDS:
-        raise ValueError(f"Unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}.")
-    n_values = _check_n(n)
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
-        raise ValueError(f"Expected budget to be a positive number of candidates, got {budget!r}.")
+    check_dtype(dtype)
+    check_backend(backend)
+    n_values = [16] if n is None else parse_n_values(n)
+    if budget is not None:
+        check_budget(budget)
     import torch
 
     has_cuda = torch.cuda.is_available()
@@ -383,7 +322,8 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     Extra ``options`` set `Context` fields (max_debug_attempts, time_budget_s, near_roofline, ...).
     """
     t0 = time.time()
-    from sparseditto.graphs.state import Context, build_policy
+    from sparseditto.agents.kit import build_policy
+    from sparseditto.agents.state import Context
 
     tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
     # Context fields that run_graph's own arguments set may not come in again through **options.
@@ -414,7 +354,7 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
 
     model = getattr(policy, "model", None)
     settings = {"target": tgt.name, "n": n_values, "dtype": dtype, "backend": resolved, "budget": budget,
-                "policy": getattr(policy, "name", "?"), "llm": _llm_identity(model), "seed": seed,
+                "policy": policy.name, "llm": _llm_identity(model), "seed": seed,
                 "options": {k: v for k, v in options.items() if k not in ("hooks", "policy", "memory")}}
     base = thread_id or derive_thread_id(key, settings)
 
@@ -429,7 +369,7 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
         saver = SqliteSaver(conn)
         graph = compile_graph(checkpointer=saver)
         tid, state = pick_thread(graph, base, explicit=thread_id is not None)
-        from sparseditto.graphs.state import resolved_budget
+        from sparseditto.agents.state import resolved_budget
 
         per_candidate = 4 + 2 * (ctx.max_debug_attempts + 1)
         config = _config(tid, 30 + resolved_budget(ctx) * per_candidate * 2)
@@ -504,45 +444,20 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
                           reason=final.get("reason", "dense is best"),
                           median_ms=(dense or {}).get("median_ms"), dense_ms=(dense or {}).get("median_ms"),
                           speedup_vs_dense=1.0 if gpu else None)
-    speedups, estimated = _speedups(values, ctx, rec, dense, gpu, target)
-    policy = ctx.policy
     return Result(
         run_id=values.get("memory_run_id") or values.get("run_id") or thread_id, thread_id=thread_id,
         matrix_name=values.get("matrix_name") or A.name, matrix_key=values["matrix_key"], shape=A.shape, nnz=A.nnz,
         target={"name": target.name, "spec": target.model_dump(mode="json"), "measured_on": measured_on,
                 "note": note},
         backend=ctx.backend, timings_are_gpu=gpu, n_values=list(ctx.n_values), dtype=ctx.dtype,
-        policy=getattr(policy, "name", "expert"), report=values.get("report") or {},
+        policy=ctx.policy.name, report=values.get("report") or {},
         candidates=[CandidateRecord.model_validate(c) for c in values.get("candidates") or []],
-        best=best, dense=dense, speedups=speedups, speedups_are_estimates=estimated,
+        best=best, dense=dense, speedups=dict(final.get("speedups") or {}),
+        speedups_are_estimates=bool(final.get("speedups_are_estimates", not gpu)),
         memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
         decisions=list(values.get("decisions") or []), token_usage=dict(values.get("token_usage") or {}),
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
         wall_seconds=round(wall, 3))
-
-
-def _speedups(values, ctx, rec, dense, gpu, target) -> tuple[dict[str, float], bool]:
-    if rec is None:
-        return ({"dense": 1.0} if gpu and dense else {}), not gpu
-    if gpu:
-        out = {}
-        if rec.get("speedup_vs_dense"):
-            out["dense"] = float(rec["speedup_vs_dense"])
-        # vendor libraries are timed with eager launches, so they are compared with the
-        # candidate's eager time (like for like; the graph-launched ratio would flatter us)
-        own = rec.get("eager_ms") or rec.get("median_ms")
-        for name, ms in (rec.get("baselines") or {}).items():
-            if ms and own and name != "cublas_dense":
-                out[name] = float(ms) / float(own)
-        return out, False
-    from sparseditto.agents.planner import template_table
-    from sparseditto.graphs.state import main_n
-
-    table, _ = template_table(values["report"], main_n(ctx), ctx.dtype, target, exec_backend=ctx.backend)
-    dense_est = next((t["estimate_ms"] for t in table if t["name"] == "dense"), None)
-    if dense_est and rec.get("expected_ms"):
-        return {"dense": dense_est / rec["expected_ms"]}, True
-    return {}, True
 
 
 __all__ = ["run_graph", "Result", "BestKernel", "CandidateRecord", "SpMMKernel", "derive_thread_id"]

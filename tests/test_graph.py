@@ -220,7 +220,7 @@ def test_kernel_callable_checks_its_input(run_dir):
 
 def test_studio_graph_runs_from_a_file_path(run_dir):
     """The Studio variant: a matrix path and settings in the input form, nothing else."""
-    from sparseditto.graphs.state import Context
+    from sparseditto.agents.state import Context
     from sparseditto.graphs.studio import graph
 
     path = run_dir / "tiny.mtx"
@@ -300,11 +300,11 @@ def test_profiler_and_finalize_on_gpu_timings(run_dir, monkeypatch):
     from langgraph.runtime import Runtime
 
     from sparseditto import harness
-    from sparseditto.agents.planner import choose_best, finalize
+    from sparseditto.agents.finalize import choose_best, finalize
     from sparseditto.agents.profiler import profiler
     from sparseditto.analysis import analyze
     from sparseditto.artifacts import put_matrix
-    from sparseditto.graphs.state import Context
+    from sparseditto.agents.state import Context
     from sparseditto.harness.results import BaselineTiming, BenchResult, NcuResult, Timing
     from sparseditto.kernel_templates.registry import get_template
 

@@ -33,13 +33,18 @@ class CandidateSpec:
         return f"{self.template}[{self.source_hash[:10]}]" if self.source_hash else self.template
 
 
+def source_backend(source: str) -> str:
+    """The kernel language of a raw candidate source: 'cuda' when it imports CuPy (the only way a
+    candidate reaches CUDA C++: cupy.RawModule / RawKernel), else 'triton'."""
+    return "cuda" if _CUPY_IMPORT.search(source) else "triton"
+
+
 def as_spec(candidate) -> CandidateSpec:
     """Normalize a Candidate-like object or a source string into a `CandidateSpec`."""
     if isinstance(candidate, CandidateSpec):
         return candidate
     if isinstance(candidate, str):
-        backend = "cuda" if _CUPY_IMPORT.search(candidate) else "triton"
-        return CandidateSpec(source=candidate, backend=backend, source_hash=source_hash(candidate))
+        return CandidateSpec(source=candidate, backend=source_backend(candidate), source_hash=source_hash(candidate))
     source = getattr(candidate, "source", None)
     backend = getattr(candidate, "backend", None)
     if backend is None:

@@ -1,0 +1,118 @@
+"""What the roofline cost model says about this matrix: the table the planner plans from.
+
+The planner hands the policy every applicable template with its estimate at the main N (the best
+of a small parameter grid); finalize compares verified kernels with dense on the same table when
+there are no GPU timings; the profiler states a measured kernel's % of its roofline. All three read
+the estimates here, so they can never disagree about a number.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from sparseditto.agents.kit import measured_target, plan_target, report_model
+from sparseditto.agents.records import params_key
+from sparseditto.agents.state import Context, main_n, resolved_backend
+
+GRID_LIMIT = 6
+
+_TABLE_CACHE: dict[tuple, tuple[list[dict], float | None]] = {}
+_TABLE_LOCK = threading.Lock()
+
+
+def template_table(report: dict, n: int, dtype: str, target, measure_target=None,
+                   exec_backend: str = "cuda") -> tuple[list[dict], float | None]:
+    """Applicable templates with roofline estimates at N on `target`, best grid point first.
+
+    Returns (table, roofline_ms): roofline_ms is the best estimate of any applicable format,
+    including dense, on the GPU that measures (the plan target when nothing measures). The dense
+    entry carries ``builtin: True``. On the interpreter (``exec_backend='interpret'``) CUDA C++
+    templates are left out: they cannot run there. Cached per (signature, N, dtype, targets).
+    """
+    key = (report.get("signature"), report.get("shape") and tuple(report["shape"]), n, dtype, target.name,
+           measure_target.name if measure_target is not None else None, exec_backend)
+    with _TABLE_LOCK:
+        hit = _TABLE_CACHE.get(key)
+    if hit is not None:
+        return json.loads(json.dumps(hit[0])), hit[1]
+    from sparseditto.kernel_templates.registry import list_templates
+
+    rep = report_model(report)
+    table: list[dict] = []
+    roof_ms: float | None = None
+    for t in list_templates():
+        if t.backend == "cuda" and exec_backend != "cuda":
+            continue
+        ok, reason = t.applicable(rep)
+        if not ok:
+            continue
+        builtin = t.backend == "builtin"
+        entry: dict[str, Any] = {
+            "name": t.name, "backend": t.backend, "format": t.format, "description": t.description,
+            "applicable_reason": reason, "patterns": list(t.patterns),
+            "params": {k: list(v) for k, v in t.params.items()}, "default_params": dict(t.defaults),
+            "builtin": builtin,
+        }
+        points = []
+        for params in t.param_grid(rep, n, target, limit=GRID_LIMIT) if not builtin else [{}]:
+            est = t.cost(rep, n, dtype, target, params)
+            points.append({"params": dict(params), "estimate_ms": est.seconds * 1e3, "bound": est.bound,
+                           "bytes": float(est.bytes), "unit": est.unit})
+        points.sort(key=lambda p: p["estimate_ms"])
+        best = points[0]
+        entry.update(estimate_ms=best["estimate_ms"], bound=best["bound"], bytes=best["bytes"], unit=best["unit"],
+                     grid=[{k: v for k, v in p.items() if k != "unit"} for p in points])
+        if measure_target is not None:
+            on_gpu = t.cost(rep, n, dtype, measure_target, best["params"]).seconds * 1e3
+        else:
+            on_gpu = best["estimate_ms"]
+        roof_ms = on_gpu if roof_ms is None else min(roof_ms, on_gpu)
+        table.append(entry)
+    with _TABLE_LOCK:
+        _TABLE_CACHE[key] = (json.loads(json.dumps(table)), roof_ms)
+    return table, roof_ms
+
+
+def template_estimate(table: list[dict], template: str, params: dict) -> float | None:
+    """The table's estimate for this exact parameter set, else the template's best estimate."""
+    for t in table:
+        if t["name"] != template:
+            continue
+        for p in t.get("grid") or []:
+            if params_key(template, p["params"]) == params_key(template, params):
+                return p["estimate_ms"]
+        return t.get("estimate_ms")
+    return None
+
+
+def dense_estimate_ms(state: dict, ctx: Context) -> float | None:
+    """Dense's roofline estimate at the main N on the plan target (the bar a kernel must clear
+    when there are no GPU timings)."""
+    target, _ = plan_target(ctx)
+    table, _ = template_table(state["report"], main_n(ctx), ctx.dtype, target, exec_backend=resolved_backend(ctx))
+    return next((t["estimate_ms"] for t in table if t["name"] == "dense"), None)
+
+
+def roofline_for(state: dict, ctx: Context, template: str, params: dict) -> dict | None:
+    """Estimate of this template instance: on the plan target (ranking) and on the measuring GPU.
+    None for dense and for a template the registry does not know (an LLM's own kernel)."""
+    from sparseditto.kernel_templates.registry import get_template
+
+    try:
+        t = get_template(template)
+    except ValueError:
+        return None
+    if t.backend == "builtin":
+        return None
+    target, _ = plan_target(ctx)
+    rep = report_model(state["report"])
+    n = main_n(ctx)
+    try:
+        est = t.cost(rep, n, ctx.dtype, target, params)
+        gpu_target = measured_target(ctx)
+        est_gpu = t.cost(rep, n, ctx.dtype, gpu_target, params) if gpu_target is not None else est
+    except ValueError:   # parameters of an LLM's edit that the template does not allow
+        return None
+    return {"estimate_ms": est.seconds * 1e3, "measured_ms": est_gpu.seconds * 1e3, "bound": est_gpu.bound,
+            "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops)}
