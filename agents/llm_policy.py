@@ -264,11 +264,11 @@ def _legal_params(entry: dict | None, name: str) -> dict | None:
     """Legal values per parameter for a template: from its planning entry, else the registry."""
     if entry and isinstance(entry.get("params"), dict) and all(isinstance(v, (list, tuple)) for v in entry["params"].values()):
         return entry["params"]
-    try:
-        from sparseditto.kernel_templates.registry import get_template
+    from sparseditto.kernel_templates.registry import get_template
 
+    try:
         return dict(get_template(name).params)
-    except Exception:
+    except ValueError:   # not a registry template
         return None
 
 
@@ -283,12 +283,9 @@ def validate_plan(decision: PlanDecision, inp: PlanningInput) -> list[str]:
     entries = {t.get("name"): t for t in inp.templates if t.get("name")}
     names = set(entries) | {"dense"}
     if not entries:
-        try:
-            from sparseditto.kernel_templates.registry import list_templates
+        from sparseditto.kernel_templates.registry import list_templates
 
-            names |= {getattr(t, "name", str(t)) for t in list_templates()}
-        except Exception:
-            names = set()  # nothing to check against: accept the names
+        names |= {t.name for t in list_templates()}
     for i, spec in enumerate(decision.candidates):
         if names and spec.template not in names:
             problems.append(f"candidate {i + 1}: unknown template '{spec.template}' "
@@ -538,12 +535,9 @@ class LLMPolicy:
     def _known_templates(self) -> list[str]:
         if self._templates:
             return self._templates
-        try:
-            from sparseditto.kernel_templates.registry import list_templates
+        from sparseditto.kernel_templates.registry import list_templates
 
-            return sorted(getattr(t, "name", str(t)) for t in list_templates())
-        except Exception:
-            return []
+        return sorted(t.name for t in list_templates())
 
     # -- the three decisions --
     def plan(self, inp: PlanningInput) -> PlanDecision:

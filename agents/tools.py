@@ -130,39 +130,21 @@ def _registry():
 
 
 def _template_names() -> list[str]:
-    reg = _registry()
-    return sorted(t.name if hasattr(t, "name") else str(t) for t in reg.list_templates())
+    return sorted(t.name for t in _registry().list_templates())
 
 
 def describe_template_text(name: str) -> str:
     try:
-        reg = _registry()
-    except Exception as exc:
-        return f"error: the template registry is unavailable ({type(exc).__name__}: {exc})"
-    try:
-        if hasattr(reg, "describe_template"):
-            desc = reg.describe_template(name)
-            return desc if isinstance(desc, str) else _dump(desc)
-        tmpl = reg.get_template(name)
-    except Exception as exc:
+        return _dump(_registry().describe_template(name))
+    except ValueError as exc:   # an unknown template: the message lists the known ones
         return _template_error(exc)
-    info = {k: getattr(tmpl, k, None) for k in ("name", "backend", "format", "description", "params")}
-    info["defaults"] = (getattr(tmpl, "meta", None) or {}).get("defaults")
-    return _dump(info)
 
 
 def _template_error(exc: BaseException) -> str:
     text = f"error: {type(exc).__name__}: {exc}"
     if "known templates" not in text.lower():
-        text += f" Known templates: {', '.join(_safe_names())}"
+        text += f" Known templates: {', '.join(_template_names())}"
     return clip(text, 1500)
-
-
-def _safe_names() -> list[str]:
-    try:
-        return _template_names()
-    except Exception:
-        return []
 
 
 def instantiate_template_text(name: str, params_json: str = "{}") -> str:
@@ -174,7 +156,7 @@ def instantiate_template_text(name: str, params_json: str = "{}") -> str:
         return f"error: params_json must be a JSON object, got {type(params).__name__}"
     try:
         cand = _registry().get_template(name).instantiate(params)
-    except Exception as exc:
+    except ValueError as exc:   # unknown template or illegal parameters: the message says which
         return _template_error(exc)
     return clip(cand.source, 12000)
 
@@ -201,37 +183,16 @@ def past_kernels_text(ctx: ToolContext, key: str = "") -> str:
 
 
 # ---- compile and verify through the harness ----------------------------------------------------
-_HARNESS_HOMES = {"check_source": ("static_checks",), "run_and_verify": ("verify",),
-                  "compile_candidate": ("compile", "compiler", "compiling")}
-
-
-def _harness_fn(name: str):
-    """A harness function by its contract name: exported by ``sparseditto.harness`` or found in
-    the submodule that defines it."""
-    import importlib
-
-    harness = importlib.import_module("sparseditto.harness")
-    fn = getattr(harness, name, None)
-    if fn is not None:
-        return fn
-    for sub in _HARNESS_HOMES.get(name, ()):
-        try:
-            module = importlib.import_module(f"sparseditto.harness.{sub}")
-        except ModuleNotFoundError:
-            continue
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise LookupError(f"sparseditto.harness has no {name}()")
-
-
 def compile_kernel_text(ctx: ToolContext, source: str) -> str:
     """Static checks, then the harness compile (the harness accepts a source string as a candidate)."""
+    from sparseditto import harness
+
     try:
-        checked = _harness_fn("check_source")(source)
+        checked = harness.check_source(source)
         if not checked.ok:
             return _dump({"ok": False, "stage": "static_check", "violations": checked.violations,
                           "syntax_error": checked.syntax_error})
-        result = _harness_fn("compile_candidate")(source, backend=ctx.backend)
+        result = harness.compile_candidate(source, backend=ctx.backend)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {clip(str(exc), 2000, keep='tail')}"
     return _dump({"ok": result.ok, "stage": "compile", "failure_class": result.failure_class,
@@ -242,9 +203,11 @@ def verify_kernel_text(ctx: ToolContext, source: str) -> str:
     """The full sandboxed verification on the current matrix (static checks included)."""
     if ctx.matrix is None:
         return "error: no matrix in the tool context (the graph sets it before each step)"
+    from sparseditto import harness
+
     try:
-        result = _harness_fn("run_and_verify")(source, ctx.matrix, n_values=tuple(ctx.n_values), dtype=ctx.dtype,
-                                               backend=ctx.backend, timeout=ctx.timeout_s)
+        result = harness.run_and_verify(source, ctx.matrix, n_values=tuple(ctx.n_values), dtype=ctx.dtype,
+                                        backend=ctx.backend, timeout=ctx.timeout_s)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {clip(str(exc), 2000, keep='tail')}"
     checks = [{"n": c.n, "kind": c.kind, "ok": c.ok, "rel_err": c.rel_err} for c in result.checks[:8]]

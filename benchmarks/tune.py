@@ -25,7 +25,6 @@ sparseditto.harness.run_and_verify + bench (sandboxed workers, the planner's own
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import math
@@ -42,7 +41,6 @@ if str(ROOT) not in sys.path:
 
 SIZE = 4096
 PARAMS_LINE = re.compile(r'^PARAMS = dict\(META\["defaults"\]\)[ \t]*$', re.MULTILINE)
-TOL = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-5}
 
 
 # ---- cases --------------------------------------------------------------------------------------
@@ -165,7 +163,9 @@ def candidate_source(template: str, params: dict, old_dir: Path | None) -> tuple
         from sparseditto.kernel_templates.registry import get_template
 
         source = get_template(template).instantiate(params).source
-    return source, hashlib.sha256(source.encode()).hexdigest()
+    from sparseditto.harness.source_loader import source_hash
+
+    return source, source_hash(source)
 
 
 def _merged_old(text: str, params: dict) -> dict:
@@ -196,44 +196,31 @@ def load_module(source: str, digest: str, cache: Path):
 # ---- one variant --------------------------------------------------------------------------------
 
 class Inputs:
-    """A case's matrix at one N on the device: rounded values, B, and the fp64 reference."""
+    """A case's matrix at one N on the device: dtype-rounded values, B, and the fp64 reference with
+    the verifier's own tolerance (`sparseditto.harness.numerics`: one rule for verify and tuning)."""
 
     def __init__(self, matrix, n: int, dtype: str, device: str, seed: int = 0):
         import numpy as np
         import torch
 
-        from sparseditto.harness.numerics import round_to_dtype, torch_dtype
+        from sparseditto.harness.numerics import Reference, round_to_dtype, torch_dtype, with_values
 
         self.matrix, self.n, self.dtype, self.device = matrix, n, dtype, device
         self.tdtype = torch_dtype(dtype)
         vals = round_to_dtype(matrix.data.astype(np.float64), dtype)
-        from sparseditto.harness.numerics import with_values
-
         self.a = with_values(matrix, vals, dtype)
         M, K = matrix.shape
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        self.B = (torch.rand(K, n, generator=gen, dtype=torch.float64) * 2 - 1).to(self.tdtype).to(device)
-        rows = torch.from_numpy(matrix.row_ids()).to(device)
-        cols = torch.from_numpy(matrix.indices.astype(np.int64)).to(device)
-        a64 = torch.zeros((M, K), dtype=torch.float64, device=device)
-        a64[rows, cols] = torch.from_numpy(vals).to(device)
-        b64 = self.B.double()
-        self.ref = a64 @ b64
-        self.bound = TOL[dtype] * (a64.abs() @ b64.abs() + self.ref.abs()) + 1e-6
-        self.dense = a64.to(self.tdtype)
-        del a64
+        b = (torch.rand(K, n, generator=gen, dtype=torch.float64) * 2 - 1).to(self.tdtype)
+        self.B = b.to(device)
+        self.ref = Reference.compute(self.a, vals, b.double().numpy(), dtype)
+        self.dense = torch.from_numpy(self.a.to_dense()).to(device=device, dtype=self.tdtype)  # dense's timing
 
     def check(self, out) -> str | None:
-        import torch
+        from sparseditto.harness.numerics import compare
 
-        got = out.double()
-        if bool(torch.isnan(got).any()):
-            return f"{int(torch.isnan(got).sum())} NaN (unwritten) outputs"
-        err = (got - self.ref).abs()
-        bad = err > self.bound
-        if bool(bad.any()):
-            return f"{int(bad.sum())} outputs out of tolerance, max error {float(err.max()):.3g}"
-        return None
+        result = compare(out.double().cpu().numpy(), self.ref.value, self.ref)
+        return None if result.ok else result.message
 
 
 def run_once(module, inputs: Inputs) -> tuple[dict, float, str | None]:

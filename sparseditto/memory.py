@@ -44,6 +44,8 @@ from typing import Any, Iterable
 import numpy as np
 import sqlite_utils
 
+from sparseditto.harness.source_loader import source_hash
+
 SCHEMA_VERSION = 1
 
 #: Run status values. A run starts "running"; the driver finishes it with one of the others.
@@ -102,11 +104,6 @@ def n_bucket(n: int | Iterable[int]) -> str:
         if n <= limit:
             return f"<={limit}"
     return ">1024"
-
-
-def source_hash(source: str) -> str:
-    """Content hash of a kernel source (the key of the kernels table)."""
-    return hashlib.sha256(source.encode("utf-8")).hexdigest()[:32]
 
 
 def _now() -> str:
@@ -216,6 +213,9 @@ def template_versions() -> dict[str, str]:
                 continue
             key = f"{sub}/{entry.name}"
             out[key] = hashlib.sha256(entry.read_bytes()).hexdigest()[:16]
+    runtime = root / "runtime.py"   # the launch plumbing every template instance imports
+    if runtime.is_file():
+        out["runtime.py"] = hashlib.sha256(runtime.read_bytes()).hexdigest()[:16]
     return out
 
 
