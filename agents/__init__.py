@@ -1,1 +1,1 @@
-"""The five agents of the SparseDitto graph (installed as ``sparseditto.agents``)."""
+"""The agents of the SparseDitto graph: its nodes, the services they share, the policies (installed as ``sparseditto.agents``)."""
