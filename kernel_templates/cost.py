@@ -268,6 +268,20 @@ def row_critical_bytes(stats: ReportStats, rows_per_program: int, vb: int, ib: i
     return row_work * (vb + ib + n * vb)
 
 
+def row_split_csr_terms(stats: ReportStats, n: int, dtype: str, params: dict, *, rows_per_program: int = 1,
+                        default_bits: Any = "auto") -> CostTerms:
+    """A CSR kernel whose programs own whole rows (csr_rowsplit, csr_vector): the CSR bytes, 2*nnz*N
+    flops on CUDA cores, and the critical path of its busiest program."""
+    vb = VALUE_BYTES[dtype]
+    ib = csr_index_bytes(stats, params, default_bits)
+    terms = CostTerms(a_bytes=csr_bytes(stats.m, stats.nnz, vb, ib), flops=2.0 * stats.nnz * n, unit="cuda_core",
+                      notes=[f"CSR with {8 * ib}-bit column ids"])
+    if stats.nnz:
+        terms.critical_bytes = row_critical_bytes(stats, rows_per_program, vb, ib, n)
+        terms.critical_what = f"longest row ({int(stats.row_max)} nonzeros)"
+    return terms
+
+
 def next_pow2(x: float) -> int:
     return 1 if x <= 1 else 1 << (int(math.ceil(x)) - 1).bit_length()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 DEFAULT_SMS = 132   # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
+INT16_COLUMN_LIMIT = 32768   # int16 column ids hold 0..32767
 
 _NAMED_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
                  "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -36,6 +37,15 @@ def torch_dtype(dtype) -> torch.dtype:
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (1 for x <= 1)."""
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def index_bits(choice, K: int) -> int:
+    """Column-id width of a CSR-family kernel: INDEX_BITS 16 | 32 | "auto" (16 when K <= 32768,
+    4 instead of 6 bytes per fp16 nonzero); ValueError when 16 cannot hold K's column ids."""
+    bits = (16 if K <= INT16_COLUMN_LIMIT else 32) if choice == "auto" else int(choice)
+    if bits == 16 and K > INT16_COLUMN_LIMIT:
+        raise ValueError(f"INDEX_BITS=16 needs K <= {INT16_COLUMN_LIMIT}, got K = {K}.")
+    return bits
 
 
 def check_params(meta: dict, params: dict) -> None:

@@ -61,7 +61,6 @@ from sparseditto.formats import CSR
 from sparseditto.kernel_templates import runtime as rt
 
 _PAD_TO = 128
-_INT16_COLUMN_LIMIT = 32768
 
 
 @triton.jit
@@ -212,11 +211,7 @@ def prepare(A, dtype, device) -> dict:
     """CSR on `device` (padded for aligned chunk loads) plus the nonzero split and fix-up lists."""
     dtype = rt.torch_dtype(dtype)
     M, K = A.shape
-    bits = PARAMS["INDEX_BITS"]
-    if bits == "auto":
-        bits = 16 if K <= _INT16_COLUMN_LIMIT else 32
-    if bits == 16 and K > _INT16_COLUMN_LIMIT:
-        raise ValueError(f"INDEX_BITS=16 needs K <= {_INT16_COLUMN_LIMIT}, got K = {K}.")
+    bits = rt.index_bits(PARAMS["INDEX_BITS"], K)
     csr = CSR.from_matrix(A, index_dtype="int16" if bits == 16 else "int32")
     tensors = csr.to_torch(device=device, dtype=dtype)
     padded = -(-max(csr.nnz, 1) // _PAD_TO) * _PAD_TO

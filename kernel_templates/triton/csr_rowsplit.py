@@ -64,7 +64,6 @@ from sparseditto.formats import CSR
 from sparseditto.kernel_templates import runtime as rt
 from sparseditto.reorder import row_permutation
 
-_INT16_COLUMN_LIMIT = 32768
 _INT32_LIMIT = 2**31 - 1
 _PAD_MAX_EXTRA = 0.15          # LAYOUT="auto": pad rows when it adds <= 15% bytes of A ...
 _PAD_FREE_BYTES = 1 << 20      # ... or less than 1 MiB (latency-bound sizes: bytes are free)
@@ -172,11 +171,7 @@ def prepare(A, dtype, device) -> dict:
     rt.check_params(META, PARAMS)
     dtype = rt.torch_dtype(dtype)
     M, K = A.shape
-    bits = PARAMS["INDEX_BITS"]
-    if bits == "auto":
-        bits = 16 if K <= _INT16_COLUMN_LIMIT else 32
-    if bits == 16 and K > _INT16_COLUMN_LIMIT:
-        raise ValueError(f"INDEX_BITS=16 needs K <= {_INT16_COLUMN_LIMIT}, got K = {K}.")
+    bits = rt.index_bits(PARAMS["INDEX_BITS"], K)
     csr = CSR.from_matrix(A, index_dtype="int16" if bits == 16 else "int32")
     lengths = np.diff(csr.indptr.astype(np.int64))
     layout = PARAMS["LAYOUT"]

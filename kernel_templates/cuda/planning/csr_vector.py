@@ -1,8 +1,7 @@
 """csr_vector's planning knowledge: it fits any pattern; the lane layout follows N and the rows."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, csr_bytes, csr_index_bytes, next_pow2,
-                                               row_critical_bytes)
+from sparseditto.kernel_templates.cost import CostTerms, next_pow2, row_split_csr_terms
 
 APPLICABILITY = "always: CSR represents any pattern"
 COST_MODEL = ("bytes = nnz*(vb + 4) + (M+1)*4 + B + C (int32 column ids); flops 2*nnz*N on CUDA cores; "
@@ -33,11 +32,4 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    vb = VALUE_BYTES[dtype]
-    ib = csr_index_bytes(stats, params, default_bits=32)   # always int32 column ids
-    terms = CostTerms(a_bytes=csr_bytes(stats.m, stats.nnz, vb, ib), flops=2.0 * stats.nnz * n, unit="cuda_core",
-                      notes=[f"CSR with {8 * ib}-bit column ids"])
-    if stats.nnz:
-        terms.critical_bytes = row_critical_bytes(stats, 1, vb, ib, n)
-        terms.critical_what = f"longest row ({int(stats.row_max)} nonzeros)"
-    return terms
+    return row_split_csr_terms(stats, n, dtype, params, default_bits=32)   # always int32 column ids

@@ -1,8 +1,7 @@
 """csr_rowsplit's planning knowledge: it fits any pattern; group short rows, reorder skewed ones."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, csr_bytes, csr_index_bytes, next_pow2,
-                                               row_critical_bytes)
+from sparseditto.kernel_templates.cost import CostTerms, next_pow2, row_split_csr_terms
 
 APPLICABILITY = "always: CSR represents any pattern"
 COST_MODEL = ("bytes = nnz*(vb + 4 or 2 for int16 ids) + (M+1)*4 (+ M*4 row order when reordered) + B + C; "
@@ -43,14 +42,7 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    vb = VALUE_BYTES[dtype]
-    ib = csr_index_bytes(stats, params)
-    terms = CostTerms(a_bytes=csr_bytes(stats.m, stats.nnz, vb, ib), flops=2.0 * stats.nnz * n, unit="cuda_core",
-                      notes=[f"CSR with {8 * ib}-bit column ids"])
+    terms = row_split_csr_terms(stats, n, dtype, params, rows_per_program=int(params.get("ROWS_PER_PROGRAM", 1) or 1))
     if params.get("REORDER", "none") != "none":
-        terms.extra_bytes += stats.m * 4.0
-    if stats.nnz:
-        rows = int(params.get("ROWS_PER_PROGRAM", 1) or 1)
-        terms.critical_bytes = row_critical_bytes(stats, rows, vb, ib, n)
-        terms.critical_what = f"longest row ({int(stats.row_max)} nonzeros)"
+        terms.extra_bytes += stats.m * 4.0   # the row order
     return terms
