@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("sparseditto.agents", "sparseditto.graphs", "sparseditto.kernel_templates",
                "sparseditto.kernel_templates.triton", "sparseditto.kernel_templates.cuda",
-               "sparseditto.harness")
+               "sparseditto.kernel_templates.triton.planning", "sparseditto.kernel_templates.cuda.planning",
+               "sparseditto.kernel_templates.runtime", "sparseditto.harness")
 
 
 def test_editable_install_maps_top_level_dirs():
