@@ -122,7 +122,7 @@ def _check_meta(meta: dict, path: Path, backend_dir: str) -> None:
         raise ValueError(f"{path.name}: META name {meta['name']!r} must equal the file stem {path.stem!r}.")
     if meta["backend"] != backend_dir:
         raise ValueError(f"{path.name}: META backend {meta['backend']!r} but the file is under {backend_dir}/.")
-    format_name(meta["format"])  # raises for a format without a cost model
+    format_name(meta["format"])  # raises for a format name sparseditto does not know
     params, defaults = meta["params"], meta["defaults"]
     if not isinstance(params, dict) or not all(isinstance(v, list) and v for v in params.values()):
         raise ValueError(f"{path.name}: META params must map each name to a non-empty list of legal values.")
