@@ -19,8 +19,13 @@ Pattern classes (the names the analyzer reports):
 ``nm``              exactly ``n`` of every ``m_group`` consecutive entries along rows or columns,
                     plus an optional fraction of groups with one extra nonzero (violations)
 ``row_pruned``      whole rows zero, kept rows Bernoulli(``density``) (``column_pruned`` likewise)
+``magnitude``       how LLM weights are pruned: dense Gaussian weights, the largest ``|w|`` kept
+                    (``magnitude_pruned``: the top fraction of each row, so every row holds the
+                    same nnz, as Wanda/SparseGPT-style per-output pruning leaves it;
+                    ``nm_magnitude_pruned``: the ``n`` largest of each group of ``m`` along K)
 ``banded``          entries with ``|i - j| <= bandwidth`` (diagonal always kept, the rest with
-                    probability ``fill``); ``laplacian_2d`` is the 5-point finite-difference stencil
+                    probability ``fill``); ``laplacian_2d`` / ``laplacian_3d`` are the 5- and
+                    7-point finite-difference stencils
 ``power_law``       R-MAT / Kronecker graph (``rmat``), heavy-tailed row and column degrees
 ``dense``           (nearly) every entry present
 ==================  ==========================================================================
@@ -41,7 +46,10 @@ __all__ = [
     "column_pruned",
     "dense",
     "laplacian_2d",
+    "laplacian_3d",
+    "magnitude_pruned",
     "make",
+    "nm_magnitude_pruned",
     "nm_sparse",
     "rmat",
     "row_pruned",
@@ -81,7 +89,12 @@ def _check_dtype(dtype: str) -> str:
 # ---- assembly helpers -----------------------------------------------------------------------
 def _values(rng: np.random.Generator, count: int, dtype: str) -> np.ndarray:
     """Standard-normal values, rounded to ``dtype`` so kernels in that dtype see them exactly."""
-    vals = rng.standard_normal(count, dtype=np.float64 if dtype == "float64" else np.float32)
+    return _rounded(rng.standard_normal(count, dtype=np.float64 if dtype == "float64" else np.float32), dtype)
+
+
+def _rounded(vals: np.ndarray, dtype: str) -> np.ndarray:
+    """``vals`` (float32, or float64 for dtype float64) rounded to ``dtype`` and stored as float32/64."""
+    vals = np.ascontiguousarray(vals, dtype=np.float64 if dtype == "float64" else np.float32)
     if dtype == "float16":
         vals = vals.astype(np.float16).astype(np.float32)
     elif dtype == "bfloat16":
@@ -316,6 +329,85 @@ def column_pruned(m: int, k: int, prune_fraction: float, density: float = 1.0, s
                       "density": density, "seed": seed, "kept_cols": int(kept.sum())})
 
 
+def _magnitude_pruned(m: int, k: int, rng: np.random.Generator, keep_mask: Callable[[np.ndarray], np.ndarray],
+                      dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR (indptr, indices, values) of Gaussian weights drawn a chunk of rows at a time and
+    pruned by ``keep_mask(|W chunk|) -> bool mask``; the kept values are the weights themselves."""
+    rows_per_chunk = max(1, _CHUNK_CELLS // max(k, 1))
+    counts = np.zeros(m, dtype=np.int64)
+    cols, vals = [], []
+    for r0 in range(0, m, rows_per_chunk):
+        r1 = min(m, r0 + rows_per_chunk)
+        w = rng.standard_normal((r1 - r0, k), dtype=np.float32)
+        mask = keep_mask(np.abs(w))
+        counts[r0:r1] = np.count_nonzero(mask, axis=1)
+        cols.append(np.nonzero(mask)[1].astype(np.int32))
+        vals.append(w[mask])
+    indptr = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, np.concatenate(cols), _rounded(np.concatenate(vals), dtype)
+
+
+def magnitude_pruned(m: int, k: int, sparsity: float, seed: int = 0, *, dtype: str = "float32") -> SparseMatrix:
+    """Per-row magnitude pruning of dense Gaussian weights: each row keeps its ``round((1 - sparsity) * k)``
+    largest ``|w|`` (ties broken by position), so every row holds the same nnz.
+
+    This is the pattern Wanda / SparseGPT-style unstructured LLM pruning leaves (one comparison
+    group per output row), unlike `unstructured`, whose row lengths are binomial.
+    """
+    m, k = _check_dim("m", m), _check_dim("k", k)
+    sparsity = _check_fraction("sparsity", sparsity)
+    _check_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    keep = k - int(round(sparsity * k))
+
+    def keep_mask(mag: np.ndarray) -> np.ndarray:
+        mask = np.zeros(mag.shape, dtype=bool)
+        if keep >= k:
+            mask[:] = True
+        elif keep > 0:
+            top = np.argpartition(-mag, keep - 1, axis=1)[:, :keep]
+            np.put_along_axis(mask, top, True, axis=1)
+        return mask
+
+    indptr, indices, values = _magnitude_pruned(m, k, rng, keep_mask, dtype)
+    return SparseMatrix(indptr=indptr, indices=indices, data=values, shape=(m, k), dtype=dtype,
+                        name=f"magnitude_pruned_{m}x{k}_s{sparsity:.3g}_seed{seed}",
+                        meta={"generator": {"kind": "unstructured", "pruning": "row_magnitude", "m": m, "k": k,
+                                            "sparsity": sparsity, "keep_per_row": keep, "seed": seed}})
+
+
+def nm_magnitude_pruned(m: int, k: int, n: int = 2, m_group: int = 4, seed: int = 0, *,
+                        dtype: str = "float32") -> SparseMatrix:
+    """N:M magnitude pruning of dense Gaussian weights: the ``n`` largest ``|w|`` of every group of
+    ``m_group`` consecutive entries along K are kept (2:4 as NVIDIA's sparse tensor cores want it).
+
+    A partial tail group (``k % m_group`` entries) keeps its ``min(n, len)`` largest.
+    """
+    m, k = _check_dim("m", m), _check_dim("k", k)
+    n, m_group = _check_dim("n", n), _check_dim("m_group", m_group)
+    if n > m_group:
+        raise ValueError(f"Expected n <= m_group for N:M sparsity, got n={n}, m_group={m_group}.")
+    _check_dtype(dtype)
+    rng = np.random.default_rng(seed)
+    groups = -(-k // m_group)
+
+    def keep_mask(mag: np.ndarray) -> np.ndarray:
+        rows = mag.shape[0]
+        padded = np.full((rows, groups * m_group), -1.0, dtype=np.float32)  # pads never win: |w| >= 0
+        padded[:, :k] = mag
+        order = np.argsort(-padded.reshape(rows, groups, m_group), axis=2, kind="stable")
+        mask = np.zeros((rows, groups, m_group), dtype=bool)
+        np.put_along_axis(mask, order[:, :, :n], True, axis=2)
+        return mask.reshape(rows, groups * m_group)[:, :k]
+
+    indptr, indices, values = _magnitude_pruned(m, k, rng, keep_mask, dtype)
+    return SparseMatrix(indptr=indptr, indices=indices, data=values, shape=(m, k), dtype=dtype,
+                        name=f"nm{n}of{m_group}_magnitude_{m}x{k}_seed{seed}",
+                        meta={"generator": {"kind": "nm", "pruning": "group_magnitude", "m": m, "k": k, "n": n,
+                                            "m_group": m_group, "axis": "row", "seed": seed}})
+
+
 def banded(m: int, k: int, bandwidth: int, fill: float = 1.0, seed: int = 0, *,
            dtype: str = "float32") -> SparseMatrix:
     """Entries with ``|i - j| <= bandwidth``: the diagonal always, off-diagonals with probability ``fill``.
@@ -373,6 +465,29 @@ def laplacian_2d(nx: int, ny: int, *, dtype: str = "float32") -> SparseMatrix:
                         meta={"generator": {"kind": "banded", "nx": nx, "ny": ny, "bandwidth": nx}})
 
 
+def laplacian_3d(nx: int, ny: int, nz: int, *, dtype: str = "float32") -> SparseMatrix:
+    """The 7-point finite-difference Laplacian on an ``nx x ny x nz`` grid (6 on the diagonal, -1 to
+    each of the up to six grid neighbours): the 3-D mesh matrix of scientific codes, banded with
+    bandwidth ``nx * ny`` in natural ordering."""
+    nx, ny, nz = _check_dim("nx", nx), _check_dim("ny", ny), _check_dim("nz", nz)
+    _check_dtype(dtype)
+    n = nx * ny * nz
+    idx = np.arange(n, dtype=np.int64)
+    x, y, z = idx % nx, (idx // nx) % ny, idx // (nx * ny)
+    plane = nx * ny
+    offsets = [(-plane, z > 0), (-nx, y > 0), (-1, x > 0), (0, np.ones(n, dtype=bool)),
+               (1, x < nx - 1), (nx, y < ny - 1), (plane, z < nz - 1)]
+    cols = np.stack([idx + off for off, _ in offsets], axis=1)     # ascending offsets: sorted rows
+    mask = np.stack([ok for _, ok in offsets], axis=1)
+    vals = np.broadcast_to(np.where(np.arange(7)[None, :] == 3, 6.0, -1.0), cols.shape)[mask]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    return SparseMatrix(indptr=indptr, indices=cols[mask].astype(np.int32),
+                        data=vals.astype(np.float64 if dtype == "float64" else np.float32),
+                        shape=(n, n), dtype=dtype, name=f"laplacian3d_{nx}x{ny}x{nz}",
+                        meta={"generator": {"kind": "banded", "nx": nx, "ny": ny, "nz": nz, "bandwidth": plane}})
+
+
 def rmat(scale: int, edge_factor: int = 16, a: float = 0.57, b: float = 0.19, c: float = 0.19, seed: int = 0, *,
          permute: bool = True, dtype: str = "float32") -> SparseMatrix:
     """R-MAT (recursive Kronecker) graph on ``2**scale`` vertices with ``edge_factor * 2**scale`` edges.
@@ -426,6 +541,9 @@ GENERATORS: dict[str, Callable[..., SparseMatrix]] = {
     "column_pruned": column_pruned,
     "banded": banded,
     "laplacian_2d": laplacian_2d,
+    "laplacian_3d": laplacian_3d,
+    "magnitude_pruned": magnitude_pruned,
+    "nm_magnitude_pruned": nm_magnitude_pruned,
     "rmat": rmat,
     "power_law": rmat,
 }

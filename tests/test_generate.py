@@ -39,6 +39,8 @@ CASES = [
     ("column_pruned", dict(m=50, k=90, prune_fraction=0.4, density=0.5)),
     ("banded", dict(m=100, k=80, bandwidth=4, fill=0.5)),
     ("rmat", dict(scale=8)),
+    ("magnitude_pruned", dict(m=50, k=70, sparsity=0.7)),
+    ("nm_magnitude_pruned", dict(m=40, k=30, n=2, m_group=4)),
 ]
 
 
@@ -147,6 +149,60 @@ def test_banded_and_laplacian():
     assert dense[interior].sum() == 0.0
 
 
+def test_laplacian_3d_is_the_seven_point_stencil():
+    nx, ny, nz = 4, 3, 5
+    L = gen.laplacian_3d(nx, ny, nz)
+    n = nx * ny * nz
+    dense = L.to_dense()
+    assert_canonical(L, (n, n))
+    assert L.nnz == 7 * n - 2 * (ny * nz + nx * nz + nx * ny)
+    assert np.array_equal(dense, dense.T) and np.all(np.diag(dense) == 6.0)
+    assert np.linalg.eigvalsh(dense).min() > 0
+    interior = (2 * ny + 1) * nx + 1          # grid point (1, 1, 2): all six neighbours inside
+    assert dense[interior].sum() == 0.0 and np.count_nonzero(dense[interior]) == 7
+    i, j = np.nonzero(dense)
+    assert np.abs(i - j).max() == nx * ny
+
+
+def _gaussian_weights(m, k, seed):
+    """The dense weights the magnitude generators draw (one chunk of rows at these sizes)."""
+    return np.random.default_rng(seed).standard_normal((m, k), dtype=np.float32)
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5, 0.7, 0.9, 1.0])
+def test_magnitude_pruning_keeps_the_largest_weights_of_every_row(sparsity):
+    m, k = 37, 51
+    A = gen.magnitude_pruned(m, k, sparsity, seed=5)
+    W = _gaussian_weights(m, k, 5)
+    keep = k - round(sparsity * k)
+    assert np.all(A.row_lengths() == keep), "every row holds the same nnz"
+    mask = A.mask()
+    for r in range(m):
+        kept, dropped = np.abs(W[r][mask[r]]), np.abs(W[r][~mask[r]])
+        if kept.size and dropped.size:
+            assert kept.min() >= dropped.max()
+    assert np.array_equal(A.to_dense()[mask], W[mask]), "the kept values are the weights themselves"
+    H = gen.magnitude_pruned(m, k, sparsity, seed=5, dtype="float16")
+    assert np.array_equal(H.data, W[mask].astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("n,g,k", [(2, 4, 64), (4, 8, 64), (2, 4, 30), (1, 2, 9)])
+def test_nm_magnitude_pruning_keeps_the_n_largest_of_every_group(n, g, k):
+    m = 20
+    A = gen.nm_magnitude_pruned(m, k, n=n, m_group=g, seed=2)
+    W = np.abs(_gaussian_weights(m, k, 2))
+    mask = A.mask()
+    for r in range(m):
+        for c0 in range(0, k, g):
+            group, kept = W[r, c0:c0 + g], mask[r, c0:c0 + g]
+            assert kept.sum() == min(n, group.size)
+            if (~kept).any():
+                assert group[kept].min() >= group[~kept].max()
+    from sparseditto.analysis import analyze
+
+    assert analyze(A).pattern == "nm"
+
+
 def test_rmat_is_heavy_tailed_and_merges_duplicates():
     A = gen.rmat(11, edge_factor=16, seed=0, permute=False)
     assert A.shape == (2048, 2048)
@@ -168,6 +224,9 @@ def test_rmat_is_heavy_tailed_and_merges_duplicates():
     (lambda: gen.banded(8, 8, bandwidth=-1), "bandwidth"),
     (lambda: gen.rmat(10, a=0.6, b=0.3, c=0.3), "a \\+ b \\+ c"),
     (lambda: gen.unstructured(5, 5, 0.5, dtype="int8"), "dtype"),
+    (lambda: gen.magnitude_pruned(5, 5, -0.1), "sparsity"),
+    (lambda: gen.nm_magnitude_pruned(8, 8, n=3, m_group=2), "n <= m_group"),
+    (lambda: gen.laplacian_3d(4, 0, 4), "positive integer"),
     (lambda: gen.make("spiral", m=4), "Unknown generator kind 'spiral'"),
     (lambda: gen.make("banded", m=4, k=4, width=2), "Bad arguments for generator 'banded'"),
 ])
