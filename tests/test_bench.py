@@ -82,6 +82,45 @@ def test_run_baselines_on_the_interpreter_keeps_failures(pool):
     assert not by_name["cusparse_csr_torch"].ok and "Half" in by_name["cusparse_csr_torch"].error
 
 
+def test_bench_rechecks_baselines_on_a_fresh_b_after_timing(pool):
+    result = bench(source("good_triton_csr.py"), small_matrix(), 5, dtype="float32", repeats=2, warmup=0,
+                   pool=pool, baseline_graphs=True, recheck_baselines=True)
+    by_name = {b.name: b for b in result.baselines}
+    for name in ("cublas_dense", "cusparse_csr_torch"):
+        assert by_name[name].rechecked is True, by_name[name].recheck_message
+        assert "fresh B" in by_name[name].recheck_message
+        assert by_name[name].graph_timing is None  # no CUDA graphs on the interpreter
+    assert by_name["triton_bsr_torch"].rechecked is None  # never ran, so never re-checked
+    plain = bench(source("good_triton_csr.py"), small_matrix(), 5, dtype="float32", repeats=1, warmup=0,
+                  pool=pool, baselines=["cusparse_csr_torch"])
+    assert all(b.rechecked is None for b in plain.baselines)
+
+
+def test_fresh_recheck_catches_a_baseline_that_ignores_its_input(monkeypatch):
+    """A library answer computed once and replayed (ignoring the B it is given) passes the first
+    check and times well; the re-check on a fresh B must fail it."""
+    import torch
+
+    from sparseditto.harness import baselines as bl
+    from sparseditto.harness.numerics import Reference, draw_dense, with_values
+
+    A = small_matrix(12, 16, seed=7)
+    a = with_values(A, A.data.astype(np.float64), "float32")
+    b64 = draw_dense(np.random.default_rng(0), (16, 3), "float32")
+    B = torch.from_numpy(b64).float()
+    ref = Reference.compute(a, a.data.astype(np.float64), b64, "float32")
+    stale = torch.from_numpy(ref.value).float()
+    monkeypatch.setitem(bl.BUILDERS, "cusparse_csr_torch", lambda ctx: ((lambda: stale.clone()), "replays"))
+    fresh = bl.FreshInputs(a, B, "float32", seed=3)
+    out = bl.measure_baselines(a, B, "float32", "interpret", ref=ref, repeats=1, warmup=0,
+                               include=["cublas_dense", "cusparse_csr_torch"], fresh=fresh)
+    by_name = {b.name: b for b in out}
+    assert by_name["cusparse_csr_torch"].ok, "the first check on the timing input passes"
+    assert by_name["cusparse_csr_torch"].rechecked is False
+    assert "outside tolerance" in by_name["cusparse_csr_torch"].recheck_message
+    assert by_name["cublas_dense"].rechecked is True
+
+
 def test_timing_helpers():
     t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (t.median_ms, t.min_ms, t.repeats) == (3.0, 1.0, 5)
@@ -131,6 +170,19 @@ def test_gpu_bench_cold_l2_graph_and_baselines(pool):
     assert by_name["triton_bsr_torch"].ok, by_name["triton_bsr_torch"].error
     assert not by_name["cusparselt_2to4"].ok and "not 2:4" in by_name["cusparselt_2to4"].error
     assert result.speedup_vs_dense > 0 and result.best_baseline
+
+
+@pytest.mark.gpu
+def test_gpu_vendor_baselines_replayed_from_cuda_graphs_and_rechecked(pool):
+    result = bench(source("good_triton_csr.py"), gpu_matrix(), 16, repeats=10, pool=pool,
+                   baseline_graphs=True, recheck_baselines=True)
+    by_name = {b.name: b for b in result.baselines}
+    assert by_name["cublas_dense"].graph_timing is not None
+    for b in result.baselines:
+        if b.ok:
+            assert b.rechecked is True, (b.name, b.recheck_message)
+            # a library whose call cannot be captured says so and keeps its eager timing
+            assert b.graph_timing is not None or "capture failed" in (b.note or ""), (b.name, b.note)
 
 
 @pytest.mark.gpu

@@ -106,9 +106,15 @@ def _csr_cupy(ctx) -> tuple[Callable, str | None]:
     a = cusparse.csr_matrix((cupy.from_dlpack(values), cupy.from_dlpack(indices), cupy.from_dlpack(indptr)),
                             shape=tuple(m.shape))
     b = cupy.from_dlpack(ctx["B"].to(tdtype).contiguous())
-    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    streams: dict[int, object] = {}
 
     def run():
+        # torch's current stream at call time (not at build time), so that the call also lands on
+        # the capturing stream when it is recorded into a CUDA graph
+        ptr = torch.cuda.current_stream().cuda_stream
+        stream = streams.get(ptr)
+        if stream is None:
+            stream = streams[ptr] = cupy.cuda.ExternalStream(ptr)
         with stream:
             return a @ b
 
@@ -185,16 +191,21 @@ def check_names(include) -> tuple[str, ...]:
 
 
 def measure_baselines(matrix, B, dtype: str, backend: str, *, ref=None, repeats: int = 50,
-                      warmup: int = 5, include=None) -> list[BaselineTiming]:
+                      warmup: int = 5, include=None, graph: bool = False,
+                      fresh: "FreshInputs | None" = None) -> list[BaselineTiming]:
     """Time each baseline on (matrix, B) in this process. Runs in the worker.
 
     ``matrix`` carries the values to use (already rounded to ``dtype``); ``ref`` (a
     numerics.Reference for the same A and B) enables the correctness check of each baseline.
+    ``graph`` also times each call replayed from a CUDA graph (GPU only; a capture failure is a
+    note, the eager timing stays). ``fresh`` (a `FreshInputs`) re-checks each timed baseline after
+    timing, rebuilt on a fresh B, against a new fp64 reference: the same check the chosen kernel
+    gets, so that every number a report compares comes from a kernel verified after timing.
     """
     import torch
 
     from .numerics import compare, torch_dtype
-    from .timing import time_fn
+    from .timing import time_cuda_graph, time_fn
 
     names = check_names(include)
     device = "cuda" if backend == "cuda" else "cpu"
@@ -217,7 +228,18 @@ def measure_baselines(matrix, B, dtype: str, backend: str, *, ref=None, repeats:
                                                   error=f"output disagrees with the fp64 reference: {cmp.message}"))
                     continue
             timing = time_fn(run, backend, repeats=repeats, warmup=warmup)
-            results.append(BaselineTiming(name=name, ok=True, timing=timing, note=note))
+            graph_timing = None
+            if graph and device == "cuda":
+                try:
+                    graph_timing = time_cuda_graph(run, repeats=repeats, warmup=warmup)
+                except Exception as exc:
+                    torch.cuda.synchronize()
+                    note = "; ".join(x for x in (note, f"CUDA graph capture failed, eager timing only: "
+                                                       f"{type(exc).__name__}: {str(exc)[:200]}") if x)
+            entry = BaselineTiming(name=name, ok=True, timing=timing, graph_timing=graph_timing, note=note)
+            if fresh is not None:
+                entry.rechecked, entry.recheck_message = fresh.check(name)
+            results.append(entry)
         except BaselineUnavailable as exc:
             results.append(BaselineTiming(name=name, ok=False, error=str(exc)))
         except Exception as exc:  # a library refusing this shape/dtype is a result, not a crash
@@ -226,6 +248,50 @@ def measure_baselines(matrix, B, dtype: str, backend: str, *, ref=None, repeats:
             if device == "cuda":
                 torch.cuda.empty_cache()
     return results
+
+
+class FreshInputs:
+    """A fresh B (and its fp64 reference, computed once, on first use) for re-checking baselines
+    after timing. ``matrix`` carries the dtype-rounded values the baselines were timed with."""
+
+    def __init__(self, matrix, B, dtype: str, seed: int) -> None:
+        from .numerics import torch_dtype
+
+        device = "cuda" if B.is_cuda else "cpu"
+        self.ctx = {"matrix": matrix, "B": B, "dtype": dtype, "tdtype": torch_dtype(dtype), "device": device}
+        self.seed = seed
+        self._fresh = None
+
+    def _inputs(self):
+        if self._fresh is None:
+            import torch
+
+            from .numerics import Reference, draw_dense
+
+            matrix, B = self.ctx["matrix"], self.ctx["B"]
+            b64 = draw_dense(np.random.default_rng([self.seed, 1]), tuple(B.shape), self.ctx["dtype"])
+            fresh_b = torch.from_numpy(b64).to(device=B.device, dtype=B.dtype)
+            ref = Reference.compute(matrix, matrix.data.astype(np.float64), b64, self.ctx["dtype"])
+            self._fresh = (fresh_b, ref)
+        return self._fresh
+
+    def check(self, name: str) -> tuple[bool, str]:
+        import torch
+
+        from .numerics import compare
+
+        try:
+            fresh_b, ref = self._inputs()
+            run, _ = BUILDERS[name](dict(self.ctx, B=fresh_b))
+            if self.ctx["device"] == "cuda":
+                torch.cuda.synchronize()
+            got = _as_dense_tensor(run())
+            cmp = compare(got.to(torch.float64).cpu().numpy(), ref.value, ref, what=f"{name} (fresh B)")
+        except Exception as exc:
+            return False, f"re-check on a fresh B failed to run: {type(exc).__name__}: {str(exc)[:300]}"
+        if not cmp.ok:
+            return False, cmp.message
+        return True, f"rebuilt on a fresh B after timing: within tolerance (worst {cmp.tol_ratio:.2f} of it)"
 
 
 def _as_dense_tensor(x):

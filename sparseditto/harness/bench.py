@@ -35,9 +35,12 @@ class BenchError(RuntimeError):
 
 def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "auto",
           repeats: int = 50, warmup: int = 5, baselines=True, seed: int = 0,
-          timeout: float = 600.0, pool=None, check_static: bool = True) -> BenchResult:
+          timeout: float = 600.0, pool=None, check_static: bool = True, baseline_graphs: bool = False,
+          recheck_baselines: bool = False) -> BenchResult:
     """Time ``candidate`` on ``matrix`` @ B[K, n]. ``baselines`` is True (all), False (dense only),
-    or a list of baseline names. Raises `BenchError` when the candidate fails to run correctly."""
+    or a list of baseline names. ``baseline_graphs`` also times the vendor baselines replayed from
+    CUDA graphs; ``recheck_baselines`` re-checks each of them on a fresh B after timing (see
+    `baselines.measure_baselines`). Raises `BenchError` when the candidate fails to run correctly."""
     from .baselines import check_names
     from .numerics import check_dtype
     from .sandbox import get_pool, resolve_backend
@@ -65,7 +68,8 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
         raise BenchError(VerifyResult(ok=False, status="compile_error", failure_class="backend_unavailable",
                                       message="CUDA C++ (CuPy) candidates need a GPU", **common))
     payload = {"spec": spec, "matrix": matrix, "n": int(n), "dtype": dtype, "backend": exec_backend,
-               "repeats": int(repeats), "warmup": int(warmup), "include": include, "seed": int(seed)}
+               "repeats": int(repeats), "warmup": int(warmup), "include": include, "seed": int(seed),
+               "baseline_graphs": bool(baseline_graphs), "recheck_baselines": bool(recheck_baselines)}
     reply = get_pool(pool).call("bench", payload, backend=exec_backend, timeout=timeout)
     if reply.status == "ok" and "result" in reply.value:
         return BenchResult(**reply.value["result"])
@@ -101,7 +105,7 @@ def bench_task(payload: dict) -> dict:
 def _bench(module, payload: dict) -> BenchResult:
     import torch
 
-    from .baselines import BASELINE_NAMES, measure_baselines
+    from .baselines import BASELINE_NAMES, FreshInputs, measure_baselines
     from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, synchronize
     from .numerics import Reference, compare, draw_dense, round_to_dtype, torch_dtype, with_values
     from .timing import flush_buffer, time_cuda_graph, time_fn
@@ -172,13 +176,17 @@ def _bench(module, payload: dict) -> BenchResult:
         notes.append(f"dense torch.matmul disagrees with the fp64 reference: {dense_check.message}")
     del dense_a, out_dense
 
-    baseline_results = [BaselineTiming(name="cublas_dense", ok=True, timing=dense,
+    baseline_results = [BaselineTiming(name="cublas_dense", ok=True, timing=dense, graph_timing=dense_graph,
                                        note=None if on_gpu else "CPU torch.matmul, not cuBLAS")]
+    fresh = FreshInputs(a, B, dtype, payload["seed"]) if payload.get("recheck_baselines") else None
+    if fresh is not None:
+        baseline_results[0].rechecked, baseline_results[0].recheck_message = fresh.check("cublas_dense")
     include = payload["include"]
     others = [b for b in (BASELINE_NAMES if include is None else include) if b != "cublas_dense"]
     if others:
         baseline_results += measure_baselines(a, B, dtype, backend, ref=ref, repeats=repeats,
-                                              warmup=warmup, include=others)
+                                              warmup=warmup, include=others,
+                                              graph=payload.get("baseline_graphs", False), fresh=fresh)
 
     # Re-verification after timing: the buffers the timed launches wrote, and untouched inputs.
     reverified, problems = True, []

@@ -91,13 +91,22 @@ class Timing(BaseModel):
 
 
 class BaselineTiming(BaseModel):
-    """One vendor/library baseline. A failed baseline is kept with its reason, never dropped."""
+    """One vendor/library baseline. A failed baseline is kept with its reason, never dropped.
+
+    ``timing`` is the eager launch; ``graph_timing`` the same call replayed from a CUDA graph (only
+    when asked for, on a GPU, and when the library's call can be captured). ``rechecked`` is None
+    when no re-check was asked for, else whether the library, rebuilt on a fresh B after timing,
+    still matched the fp64 reference (``recheck_message`` says what was compared or what failed).
+    """
 
     name: str
     ok: bool
     timing: Timing | None = None
+    graph_timing: Timing | None = None
     error: str | None = None
     note: str | None = None
+    rechecked: bool | None = None
+    recheck_message: str = ""
 
 
 class BenchResult(BaseModel):
