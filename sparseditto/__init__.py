@@ -19,6 +19,7 @@ _LAZY = {
     "Target": "sparseditto.targets",
     "run_graph": "sparseditto.api",
     "Result": "sparseditto.api",
+    "bench": "sparseditto.benchmark",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

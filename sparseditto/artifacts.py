@@ -95,6 +95,12 @@ class ArtifactStore:
     def has(self, key: str) -> bool:
         return key in self._cache or self._path(key).exists()
 
+    def forget(self, key: str) -> None:
+        """Drop the in-process copy of `key` (the file stays): a batch job that walks through many
+        large matrices calls this when it is done with one, so memory does not grow with the job."""
+        with self._lock:
+            self._cache.pop(key, None)
+
 
 def _json_safe(meta: dict) -> dict:
     """Keep only the JSON-serializable part of a matrix's meta (it is informational)."""
@@ -126,3 +132,7 @@ def put_matrix(matrix: SparseMatrix) -> str:
 
 def get_matrix(key: str) -> SparseMatrix:
     return default_store().get_matrix(key)
+
+
+def forget_matrix(key: str) -> None:
+    default_store().forget(key)

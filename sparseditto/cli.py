@@ -1,6 +1,6 @@
 """The `sparseditto` console script.
 
-Each subcommand is a thin shell over a library function, so that everything the CLI does is also
+Each subcommand (analyze, targets, run, demo, bench, memory) is a thin shell over a library function, so that everything the CLI does is also
 available (and tested) from Python. Heavy modules are imported inside the handlers to keep
 `sparseditto --help` fast.
 """
@@ -95,6 +95,38 @@ def cmd_memory(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Run the benchmark suites (or only rewrite the reports of an existing output folder)."""
+    from sparseditto.benchmark import bench, plan, report
+
+    command = "sparseditto " + " ".join(args.argv)
+    if args.report_only:
+        result = report(args.out, command=command)
+    elif args.list:
+        cases = plan(args.suite, preset=args.preset, n=args.n, dtype=args.dtype, data_dir=args.data)
+        for c in cases:
+            print(f"{c.case_id}  {c.suite:7s} {c.label}")
+        print(f"{len(cases)} case(s), {len({c.matrix.key for c in cases})} matrices", file=sys.stderr)
+        return 0
+    else:
+        result = bench(args.suite, preset=args.preset, n=args.n, dtype=args.dtype, target=args.target,
+                       backend=args.backend, out=args.out, resume=args.resume, budget_s=args.budget_s,
+                       memory_check=args.memory_check, candidates=args.candidates, repeats=args.repeats,
+                       ncu=args.ncu, data_dir=args.data, progress=not args.quiet, command=command)
+    from sparseditto.benchmark.tables import SUITE_HEADERS, suite_cells
+
+    for s in result.summaries:
+        cells = dict(zip(SUITE_HEADERS, suite_cells(s)))
+        print(f"{s.suite}: {s.cases} cases, {s.correct} correct; geomean x dense {cells['geomean x dense']}, "
+              f"x best vendor sparse {cells['geomean x best vendor sparse']}, x best of dense+vendor "
+              f"{cells['geomean x best of dense+vendor']}; fast_1 {cells['fast_1']}, fast_1.5 {cells['fast_1.5']}"
+              + ("" if s.timings_are_gpu else " (CPU interpreter: NOT GPU timings)"))
+    if result.stopped:
+        print(f"stopped: {result.stopped}; {result.remaining} case(s) left: rerun with --resume", file=sys.stderr)
+    print("\n".join(f"wrote {path}" for path in result.files.values()), file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparseditto", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +163,39 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("bench", help="is the chosen kernel faster than what I would use? (suites, fast_p, report)",
+                       description="Run run_graph on every case of the suites, time the chosen kernel against "
+                                   "dense cuBLAS and every vendor path in one process, and write results.jsonl, "
+                                   "summary.md and report.html.")
+    p.add_argument("--suite", nargs="+", default=["llm"], metavar="SUITE|PATH",
+                   help="llm, dlmc, graphs, all, or matrix files / folders of them (default: llm)")
+    presets = p.add_mutually_exclusive_group()
+    presets.add_argument("--quick", dest="preset", action="store_const", const="quick",
+                         help="a few small cases for the CPU interpreter (CI; NOT GPU timings)")
+    presets.add_argument("--full", dest="preset", action="store_const", const="full",
+                         help="the whole cross product of each suite")
+    p.set_defaults(preset="core")
+    p.add_argument("-n", type=int, action="append", help="replace the suites' N values (repeatable)")
+    p.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"],
+                   help="replace the suites' dtypes (repeatable)")
+    p.add_argument("--target", default="auto", help="GPU run_graph plans for (default: the local one)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"])
+    p.add_argument("--out", default="sparseditto_bench", help="output folder (default: ./sparseditto_bench)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished cases")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop before a case that would not finish within this many seconds (then --resume)")
+    p.add_argument("--memory-check", type=int, default=3, metavar="K",
+                   help="repeat run_graph with the memory on K cases spread over the run (default 3)")
+    p.add_argument("--candidates", type=int, default=4, help="run_graph budget: candidates per case (default 4)")
+    p.add_argument("--repeats", type=int, default=None, help="timing repeats (default 30 on a GPU, 1 on the CPU)")
+    p.add_argument("--ncu", default="off", choices=["off", "best", "all"], help="Nsight Compute inside run_graph")
+    p.add_argument("--data", default=None, help="folder holding dlmc/ and suitesparse/ (default: $SPARSEDITTO_DATA "
+                                                "or ../shared/data)")
+    p.add_argument("--list", action="store_true", help="print the cases that would run, run nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite summary.md / report.html of --out")
+    p.add_argument("--quiet", action="store_true", help="no live progress display")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("memory", help="inspect the optimization memory")
     p.add_argument("action", choices=["list", "show", "export"])
     p.add_argument("id", nargs="?", help="run id for `show`")
@@ -145,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return args.func(args)
     except ValueError as exc:  # bad input: one clear line, no traceback

@@ -1,0 +1,214 @@
+"""One benchmark case: ask `run_graph` for its kernel, then time it against everything a user could pick.
+
+The order, per (matrix, N, dtype):
+
+1. ``run_graph`` with the expert policy (cuda backend on a GPU, the Triton interpreter on a CPU),
+   sharing the bench run's SQLite memory; its wall time is recorded;
+2. `harness.bench` of the chosen kernel in one sandboxed worker: `prepare` timed on its own, eager
+   and CUDA-graph launches with a cold L2, dense cuBLAS the same way, then every vendor path that
+   applies (cuSPARSE CSR through torch and CuPy, cuSPARSELt 2:4, torch's Triton BSR), also replayed
+   from CUDA graphs, each re-checked on a fresh B after timing;
+3. `harness.run_and_verify` of the chosen kernel on fresh inputs (the one tolerance of
+   `harness.numerics`): the number in the report comes from a kernel verified after it was timed;
+4. on sampled cases, ``run_graph`` again with the same memory (the repeat a user pays).
+
+Speedups compare like with like: graph-replayed against graph-replayed when both paths have a
+graph timing, eager against eager otherwise (the basis is recorded with each ratio). When the
+chosen kernel *is* dense cuBLAS (or a vendor path), its timing is that path's own, so the ratio
+against it is exactly 1.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from .cases import Case
+from .rows import DENSE_PATH, VENDOR_PATHS, BenchRow, ChosenKernel, PathTiming, Speedup
+
+
+class Settings(BaseModel):
+    """How every case of one bench run is run (recorded in each row)."""
+
+    target: str = "auto"
+    backend: str = "interpret"          # resolved: "cuda" or "interpret"
+    candidates: int = 4                 # run_graph budget (candidates tried per case)
+    repeats: int = 30
+    warmup: int = 5
+    ncu: str = "off"
+    seed: int = 0
+    timeout_s: float = 900.0
+    memory_path: str | None = None
+    checkpoint_path: str | None = None
+
+    def recorded(self) -> dict:
+        return self.model_dump(exclude={"memory_path", "checkpoint_path"})
+
+
+def run_graph_for(case: Case, matrix, settings: Settings):
+    """`run_graph` as a user would call it, with the bench run's memory; returns (Result, wall s)."""
+    from sparseditto.api import run_graph
+
+    t0 = time.perf_counter()
+    result = run_graph(matrix, target=settings.target, n=case.n, dtype=case.dtype, backend=settings.backend,
+                       budget=settings.candidates, memory=settings.memory_path, checkpoint=settings.checkpoint_path,
+                       seed=settings.seed, ncu=settings.ncu, progress=False)
+    return result, time.perf_counter() - t0
+
+
+def chosen_kernel(result) -> ChosenKernel:
+    best = result.best
+    seen = list(dict.fromkeys(c.index for c in result.candidates))  # retries share an index
+    winner = next((c for c in result.candidates
+                   if best.source_hash and c.source_hash == best.source_hash and c.status == "verified"), None)
+    rank = seen.index(winner.index) + 1 if winner is not None else None
+    return ChosenKernel(template=best.template, params=dict(best.params or {}), origin=best.origin,
+                        backend=best.backend, selection=best.selection, reason=best.reason,
+                        bottleneck=best.bottleneck, source_hash=best.source_hash, candidates_tried=len(seen),
+                        winner_rank=rank, stop_reason=result.stop_reason)
+
+
+def candidate_spec(result):
+    """What the harness should run for the chosen kernel: its source, or the builtin dense shim when
+    the answer is dense cuBLAS or a vendor library (then the chosen timing is that path's own)."""
+    from sparseditto.harness import CandidateSpec, as_spec
+
+    best = result.best
+    if best.template == "dense" or best.template in VENDOR_PATHS or not best.source:
+        return CandidateSpec(source="", backend="builtin", template="dense")
+    return as_spec(best.source) if not best.backend else CandidateSpec(
+        source=best.source, backend=best.backend, template=best.template, params=dict(best.params or {}),
+        source_hash=best.source_hash or "")
+
+
+def _us(timing) -> float | None:
+    return None if timing is None else timing.median_ms * 1e3
+
+
+def path_timings(bench_result, verify_result, chosen: ChosenKernel) -> list[PathTiming]:
+    """The chosen kernel first (rechecked by the fresh-input verification), then every baseline."""
+    out = []
+    for b in bench_result.baselines:
+        out.append(PathTiming(name=b.name, ok=b.ok, eager_us=_us(b.timing), graph_us=_us(b.graph_timing),
+                              error=b.error, note=b.note, rechecked=b.rechecked, recheck_message=b.recheck_message))
+    fresh = (f"verified on fresh inputs after timing (N={bench_result.n})" if verify_result.ok
+             else f"{verify_result.status}: {verify_result.message}"[:600])
+    own = next((t for t in out if t.name == chosen.template or (chosen.template == "dense" and t.name == DENSE_PATH)),
+               None)
+    if own is not None:  # the answer is a library path: its timing is the chosen one
+        mine = PathTiming(name="chosen", ok=own.ok, eager_us=own.eager_us, graph_us=own.graph_us,
+                          note=f"the chosen kernel is {own.name} itself", rechecked=verify_result.ok,
+                          recheck_message=fresh)
+    else:
+        mine = PathTiming(name="chosen", ok=True, eager_us=_us(bench_result.candidate),
+                          graph_us=_us(bench_result.candidate_graph), rechecked=verify_result.ok,
+                          recheck_message=fresh, note="; ".join(bench_result.notes) or None)
+    return [mine] + out
+
+
+def ratio(chosen: PathTiming, other: PathTiming) -> Speedup | None:
+    """other / chosen on the graph basis when both have one, else eager; None if either is missing."""
+    if not (chosen.ok and other.ok):
+        return None
+    if chosen.graph_us and other.graph_us:
+        return Speedup(versus=other.name, value=other.graph_us / chosen.graph_us, basis="graph")
+    if chosen.eager_us and other.eager_us:
+        return Speedup(versus=other.name, value=other.eager_us / chosen.eager_us, basis="eager")
+    return None
+
+
+def speedups(timings: list[PathTiming]) -> dict[str, Any]:
+    """vs dense, vs each vendor path, the hardest vendor and the hardest of dense + vendors."""
+    chosen = timings[0]
+    dense = next((t for t in timings if t.name == DENSE_PATH), None)
+    vs_dense = ratio(chosen, dense) if dense is not None else None
+    vendors = [s for s in (ratio(chosen, t) for t in timings if t.name in VENDOR_PATHS) if s is not None]
+    best_vendor = min(vendors, key=lambda s: s.value) if vendors else None
+    pool = vendors + ([vs_dense] if vs_dense is not None else [])
+    best_alt = min(pool, key=lambda s: s.value) if pool else None
+    return {"speedup_vs_dense": vs_dense, "speedups_vs_vendor": vendors, "best_vendor": best_vendor,
+            "best_alternative": best_alt}
+
+
+def format_bytes(result, chosen: ChosenKernel, n: int, dtype: str) -> float | None:
+    """Bytes the chosen kernel must move (A in its format + B + C), from the template's cost model;
+    None for kernels outside the registry (vendor paths, free-form LLM kernels)."""
+    if chosen.template in VENDOR_PATHS:
+        return None
+    from sparseditto.analysis import PatternReport
+    from sparseditto.kernel_templates.registry import get_template
+    from sparseditto.targets import Target
+
+    try:
+        template = get_template(chosen.template)
+        report = PatternReport.model_validate(result.report)
+        target = Target.model_validate(result.target["spec"])
+        return float(template.cost(report, n, dtype, target, chosen.params).bytes)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def roofline(row_bytes: float | None, chosen: PathTiming, copy_gbs: float | None) -> dict:
+    kernel_us = chosen.graph_us or chosen.eager_us
+    if not (row_bytes and kernel_us and copy_gbs):
+        return {}
+    roof_us = row_bytes / (copy_gbs * 1e9) * 1e6
+    return {"roofline_us": roof_us, "pct_roofline": 100.0 * roof_us / kernel_us,
+            "achieved_gbs": row_bytes / (kernel_us * 1e-6) / 1e9}
+
+
+def memory_repeat(case: Case, matrix, settings: Settings) -> tuple[float | None, dict]:
+    """Run the same case again with the memory the first run filled: wall time and what it found."""
+    try:
+        result, wall = run_graph_for(case, matrix, settings)
+    except Exception as exc:  # the repeat is a measurement; its failure is recorded, not fatal
+        return None, {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    exact = any(h.get("kind") == "exact" for h in result.memory_hits)
+    return wall, {"wall_s": wall, "exact_hit": exact, "memory_hits": len(result.memory_hits),
+                  "chosen": result.best.template, "candidates": len(result.candidates)}
+
+
+def measure_case(case: Case, matrix, settings: Settings, *, copy_gbs: float | None,
+                 repeat_with_memory: bool = False) -> BenchRow:
+    """Everything for one case, as a `BenchRow`; failures are rows too (status / correctness say why)."""
+    from sparseditto.harness import BenchError, bench, run_and_verify
+
+    t0 = time.perf_counter()
+    base = dict(case_id=case.case_id, suite=case.suite, case=case.label, matrix=case.matrix.model_dump(),
+                shape=tuple(matrix.shape), nnz=int(matrix.nnz), pattern=case.matrix.pattern,
+                sparsity=float(matrix.sparsity), dtype=case.dtype, n=case.n,
+                timings_are_gpu=settings.backend == "cuda", settings=settings.recorded())
+    try:
+        result, graph_s = run_graph_for(case, matrix, settings)
+    except Exception as exc:
+        return BenchRow(**base, status="error", error=f"run_graph failed: {type(exc).__name__}: {exc}"[:2000],
+                        correctness="no kernel: run_graph failed", case_seconds=time.perf_counter() - t0)
+    chosen = chosen_kernel(result)
+    base.update(chosen=chosen, detected_pattern=result.report.get("pattern"), run_graph_s=graph_s,
+                summary=result.summary())
+    spec = candidate_spec(result)
+    common = dict(dtype=case.dtype, backend=settings.backend, timeout=settings.timeout_s)
+    try:
+        timed = bench(spec, matrix, case.n, repeats=settings.repeats, warmup=settings.warmup, baselines=True,
+                      baseline_graphs=True, recheck_baselines=True, seed=settings.seed + 1, **common)
+    except BenchError as exc:
+        return BenchRow(**base, status="ok", correct=False,
+                        correctness=f"the chosen kernel failed when re-timed: {exc}"[:2000],
+                        case_seconds=time.perf_counter() - t0)
+    except Exception as exc:  # the harness itself failed: an error row, the run goes on
+        return BenchRow(**base, status="error", error=f"bench failed: {type(exc).__name__}: {exc}"[:2000],
+                        correctness="not timed", case_seconds=time.perf_counter() - t0)
+    fresh = run_and_verify(spec, matrix, n_values=(case.n,), seed=settings.seed + 2, **common)
+    timings = path_timings(timed, fresh, chosen)
+    correct = bool(timed.reverified and fresh.ok)
+    why = (f"re-verified after timing ({timed.reverify_message}); fresh inputs: {timings[0].recheck_message}"
+           if correct else f"after timing: {timed.reverify_message}; fresh inputs: {timings[0].recheck_message}")
+    nbytes = format_bytes(result, chosen, case.n, case.dtype)
+    row = BenchRow(**base, status="ok", timings=timings, correct=correct, correctness=why[:2000],
+                   format_bytes=nbytes, copy_bandwidth_gbs=copy_gbs, prepare_ms=timed.conversion_ms,
+                   **speedups(timings), **roofline(nbytes, timings[0], copy_gbs))
+    if repeat_with_memory:
+        row.run_graph_memory_s, row.memory_repeat = memory_repeat(case, matrix, settings)
+    row.case_seconds = time.perf_counter() - t0
+    return row

@@ -1,0 +1,213 @@
+"""`sparseditto bench`'s numbers on hand-made rows with known answers, and its case bookkeeping.
+
+The metrics decide what the project claims ("2.1x geomean, fast_1 = 80%"), so each definition is
+pinned here on rows small enough to work out by hand: the speedup basis (graph vs graph, else
+eager vs eager), dense counted as a competitor, fast_p denominators with failed and vendor-less
+cases, geomeans over correct cases only, the worst case and its reason.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pytest
+
+from sparseditto.benchmark import measure, metrics
+from sparseditto.benchmark.cases import Case, generated
+from sparseditto.benchmark.rows import BenchRow, ChosenKernel, PathTiming
+from sparseditto.benchmark.runner import Budget, _check_args, _sigterm_as_interrupt, sample_indices
+from sparseditto.benchmark.suites import select_cases
+
+
+def timings(chosen, dense, **vendors):
+    """(eager_us, graph_us) pairs -> PathTimings; a vendor given as None did not run."""
+    out = [PathTiming(name="chosen", ok=True, eager_us=chosen[0], graph_us=chosen[1]),
+           PathTiming(name="cublas_dense", ok=True, eager_us=dense[0], graph_us=dense[1])]
+    for name, t in vendors.items():
+        out.append(PathTiming(name=name, ok=t is not None, eager_us=t[0] if t else None,
+                              graph_us=t[1] if t else None, error=None if t else "not applicable"))
+    return out
+
+
+def row(name, ts, *, correct=True, suite="llm", status="ok", template="bsr_tc", reason="fastest measured",
+        pct=None, error=None):
+    fields = measure.speedups(ts) if ts else {}
+    return BenchRow(case_id=name, suite=suite, case=name, matrix={}, shape=(8, 8), nnz=10, pattern="p", sparsity=0.5,
+                    dtype="float16", n=16, status=status, error=error, timings_are_gpu=True, timings=ts or [],
+                    chosen=ChosenKernel(template=template, reason=reason), correct=correct,
+                    correctness="" if correct else "wrong_result: 3 entries outside tolerance", pct_roofline=pct,
+                    **fields)
+
+
+def test_speedup_basis_is_graph_when_both_have_graphs_else_eager():
+    ts = timings((10.0, 8.0), (20.0, 16.0), cusparse_csr_torch=(30.0, None), triton_bsr_torch=(50.0, 12.0))
+    s = measure.speedups(ts)
+    assert (s["speedup_vs_dense"].value, s["speedup_vs_dense"].basis) == (2.0, "graph")
+    by = {v.versus: v for v in s["speedups_vs_vendor"]}
+    assert (by["cusparse_csr_torch"].value, by["cusparse_csr_torch"].basis) == (3.0, "eager")
+    assert (by["triton_bsr_torch"].value, by["triton_bsr_torch"].basis) == (1.5, "graph")
+    assert s["best_vendor"].versus == "triton_bsr_torch" and s["best_vendor"].value == 1.5
+    assert s["best_alternative"].versus == "triton_bsr_torch"  # 1.5 < dense's 2.0
+    slow_dense = measure.speedups(timings((10.0, 8.0), (9.0, 6.0), cusparse_csr_torch=(30.0, None)))
+    assert slow_dense["best_alternative"].versus == "cublas_dense" and slow_dense["best_alternative"].value == 0.75
+    none = measure.speedups(timings((10.0, None), (20.0, None), cusparselt_2to4=None))
+    assert none["best_vendor"] is None and none["speedups_vs_vendor"] == []
+    assert none["best_alternative"].value == 2.0 and none["best_alternative"].basis == "eager"
+
+
+def test_fast_p_counts_failures_and_only_vendor_cases_against_vendor_sparse():
+    rows = [
+        row("a", timings((10, 10), (30, 30), cusparse_csr_torch=(25, 25))),     # 3.0 dense, 2.5 vendor
+        row("b", timings((10, 10), (15, 15), cusparse_csr_torch=(12, 12))),     # 1.5 dense, 1.2 vendor
+        row("c", timings((10, 10), (9, 9), cusparse_csr_torch=(40, 40))),       # 0.9 dense, 4.0 vendor
+        row("d", timings((10, 10), (20, 20), cusparselt_2to4=None)),            # 2.0 dense, no vendor ran
+        row("e", timings((10, 10), (50, 50), cusparse_csr_torch=(50, 50)), correct=False),  # fast but wrong
+        row("f", [], status="error", correct=False, error="bench failed: worker crash"),
+    ]
+    alt = metrics.fast_p(rows, "best_of_dense_and_vendor")
+    # best of dense + vendor: a 2.5, b 1.2, c 0.9, d 2.0, e wrong, f failed -> 6 cases
+    assert alt.cases == 6
+    assert alt.shares == {"0": 4 / 6, "1": 3 / 6, "1.5": 2 / 6, "2": 2 / 6}
+    ven = metrics.fast_p(rows, "best_vendor_sparse")
+    # vendor sparse ran on a, b, c, e; f failed before timing (counted); d had none (left out)
+    assert ven.cases == 5
+    assert ven.shares == {"0": 3 / 5, "1": 3 / 5, "1.5": 2 / 5, "2": 2 / 5}
+    s = metrics.summarize_suite("llm", rows)
+    assert (s.cases, s.correct, s.errors) == (6, 4, 1)
+    assert s.geomean_vs_dense == pytest.approx((3.0 * 1.5 * 0.9 * 2.0) ** 0.25)
+    assert s.geomean_vs_best_vendor == pytest.approx((2.5 * 1.2 * 4.0) ** (1 / 3))
+    assert s.geomean_vs_best_alternative == pytest.approx((2.5 * 1.2 * 0.9 * 2.0) ** 0.25)
+    assert s.worst.case == "e" and "outside tolerance" in s.worst.reason  # a wrong kernel is the worst case
+
+
+def test_dense_answer_scores_exactly_one_against_dense():
+    """When run_graph answers dense, the chosen timing is dense's own: 1.0, never 0.98 from noise."""
+    from sparseditto.harness.results import BaselineTiming, BenchResult, Timing, VerifyResult
+
+    t = lambda ms: Timing(median_ms=ms, p10_ms=ms, p90_ms=ms, repeats=3)
+    bench_result = BenchResult(
+        n=16, dtype="float16", backend="cuda", gpu_name="x", timings_are_gpu=True, candidate=t(0.0102),
+        candidate_graph=t(0.0099), conversion_ms=1.0, dense=t(0.0100), dense_graph=t(0.0095),
+        baselines=[BaselineTiming(name="cublas_dense", ok=True, timing=t(0.0100), graph_timing=t(0.0095)),
+                   BaselineTiming(name="cusparse_csr_torch", ok=True, timing=t(0.0300))],
+        speedup_vs_dense=1.0, reverified=True)
+    verified = VerifyResult(ok=True, status="verified")
+    ts = measure.path_timings(bench_result, verified, ChosenKernel(template="dense"))
+    s = measure.speedups(ts)
+    assert s["speedup_vs_dense"].value == 1.0 and s["speedup_vs_dense"].basis == "graph"
+    assert s["best_vendor"].value == pytest.approx(3.0)  # eager vs eager: the vendor has no graph timing
+    assert ts[0].note == "the chosen kernel is cublas_dense itself" and ts[0].rechecked is True
+    sparse = measure.path_timings(bench_result, verified, ChosenKernel(template="bsr_tc"))
+    assert sparse[0].graph_us == pytest.approx(9.9)
+
+
+def test_worst_case_without_failures_is_the_lowest_speedup_with_its_reason():
+    rows = [row("fast", timings((10, 10), (30, 30))),
+            row("slow", timings((10, 10), (11, 11)), template="csr_rowsplit", reason="dependent loads")]
+    worst = metrics.worst_case(rows)
+    assert worst.case == "slow" and worst.speedup == pytest.approx(1.1)
+    assert "csr_rowsplit" in worst.reason and "dependent loads" in worst.reason
+
+
+def test_geomean_and_median_ignore_missing_values():
+    assert metrics.geomean([2.0, 8.0, None, 0.0, math.inf]) == pytest.approx(4.0)
+    assert metrics.geomean([]) is None and metrics.median([None]) is None
+    assert metrics.median([3.0, None, 1.0, 2.0]) == 2.0
+
+
+def test_summaries_per_suite_then_all():
+    rows = [row("a", timings((10, 10), (20, 20))), row("g", timings((10, 10), (40, 40)), suite="graphs")]
+    names = [s.suite for s in metrics.summarize(rows)]
+    assert names == ["llm", "graphs", "all"]
+    assert metrics.summarize(rows)[-1].geomean_vs_dense == pytest.approx(math.sqrt(2.0 * 4.0))
+
+
+# ---- cases, suites, budget ----------------------------------------------------------------------
+
+def test_case_ids_are_stable_and_depend_on_what_the_case_is():
+    spec = generated("x", "unstructured_magnitude", "magnitude_pruned", dict(m=8, k=8, sparsity=0.5, seed=1), 0.5)
+    a = Case(suite="llm", matrix=spec, n=16, dtype="float16")
+    assert a.case_id == Case(suite="llm", matrix=spec, n=16, dtype="float16").case_id
+    relabelled = spec.model_copy(update={"label": "other name"})
+    assert Case(suite="llm", matrix=relabelled, n=16, dtype="float16").case_id == a.case_id
+    assert Case(suite="llm", matrix=spec, n=1, dtype="float16").case_id != a.case_id
+    assert Case(suite="llm", matrix=spec, n=16, dtype="bfloat16").case_id != a.case_id
+    assert len(a.case_id) == 16 and int(a.case_id, 16) >= 0
+
+
+def test_llm_presets_cover_the_issue_cross_product():
+    core = select_cases(["llm"], "core")
+    assert {c.matrix.args["m"] for c in core} == {4096, 11008} and {c.n for c in core} == {1, 16, 64}
+    assert len(core) == 2 * 7 * 3 + 4 and sum(c.dtype == "bfloat16" for c in core) == 4
+    full = select_cases(["llm"], "full")
+    assert len(full) == 4 * 23 * 8 * 2
+    shapes = {(c.matrix.args["m"], c.matrix.args["k"]) for c in full}
+    assert shapes == {(4096, 4096), (11008, 4096), (4096, 11008), (14336, 4096)}
+    assert {c.matrix.pattern for c in full} >= {"unstructured_magnitude", "unstructured_random", "nm_2:4", "nm_4:8",
+                                                "block16", "block32", "block64", "row_pruned", "channel_pruned"}
+    assert len({c.case_id for c in full}) == len(full)
+    assert all(c.matrix.generator in ("magnitude_pruned", "unstructured", "nm_magnitude_pruned", "block_sparse",
+                                      "row_pruned", "column_pruned") for c in full)
+
+
+def test_overrides_and_files_and_bad_input(shared_data):
+    ns = select_cases(["llm"], "quick", ns=(2, 3), dtypes=("float32",))
+    assert {c.n for c in ns} == {2, 3} and {c.dtype for c in ns} == {"float32"} and len(ns) == 8
+    dlmc = select_cases(["dlmc"], "core", data_dir=shared_data)
+    assert len({c.matrix.key for c in dlmc}) == 12
+    assert {c.n for c in dlmc if c.matrix.label.startswith("rn50")} > {256}   # rn50 layers at their own N
+    files = select_cases([str(shared_data / "suitesparse")], "core")
+    assert len(files) == 18 * 3 and {c.suite for c in files} == {"files"}
+    graphs = select_cases(["graphs"], "core", data_dir=shared_data)
+    assert {c.dtype for c in graphs} == {"float32"} and any(c.matrix.generator == "rmat" for c in graphs)
+    with pytest.raises(ValueError, match="preset"):
+        select_cases(["llm"], "huge")
+    with pytest.raises(ValueError, match="Not a suite name"):
+        select_cases(["no/such/file.mtx"], "core")
+    with pytest.raises(ValueError, match="DLMC folder not found"):
+        select_cases(["dlmc"], "core", data_dir=shared_data / "nothing-here")
+
+
+def test_memory_check_samples_spread_over_the_run():
+    assert sample_indices(10, 3) == {0, 4, 9}
+    assert sample_indices(4, 10) == {0, 1, 2, 3} and sample_indices(5, 0) == set() and sample_indices(5, 1) == {0}
+
+
+def test_budget_stops_before_a_case_that_would_not_fit():
+    spec_a = generated("a", "p", "unstructured", dict(m=4, k=4, sparsity=0.5), 0.5)
+    spec_b = generated("b", "p", "unstructured", dict(m=8, k=4, sparsity=0.5), 0.5)
+    a1, a2, b1 = (Case(suite="llm", matrix=spec_a, n=1, dtype="float16"),
+                  Case(suite="llm", matrix=spec_a, n=2, dtype="float16"),
+                  Case(suite="llm", matrix=spec_b, n=1, dtype="float16"))
+    budget = Budget(100.0, previous=[])
+    assert budget.fits(a1, new_matrix=True) and budget.estimate(a1, True) == 0.0  # nothing known yet: try
+    budget.builds.append(5.0)
+    budget.record(a1, 30.0)
+    assert budget.estimate(a2, new_matrix=False) == 30.0
+    assert budget.estimate(b1, new_matrix=True) == 35.0   # another matrix: + its build time
+    budget.start -= 80.0                                  # pretend 80 s have passed
+    assert not budget.fits(a2, new_matrix=False)
+    assert Budget(None, []).fits(a2, new_matrix=True)
+    earlier = [row("old", timings((1, 1), (1, 1)))]
+    earlier[0].case_seconds = 12.0
+    assert Budget(50.0, earlier).estimate(b1, new_matrix=True) == 12.0  # a resumed run learns from the file
+
+
+def test_bad_bench_arguments_raise_value_errors():
+    for kwargs, match in ((dict(n=[0]), "positive integer N"), (dict(dtype=["int8"]), "dtype"),
+                          (dict(budget_s=0), "budget_s"), (dict(memory_check=-1), "memory_check"),
+                          (dict(candidates=0), "candidates"), (dict(ncu="sometimes"), "ncu")):
+        args = dict(preset="core", n=None, dtype=None, budget_s=None, memory_check=0, candidates=4, repeats=None,
+                    ncu="off")
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=match):
+            _check_args(**args)
+
+
+def test_sigterm_becomes_an_interrupt_so_reports_are_written():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="signal"):
+        with _sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before
