@@ -4,12 +4,20 @@
 # and `.gpu/data` (a copy of the shared matrices) carried:
 #   bash benchmarks/device_run.sh env tests bench graph
 # Everything worth keeping is written under $OUT (default ./out).
+# Stage `bench` runs `sparseditto bench --out $OUT/bench${BENCH_NAME:+-$BENCH_NAME} $BENCH_ARGS`; to continue an
+# earlier call's run, carry its returned folder (e.g. .gpu/bench/llm) and set BENCH_FROM to it: its files are
+# copied into the output folder first, and BENCH_ARGS should then hold --resume. Example (llm core, 8 minutes):
+#   BENCH_NAME=llm BENCH_ARGS="--suite llm --budget-s 480" bash benchmarks/device_run.sh bench
+#   BENCH_NAME=llm BENCH_FROM=.gpu/bench/llm BENCH_ARGS="--suite llm --budget-s 480 --resume" bash ...
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || { echo "wheel install failed"; exit 1; }
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 export SPARSEDITTO_DATA=$PWD/.gpu/data SPARSEDITTO_MEMORY=$OUT/memory.sqlite
+# caches inside the (ignored) .gpu/ folder survive between calls on a warm machine: generated bench
+# matrices, kernel sources and Triton's compiled kernels
+export SPARSEDITTO_CACHE_DIR=${SPARSEDITTO_CACHE_DIR:-$PWD/.gpu/cache} TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.gpu/cache/triton}
 for stage in "$@"; do
   echo "=== stage $stage ($(date +%T))"
   case "$stage" in
@@ -22,9 +30,13 @@ for stage in "$@"; do
     tests-all)
       python3 -m pytest -q -x -p no:cacheprovider tests -m "not integration" 2>&1 | tee "$OUT/all_tests.log" | tail -40 ;;
     bench)
-      python3 benchmarks/templates.py --out "$OUT/bench_templates.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+      BOUT="$OUT/bench${BENCH_NAME:+-$BENCH_NAME}"; mkdir -p "$BOUT"
+      if [ -n "${BENCH_FROM:-}" ]; then cp -r "$BENCH_FROM"/. "$BOUT"/ || exit 1; fi
+      python3 -m sparseditto.cli bench --out "$BOUT" --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+    templates)
+      python3 benchmarks/templates.py --out "$OUT/templates" --quiet ${TEMPLATES_ARGS:-} 2>&1 | tee "$OUT/templates.log" | tail -80 ;;
     graph)
-      python3 benchmarks/graph_runs.py --out "$OUT/graph_runs.json" ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
+      python3 benchmarks/graph_runs.py --out "$OUT/graph_runs" --quiet ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -112,7 +112,8 @@ def cmd_bench(args) -> int:
         result = bench(args.suite, preset=args.preset, n=args.n, dtype=args.dtype, target=args.target,
                        backend=args.backend, out=args.out, resume=args.resume, budget_s=args.budget_s,
                        memory_check=args.memory_check, candidates=args.candidates, repeats=args.repeats,
-                       ncu=args.ncu, data_dir=args.data, progress=not args.quiet, command=command)
+                       ncu=args.ncu, data_dir=args.data, progress=not args.quiet, templates=args.templates,
+                       grid=args.grid, command=command)
     from sparseditto.benchmark.tables import SUITE_HEADERS, suite_cells
 
     for s in result.summaries:
@@ -191,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ncu", default="off", choices=["off", "best", "all"], help="Nsight Compute inside run_graph")
     p.add_argument("--data", default=None, help="folder holding dlmc/ and suitesparse/ (default: $SPARSEDITTO_DATA "
                                                 "or ../shared/data)")
+    p.add_argument("--templates", nargs="+", metavar="NAME", default=None,
+                   help="also time these templates (or 'all') on every case, beside run_graph's answer")
+    p.add_argument("--grid", type=int, default=1, help="parameter sets per template with --templates (default 1)")
     p.add_argument("--list", action="store_true", help="print the cases that would run, run nothing")
     p.add_argument("--report-only", action="store_true", help="rewrite summary.md / report.html of --out")
     p.add_argument("--quiet", action="store_true", help="no live progress display")

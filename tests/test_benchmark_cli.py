@@ -126,3 +126,27 @@ def test_quick_llm_suite_on_the_cpu_budget_then_resume(tmp_path):
 
     again = sparseditto(["bench", "--report-only", "--out", str(out)], env)
     assert "llm: 4 cases" in again.stdout
+
+
+@pytest.mark.gpu
+def test_bench_on_a_gpu_times_everything_with_graphs_and_a_roofline(tmp_path, monkeypatch):
+    """On the H200: one pruned weight file, CUDA backend, every path replayed from CUDA graphs."""
+    from sparseditto import generate
+    from sparseditto.benchmark import bench
+    from sparseditto.io import save_matrix
+
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    path = save_matrix(generate.magnitude_pruned(2048, 2048, 0.9, seed=1, dtype="float16"), tmp_path / "w.mtx")
+    result = bench([str(path)], n=[16], dtype=["float16"], out=tmp_path / "out", memory_check=1, candidates=3,
+                   progress=False)
+    (row,) = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert row["timings_are_gpu"] and row["environment"]["gpu"] and row["environment"]["sm_count"] > 0
+    assert row["copy_bandwidth_gbs"] > 500, "1 GiB device copies run at TB/s on a data-center GPU"
+    assert row["correct"], row["correctness"]
+    by_name = {t["name"]: t for t in row["timings"]}
+    assert by_name["chosen"]["graph_us"] and by_name["cublas_dense"]["graph_us"]
+    assert by_name["cusparse_csr_torch"]["ok"] and by_name["cusparse_csr_torch"]["rechecked"] is True
+    assert row["speedup_vs_dense"]["basis"] == "graph" and row["best_vendor"] is not None
+    assert 0 < row["pct_roofline"] <= 150, row["pct_roofline"]
+    assert row["memory_repeat"]["exact_hit"] and row["run_graph_memory_s"] > 0
+    assert result.summaries[0].timings_are_gpu and "Not GPU timings" not in (tmp_path / "out" / "summary.md").read_text()

@@ -41,6 +41,8 @@ class Settings(BaseModel):
     timeout_s: float = 900.0
     memory_path: str | None = None
     checkpoint_path: str | None = None
+    templates: list[str] = []           # the optional template sweep: names, or ["all"]
+    grid: int = 1                       # parameter sets per template in the sweep
 
     def recorded(self) -> dict:
         return self.model_dump(exclude={"memory_path", "checkpoint_path"})
@@ -149,7 +151,8 @@ def format_bytes(result, chosen: ChosenKernel, n: int, dtype: str) -> float | No
         return None
 
 
-def roofline(row_bytes: float | None, chosen: PathTiming, copy_gbs: float | None) -> dict:
+def format_roofline(row_bytes: float | None, chosen: PathTiming, copy_gbs: float | None) -> dict:
+    """roofline_us (bytes at the measured copy bandwidth), % of it reached, achieved GB/s."""
     kernel_us = chosen.graph_us or chosen.eager_us
     if not (row_bytes and kernel_us and copy_gbs):
         return {}
@@ -207,7 +210,17 @@ def measure_case(case: Case, matrix, settings: Settings, *, copy_gbs: float | No
     nbytes = format_bytes(result, chosen, case.n, case.dtype)
     row = BenchRow(**base, status="ok", timings=timings, correct=correct, correctness=why[:2000],
                    format_bytes=nbytes, copy_bandwidth_gbs=copy_gbs, prepare_ms=timed.conversion_ms,
-                   **speedups(timings), **roofline(nbytes, timings[0], copy_gbs))
+                   **speedups(timings), **format_roofline(nbytes, timings[0], copy_gbs))
+    if settings.templates:
+        from sparseditto.analysis import PatternReport
+        from sparseditto.targets import Target
+
+        from .sweep import selected_templates, sweep_templates
+
+        row.templates = sweep_templates(selected_templates(settings.templates), matrix,
+                                        PatternReport.model_validate(result.report),
+                                        Target.model_validate(result.target["spec"]), n=case.n, dtype=case.dtype,
+                                        settings=settings, grid=settings.grid, copy_gbs=copy_gbs)
     if repeat_with_memory:
         row.run_graph_memory_s, row.memory_repeat = memory_repeat(case, matrix, settings)
     row.case_seconds = time.perf_counter() - t0

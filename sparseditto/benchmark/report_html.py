@@ -10,7 +10,8 @@ import html
 
 from .plots import all_plots
 from .rows import BenchRow, SuiteSummary
-from .tables import DEFINITIONS, ROW_HEADERS, SUITE_HEADERS, environment_line, row_cells, suite_cells, worst_lines
+from .tables import (DEFINITIONS, ROW_HEADERS, SUITE_HEADERS, SWEEP_HEADERS, environment_line, row_cells, suite_cells,
+                     sweep_cells, worst_lines)
 
 STYLE = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1500px}
@@ -80,14 +81,24 @@ def render_report_html(rows: list[BenchRow], summaries: list[SuiteSummary], *, c
                  + "".join(f"<li>{html.escape(w)}</li>" for w in worst_lines(summaries)) + "</ul>")
     parts.append("<p>How to read these numbers:</p><ul class='defs'>" + "".join(f"<li>{html.escape(d)}</li>" for d in DEFINITIONS) + "</ul>")
     parts.append("<h2>Plots</h2>")
-    plots = all_plots(rows, summaries)
-    if not plots:
-        parts.append("<p>No correct case with timings yet: nothing to plot.</p>")
+    try:
+        plots = all_plots(rows, summaries)
+        if not plots:
+            parts.append("<p>No correct case with timings yet: nothing to plot.</p>")
+    except ImportError as exc:  # e.g. a GPU machine without matplotlib: the rows are what matters
+        plots = []
+        parts.append(f"<p class='incomplete'>No plots: {html.escape(str(exc))}. Rewrite this page where "
+                     "matplotlib is installed: <code>sparseditto bench --report-only --out DIR</code>.</p>")
     for caption, png in plots:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append(f"<h2>Cases ({len(rows)})</h2><p>Click a column header to sort.</p>")
     parts.append(_table(ROW_HEADERS, [row_cells(r) for r in rows], bad_column=len(ROW_HEADERS) - 1))
+    sweep = sweep_cells(rows)
+    if sweep:
+        parts.append("<h2>Template sweep</h2><p>Every applicable template, verified and timed beside dense "
+                     "cuBLAS in the same worker call.</p>")
+        parts.append(_table(SWEEP_HEADERS, sweep))
     parts.append(f"<script>{SORT_JS}</script></body></html>")
     return "".join(parts)

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from .rows import BenchRow, SuiteSummary
-from .tables import DEFINITIONS, ROW_HEADERS, SUITE_HEADERS, environment_line, row_cells, suite_cells, worst_lines
+from .tables import (DEFINITIONS, ROW_HEADERS, SUITE_HEADERS, SWEEP_HEADERS, environment_line, row_cells, suite_cells,
+                     sweep_cells, worst_lines)
 
 
 def _table(headers, rows) -> list[str]:
@@ -33,4 +34,8 @@ def render_summary_md(rows: list[BenchRow], summaries: list[SuiteSummary], *, co
     lines += [f"- {d}" for d in DEFINITIONS]
     lines += ["", "## Cases", ""]
     lines += _table(ROW_HEADERS, [row_cells(r) for r in rows])
+    sweep = sweep_cells(rows)
+    if sweep:
+        lines += ["", "## Template sweep (every applicable template, timed beside dense)", ""]
+        lines += _table(SWEEP_HEADERS, sweep)
     return "\n".join(lines) + "\n"

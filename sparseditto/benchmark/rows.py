@@ -58,6 +58,21 @@ class Speedup(BaseModel):
     basis: Literal["graph", "eager"]
 
 
+class TemplateTiming(BaseModel):
+    """One template of the optional sweep (``--templates``): verified and timed beside dense."""
+
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    status: str                          # verified | not_applicable | a verify status (wrong_result, ...)
+    message: str = ""
+    eager_us: float | None = None
+    graph_us: float | None = None
+    speedup_vs_dense: Speedup | None = None
+    format_bytes: float | None = None
+    pct_roofline: float | None = None
+    reverified: bool | None = None
+
+
 class BenchRow(BaseModel):
     """Everything measured for one case."""
 
@@ -94,6 +109,7 @@ class BenchRow(BaseModel):
     run_graph_memory_s: float | None = None  # a repeat run with the memory (sampled cases only)
     memory_repeat: dict[str, Any] | None = None
     summary: str = ""                        # Result.summary() of the first run
+    templates: list[TemplateTiming] = Field(default_factory=list)  # the optional template sweep
     case_seconds: float = 0.0
     settings: dict[str, Any] = Field(default_factory=dict)
     run_id: str = ""

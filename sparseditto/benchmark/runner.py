@@ -228,7 +228,7 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
           backend: str = "auto", out: str | os.PathLike = "sparseditto_bench", resume: bool = False,
           budget_s: float | None = None, memory_check: int = 3, candidates: int = 4, repeats: int | None = None,
           ncu: str = "off", data_dir=None, progress: bool = True, matrix_cache=None, seed: int = 0,
-          command: str | None = None) -> BenchReport:
+          templates=None, grid: int = 1, command: str | None = None) -> BenchReport:
     """Benchmark what `run_graph` chooses against dense cuBLAS and every vendor path, per suite.
 
     ``suites``: names from ``llm``, ``dlmc``, ``graphs``, ``all``, or matrix files / folders.
@@ -236,10 +236,18 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     ``n`` / ``dtype`` replace the suites' own N values / dtypes. ``budget_s`` stops before a case
     that would not fit; ``resume`` continues an existing ``out`` folder. ``memory_check`` cases
     (spread over the run) also get a repeat run_graph with the memory. ``candidates`` is
-    run_graph's budget per case. Returns a `BenchReport`; the files are in ``out``.
+    run_graph's budget per case. ``templates`` (names or ``["all"]``) also times every applicable
+    template's first ``grid`` parameter sets on each case (a kernel developer's view; the answer
+    stays run_graph's). Returns a `BenchReport`; the files are in ``out``.
     """
     started = time.perf_counter()
     _check_args(preset, n, dtype, budget_s, memory_check, candidates, repeats, ncu)
+    if templates:
+        from .sweep import selected_templates
+
+        selected_templates(templates)  # unknown names fail here, before any work
+    if grid < 1:
+        raise ValueError(f"Expected grid >= 1 parameter sets per template, got {grid!r}.")
     out = Path(out)
     results = out / RESULTS
     if results.exists() and not resume:
@@ -266,7 +274,8 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     gpu = resolved == "cuda"
     settings = Settings(target=target, backend=resolved, candidates=candidates,
                         repeats=repeats or (30 if gpu else 1), warmup=5 if gpu else 0, ncu=ncu, seed=seed,
-                        memory_path=str(out / MEMORY), checkpoint_path=str(cache_dir() / "bench_checkpoints.sqlite"))
+                        memory_path=str(out / MEMORY), checkpoint_path=str(cache_dir() / "bench_checkpoints.sqlite"),
+                        templates=list(templates or []), grid=grid)
     cache = Path(matrix_cache) if matrix_cache is not None else default_matrix_cache()
     sampled = sample_indices(len(pending), memory_check)
 
@@ -308,9 +317,24 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
         except KeyboardInterrupt as exc:
             stopped = f"interrupted ({exc or 'Ctrl-C'})"
     remaining = len(pending) - finished
+    _fold_wal(out / MEMORY)
     rows, summaries = write_reports(out, command=command, stopped=stopped, remaining=remaining)
     return BenchReport(out_dir=str(out), rows=len(rows), new_rows=finished, skipped=len(cases) - len(pending),
                        remaining=remaining, stopped=stopped, summaries=summaries, files=_files(out))
+
+
+def _fold_wal(path: Path) -> None:
+    """Write the memory's SQLite write-ahead log back into the file, so that copying memory.sqlite
+    alone (to carry it to the next machine) carries everything."""
+    if not path.exists():
+        return
+    import sqlite3
+
+    try:
+        with sqlite3.connect(str(path)) as conn:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    except sqlite3.Error as exc:  # a busy database keeps its -wal file: still correct, only bigger
+        print(f"warning: could not checkpoint {path}: {exc}", file=sys.stderr)
 
 
 def _forget(matrix) -> None:

@@ -88,3 +88,18 @@ def environment_line(env: dict) -> str:
             f"compute capability {env.get('compute_capability')}), driver {env.get('driver')}{clocks}; "
             f"CUDA {env.get('torch_cuda')}, torch {env.get('torch')}, triton {env.get('triton')}, "
             f"cupy {env.get('cupy')}; copy bandwidth {fmt(env.get('copy_bandwidth_gbs'), 0)} GB/s")
+
+
+SWEEP_HEADERS = ("case", "template", "params", "status", "us graph", "us eager", "x dense", "% roof", "message")
+
+
+def sweep_cells(rows: list[BenchRow]) -> list[list[str]]:
+    """One line per (case, template) of the optional template sweep."""
+    out = []
+    for r in rows:
+        for t in r.templates:
+            out.append([r.case, t.template, ", ".join(f"{k}={v}" for k, v in sorted(t.params.items())), t.status,
+                        fmt(t.graph_us, 1), fmt(t.eager_us, 1),
+                        fmt(t.speedup_vs_dense.value if t.speedup_vs_dense else None), fmt(t.pct_roofline, 0),
+                        t.message[:160]])
+    return out
