@@ -161,32 +161,38 @@ GRAPH_N_CORE_FILES = (128,)
 GRAPH_N_CORE_GENERATED = (32, 128)
 
 
+# Stochastic Kronecker graphs with a 2x2 initiator are R-MAT with other quadrant probabilities;
+# (0.45, 0.22, 0.22) is less skewed than Graph500's R-MAT default (0.57, 0.19, 0.19).
+KRONECKER = dict(a=0.45, b=0.22, c=0.22)
+
+
+def _rmat(scale: int, edge_factor: int, kronecker: bool = False) -> MatrixSpec:
+    name = f"{'kronecker' if kronecker else 'rmat'}_s{scale}_ef{edge_factor}"
+    extra = KRONECKER if kronecker else {}
+    return generated(name, "power_law", "rmat", dict(scale=scale, edge_factor=edge_factor, seed=12 if kronecker
+                                                    else 11, **extra))
+
+
+def _mesh(*dims: int) -> MatrixSpec:
+    kind = "laplacian_2d" if len(dims) == 2 else "laplacian_3d"
+    label = f"laplacian{len(dims)}d_" + "x".join(map(str, dims))
+    return generated(label, "mesh", kind, dict(zip(("nx", "ny", "nz"), dims)))
+
+
+def _band(rows: int, bandwidth: int, fill: float, seed: int) -> MatrixSpec:
+    return generated(f"fem_band_{rows}_bw{bandwidth}_fill{fill:g}", "banded", "banded",
+                     dict(m=rows, k=rows, bandwidth=bandwidth, fill=fill, seed=seed))
+
+
 def graph_generated(preset: str) -> list[MatrixSpec]:
     """Large seeded graph / scientific matrices (the SuiteSparse files are all small)."""
-    # Stochastic Kronecker graphs with a 2x2 initiator are R-MAT with other quadrant
-    # probabilities; (0.45, 0.22, 0.22) is less skewed than Graph500's (0.57, 0.19, 0.19).
-    core = [
-        generated("rmat_s16_ef16", "power_law", "rmat", dict(scale=16, edge_factor=16, seed=11)),
-        generated("kronecker_s16_ef8", "power_law", "rmat", dict(scale=16, edge_factor=8, a=0.45, b=0.22, c=0.22,
-                                                                  seed=12)),
-        generated("laplacian2d_512x512", "mesh", "laplacian_2d", dict(nx=512, ny=512)),
-        generated("laplacian3d_64x64x64", "mesh", "laplacian_3d", dict(nx=64, ny=64, nz=64)),
-        generated("fem_band_262144_bw16_fill0.3", "banded", "banded",
-                  dict(m=262144, k=262144, bandwidth=16, fill=0.3, seed=13)),
-    ]
+    core = [_rmat(16, 16), _rmat(16, 8, kronecker=True), _mesh(512, 512), _mesh(64, 64, 64),
+            _band(262144, 16, 0.3, seed=13)]
     if preset != "full":
         return core
-    extra = [generated(f"rmat_s{s}_ef{ef}", "power_law", "rmat", dict(scale=s, edge_factor=ef, seed=11))
-             for s, ef in ((16, 8), (16, 32), (18, 16), (20, 16), (22, 8))]
-    extra += [
-        generated("kronecker_s18_ef16", "power_law", "rmat", dict(scale=18, edge_factor=16, a=0.45, b=0.22, c=0.22,
-                                                                   seed=12)),
-        generated("laplacian2d_1024x1024", "mesh", "laplacian_2d", dict(nx=1024, ny=1024)),
-        generated("laplacian3d_100x100x100", "mesh", "laplacian_3d", dict(nx=100, ny=100, nz=100)),
-        generated("fem_band_1048576_bw8_fill0.5", "banded", "banded",
-                  dict(m=1048576, k=1048576, bandwidth=8, fill=0.5, seed=14)),
-    ]
-    return core + extra
+    return core + [_rmat(16, 8), _rmat(16, 32), _rmat(18, 16), _rmat(20, 16), _rmat(22, 8),
+                   _rmat(18, 16, kronecker=True), _mesh(1024, 1024), _mesh(100, 100, 100),
+                   _band(1048576, 8, 0.5, seed=14)]
 
 
 GRAPH_QUICK_FILES = ("karate", "jagmesh7")
@@ -199,7 +205,7 @@ def graph_cases(preset: str, root: Path) -> list[Case]:
     if preset == "quick":
         specs = [from_file(files[n], root, "graph_file", label=f"suitesparse/{n}") for n in GRAPH_QUICK_FILES
                  if n in files]
-        specs.append(generated("laplacian2d_24x24", "mesh", "laplacian_2d", dict(nx=24, ny=24)))
+        specs.append(_mesh(24, 24))
         return [Case(suite="graphs", matrix=s, n=8, dtype="float32") for s in specs]
     if not files:
         raise ValueError(f"SuiteSparse folder not found or empty: {root} (pass --data DIR or set SPARSEDITTO_DATA; "
