@@ -211,3 +211,50 @@ def test_sigterm_becomes_an_interrupt_so_reports_are_written():
         with _sigterm_as_interrupt():
             os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ---- matrices and failures that never reach run_graph -------------------------------------------
+
+def test_generated_matrices_are_cached_by_spec_and_a_torn_pointer_regenerates(tmp_path):
+    from sparseditto.benchmark.cases import build_matrix
+
+    spec = generated("m", "unstructured_magnitude", "magnitude_pruned", dict(m=40, k=64, sparsity=0.75, seed=3), 0.75)
+    first = build_matrix(spec, tmp_path)
+    pointer = tmp_path / f"{spec.key}.key"
+    assert pointer.exists() and first.name == "m" and first.nnz == 40 * 16
+    again = build_matrix(spec, tmp_path)
+    assert (again.indices == first.indices).all() and (again.data == first.data).all()
+    pointer.write_text("matrix-not-a-key\n")                 # a torn or foreign pointer file
+    rebuilt = build_matrix(spec, tmp_path)
+    assert (rebuilt.data == first.data).all() and pointer.read_text().startswith("matrix-")
+    assert build_matrix(spec, None).nnz == first.nnz         # no cache: just generated
+
+
+def test_artifact_store_forgets_its_in_process_copy_but_keeps_the_file(tmp_path):
+    from sparseditto import generate
+    from sparseditto.artifacts import ArtifactStore
+
+    store = ArtifactStore(tmp_path)
+    A = generate.unstructured(16, 16, 0.5, seed=1)
+    key = store.put_matrix(A)
+    assert store.get_matrix(key) is A
+    store.forget(key)
+    B = store.get_matrix(key)
+    assert B is not A and (B.indices == A.indices).all() and store.has(key)
+
+
+def test_a_broken_file_in_a_folder_is_an_error_row_and_the_reports_say_so(tmp_path):
+    from sparseditto.benchmark import bench
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "broken.mtx").write_text("%%MatrixMarket matrix coordinate real general\n3 3 2\n1 1\n")
+    result = bench([str(folder)], n=[4], dtype=["float32"], out=tmp_path / "out", memory_check=0, progress=False)
+    assert result.rows == 1 and result.new_rows == 1 and result.stopped is None
+    (s,) = result.summaries
+    assert (s.cases, s.errors, s.correct) == (1, 1, 0) and s.fast_p_alternative.shares["0"] == 0.0
+    assert "could not build the matrix" in s.worst.reason
+    row = BenchRow.model_validate_json((tmp_path / "out" / "results.jsonl").read_text())
+    assert row.status == "error" and row.shape is None and row.suite == "files"
+    assert "error: could not build" in (tmp_path / "out" / "summary.md").read_text()
+    assert "broken" in (tmp_path / "out" / "report.html").read_text()

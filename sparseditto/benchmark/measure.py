@@ -68,7 +68,7 @@ def chosen_kernel(result) -> ChosenKernel:
     return ChosenKernel(template=best.template, params=dict(best.params or {}), origin=best.origin,
                         backend=best.backend, selection=best.selection, reason=best.reason,
                         bottleneck=best.bottleneck, source_hash=best.source_hash, candidates_tried=len(seen),
-                        winner_rank=rank, stop_reason=result.stop_reason)
+                        winner_rank=rank, stop_reason=result.stop_reason, policy=result.policy)
 
 
 def candidate_spec(result):
@@ -172,16 +172,27 @@ def memory_repeat(case: Case, matrix, settings: Settings) -> tuple[float | None,
                   "chosen": result.best.template, "candidates": len(result.candidates)}
 
 
+def _row_fields(case: Case, matrix, settings: Settings) -> dict:
+    return dict(case_id=case.case_id, suite=case.suite, case=case.label, matrix=case.matrix.model_dump(),
+                shape=tuple(matrix.shape) if matrix is not None else None,
+                nnz=int(matrix.nnz) if matrix is not None else None, pattern=case.matrix.pattern,
+                sparsity=float(matrix.sparsity) if matrix is not None else case.matrix.sparsity,
+                dtype=case.dtype, n=case.n, timings_are_gpu=settings.backend == "cuda", settings=settings.recorded())
+
+
+def unbuilt_row(case: Case, settings: Settings, error: str) -> BenchRow:
+    """The row of a case whose matrix could not be built (a broken file in a user's folder)."""
+    return BenchRow(**_row_fields(case, None, settings), status="error", error=error[:2000],
+                    correctness="no matrix")
+
+
 def measure_case(case: Case, matrix, settings: Settings, *, copy_gbs: float | None,
                  repeat_with_memory: bool = False) -> BenchRow:
     """Everything for one case, as a `BenchRow`; failures are rows too (status / correctness say why)."""
     from sparseditto.harness import BenchError, bench, run_and_verify
 
     t0 = time.perf_counter()
-    base = dict(case_id=case.case_id, suite=case.suite, case=case.label, matrix=case.matrix.model_dump(),
-                shape=tuple(matrix.shape), nnz=int(matrix.nnz), pattern=case.matrix.pattern,
-                sparsity=float(matrix.sparsity), dtype=case.dtype, n=case.n,
-                timings_are_gpu=settings.backend == "cuda", settings=settings.recorded())
+    base = _row_fields(case, matrix, settings)
     try:
         result, graph_s = run_graph_for(case, matrix, settings)
     except Exception as exc:

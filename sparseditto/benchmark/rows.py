@@ -48,6 +48,7 @@ class ChosenKernel(BaseModel):
     candidates_tried: int = 0
     winner_rank: int | None = None     # 1-based position of the chosen kernel among the candidates tried
     stop_reason: str | None = None
+    policy: str | None = None          # expert, or the LLM policy when $SPARSEDITTO_LLM_MODEL is set
 
 
 class Speedup(BaseModel):
@@ -81,11 +82,11 @@ class BenchRow(BaseModel):
     suite: str
     case: str
     matrix: dict[str, Any]
-    shape: tuple[int, int]
-    nnz: int
+    shape: tuple[int, int] | None        # None only when the matrix could not be built
+    nnz: int | None
     pattern: str                       # the suite's pruning family (what the case is)
     detected_pattern: str | None = None  # what the analyzer classified it as
-    sparsity: float
+    sparsity: float | None
     dtype: str
     n: int
     status: Literal["ok", "error"]

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .cases import Case, build_matrix, default_matrix_cache
-from .measure import Settings, measure_case
+from .measure import Settings, measure_case, unbuilt_row
 from .metrics import summarize
 from .report_html import render_report_html
 from .report_md import render_summary_md
@@ -282,6 +282,9 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     console, bar = _progress(progress)
     if progress and not gpu:
         console.print("[yellow]CPU (Triton interpreter): timings are NOT GPU timings; only correctness counts.")
+    if os.environ.get("SPARSEDITTO_LLM_MODEL"):
+        console.print("[yellow]SPARSEDITTO_LLM_MODEL is set: run_graph uses the LLM policy, not the expert one "
+                      "(each row records its policy); unset it to benchmark the expert policy.")
     stopped, finished = None, 0
     groups: dict[str, list[tuple[int, Case]]] = {}
     for i, c in enumerate(pending):
@@ -290,20 +293,26 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
         task = bar.add_task("benchmark", total=len(pending))
         try:
             for items in groups.values():
-                matrix = None
+                matrix, build_error = None, None
                 for i, case in items:
                     if not budget.fits(case, new_matrix=matrix is None):
                         stopped = (f"budget of {budget_s:.0f} s: {budget.elapsed():.0f} s used, the next case "
                                    f"({case.label}) was estimated at {budget.estimate(case, matrix is None):.0f} s")
                         break
-                    if matrix is None:
+                    if matrix is None and build_error is None:
                         bar.update(task, description=f"building {case.matrix.label}")
                         t0 = time.perf_counter()
-                        matrix = build_matrix(case.matrix, cache)
+                        try:
+                            matrix = build_matrix(case.matrix, cache)
+                        except (ValueError, OSError) as exc:  # a broken file is a row, not the end of the run
+                            build_error = f"could not build the matrix: {type(exc).__name__}: {exc}"
                         budget.builds.append(time.perf_counter() - t0)
                     bar.update(task, description=case.label)
-                    row = measure_case(case, matrix, settings, copy_gbs=env.get("copy_bandwidth_gbs"),
-                                       repeat_with_memory=i in sampled)
+                    if build_error is not None:
+                        row = unbuilt_row(case, settings, build_error)
+                    else:
+                        row = measure_case(case, matrix, settings, copy_gbs=env.get("copy_bandwidth_gbs"),
+                                           repeat_with_memory=i in sampled)
                     row.run_id, row.environment = env["run_id"], env
                     append_row(results, row)
                     budget.record(case, row.case_seconds)
