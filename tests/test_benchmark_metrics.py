@@ -258,3 +258,15 @@ def test_a_broken_file_in_a_folder_is_an_error_row_and_the_reports_say_so(tmp_pa
     assert row.status == "error" and row.shape is None and row.suite == "files"
     assert "error: could not build" in (tmp_path / "out" / "summary.md").read_text()
     assert "broken" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_llm_sized_presets_are_refused_on_the_interpreter_unless_asked_for(tmp_path):
+    import torch
+
+    from sparseditto.benchmark import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the core preset is the thing to run")
+    with pytest.raises(ValueError, match="No GPU found.*--quick"):
+        bench(["llm"], out=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists(), "refused before writing anything"

@@ -256,13 +256,18 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     cases = plan(suites, preset=preset, n=n, dtype=dtype, data_dir=data_dir)
     command = command or (f"sparseditto.bench(suites={list(suites)!r}, preset={preset!r}, n={n!r}, dtype={dtype!r}, "
                           f"budget_s={budget_s!r}, resume={resume!r})")
-    out.mkdir(parents=True, exist_ok=True)
     previous = load_rows(results)
     done_ids = {r.case_id for r in previous}
     pending = [c for c in cases if c.case_id not in done_ids]
     budget = Budget(budget_s, previous, start=started)  # the setup below counts against the budget too
 
     resolved = resolve_backend(backend)
+    builtin = [c for c in pending if c.suite != "files"]
+    if resolved == "interpret" and backend == "auto" and preset != "quick" and builtin:
+        raise ValueError(f"No GPU found: the {preset} preset's {len(builtin)} case(s) (LLM-sized weights among them) "
+                         "would take hours in the Triton interpreter. Pass --quick for the CPU-sized subset, or "
+                         "--backend interpret to run them anyway.")
+    out.mkdir(parents=True, exist_ok=True)
     from sparseditto.paths import cache_dir
 
     from .environment import collect_environment, measure_copy_bandwidth
