@@ -290,51 +290,56 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     if os.environ.get("SPARSEDITTO_LLM_MODEL"):
         console.print("[yellow]SPARSEDITTO_LLM_MODEL is set: run_graph uses the LLM policy, not the expert one "
                       "(each row records its policy); unset it to benchmark the expert policy.")
-    stopped, finished = None, 0
-    groups: dict[str, list[tuple[int, Case]]] = {}
-    for i, c in enumerate(pending):
-        groups.setdefault(c.matrix.key, []).append((i, c))
     with _sigterm_as_interrupt(), bar:
-        task = bar.add_task("benchmark", total=len(pending))
-        try:
-            for items in groups.values():
-                matrix, build_error = None, None
-                for i, case in items:
-                    if not budget.fits(case, new_matrix=matrix is None):
-                        stopped = (f"budget of {budget_s:.0f} s: {budget.elapsed():.0f} s used, the next case "
-                                   f"({case.label}) was estimated at {budget.estimate(case, matrix is None):.0f} s")
-                        break
-                    if matrix is None and build_error is None:
-                        bar.update(task, description=f"building {case.matrix.label}")
-                        t0 = time.perf_counter()
-                        try:
-                            matrix = build_matrix(case.matrix, cache)
-                        except (ValueError, OSError) as exc:  # a broken file is a row, not the end of the run
-                            build_error = f"could not build the matrix: {type(exc).__name__}: {exc}"
-                        budget.builds.append(time.perf_counter() - t0)
-                    bar.update(task, description=case.label)
-                    if build_error is not None:
-                        row = unbuilt_row(case, settings, build_error)
-                    else:
-                        row = measure_case(case, matrix, settings, copy_gbs=env.get("copy_bandwidth_gbs"),
-                                           repeat_with_memory=i in sampled)
-                    row.run_id, row.environment = env["run_id"], env
-                    append_row(results, row)
-                    budget.record(case, row.case_seconds)
-                    finished += 1
-                    bar.advance(task)
-                    bar.console.print(_line(row), highlight=False)
-                if matrix is not None:
-                    _forget(matrix)
-                if stopped:
-                    break
-        except KeyboardInterrupt as exc:
-            stopped = f"interrupted ({exc or 'Ctrl-C'})"
+        finished, stopped = _run_cases(pending, settings, env, cache, budget, sampled, results, bar)
     remaining = len(pending) - finished
     _fold_wal(out / MEMORY)
     rows, summaries = write_reports(out, command=command, stopped=stopped, remaining=remaining)
     return BenchReport(out_dir=str(out), rows=len(rows), new_rows=finished, skipped=len(cases) - len(pending),
                        remaining=remaining, stopped=stopped, summaries=summaries, files=_files(out))
+
+
+def _run_cases(pending: list[Case], settings: Settings, env: dict, cache: Path, budget: Budget, sampled: set[int],
+               results: Path, bar) -> tuple[int, str | None]:
+    """Measure the pending cases matrix by matrix, appending each row; returns (finished, why stopped)."""
+    groups: dict[str, list[tuple[int, Case]]] = {}
+    for i, c in enumerate(pending):
+        groups.setdefault(c.matrix.key, []).append((i, c))
+    task = bar.add_task("benchmark", total=len(pending))
+    finished = 0
+    try:
+        for items in groups.values():
+            matrix, build_error = None, None
+            for i, case in items:
+                if not budget.fits(case, new_matrix=matrix is None):
+                    return finished, (f"budget of {budget.budget_s:.0f} s: {budget.elapsed():.0f} s used, the next "
+                                      f"case ({case.label}) was estimated at "
+                                      f"{budget.estimate(case, matrix is None):.0f} s")
+                if matrix is None and build_error is None:
+                    bar.update(task, description=f"building {case.matrix.label}")
+                    t0 = time.perf_counter()
+                    try:
+                        matrix = build_matrix(case.matrix, cache)
+                    except (ValueError, OSError) as exc:  # a broken file is a row, not the end of the run
+                        build_error = f"could not build the matrix: {type(exc).__name__}: {exc}"
+                    budget.builds.append(time.perf_counter() - t0)
+                bar.update(task, description=case.label)
+                if build_error is not None:
+                    row = unbuilt_row(case, settings, build_error)
+                else:
+                    row = measure_case(case, matrix, settings, copy_gbs=env.get("copy_bandwidth_gbs"),
+                                       repeat_with_memory=i in sampled)
+                row.run_id, row.environment = env["run_id"], env
+                append_row(results, row)
+                budget.record(case, row.case_seconds)
+                finished += 1
+                bar.advance(task)
+                bar.console.print(_line(row), highlight=False)
+            if matrix is not None:
+                _forget(matrix)
+    except KeyboardInterrupt as exc:
+        return finished, f"interrupted ({exc or 'Ctrl-C'})"
+    return finished, None
 
 
 def _fold_wal(path: Path) -> None:
