@@ -270,3 +270,18 @@ def test_llm_sized_presets_are_refused_on_the_interpreter_unless_asked_for(tmp_p
     with pytest.raises(ValueError, match="No GPU found.*--quick"):
         bench(["llm"], out=tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists(), "refused before writing anything"
+
+
+def test_cases_whose_dense_form_cannot_be_built_are_refused_up_front():
+    import numpy as np
+
+    from sparseditto.matrix import SparseMatrix
+
+    big = SparseMatrix(np.zeros(262145, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, np.float32),
+                       (262144, 262144), "float32", "empty_graph", {})
+    why = measure.dense_does_not_fit(big, {"host_memory_bytes": 128e9, "gpu_memory_bytes": 141e9})
+    assert "275 GB" in why and "host RAM" in why
+    assert measure.dense_does_not_fit(big, {}) is None  # unknown memory: no guess
+    small = SparseMatrix(np.zeros(4097, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, np.float32),
+                         (4096, 4096), "float32", "w", {})
+    assert measure.dense_does_not_fit(small, {"host_memory_bytes": 128e9, "gpu_memory_bytes": 141e9}) is None

@@ -40,6 +40,15 @@ def nvidia_smi() -> dict[str, str] | None:
     return dict(zip(NVIDIA_SMI_FIELDS, values))
 
 
+def _host_memory_bytes() -> int | None:
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def collect_environment(backend: str) -> dict:
     """GPU (name, SMs, L2, memory, compute capability, nvidia-smi clocks/driver) and versions."""
     import numpy
@@ -60,6 +69,7 @@ def collect_environment(backend: str) -> dict:
         "cupy": _version("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy"),
         "numpy": numpy.__version__,
         "scipy": _version("scipy"),
+        "host_memory_bytes": _host_memory_bytes(),
     }
     if backend == "cuda":
         props = torch.cuda.get_device_properties(0)

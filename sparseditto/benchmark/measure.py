@@ -186,13 +186,37 @@ def unbuilt_row(case: Case, settings: Settings, error: str) -> BenchRow:
                     correctness="no matrix")
 
 
+DENSE_MEMORY_SHARE = 0.4  # of host RAM and of GPU memory the densified A may take
+
+
+def dense_does_not_fit(matrix, env: dict) -> str | None:
+    """Why the dense form of ``matrix`` cannot be built here, or None when it can.
+
+    The harness densifies A for the cuBLAS baseline (in fp32 on the host first, then on the GPU):
+    a 262144 x 262144 graph would need 275 GB. Such a case is recorded as an error row up front
+    instead of letting a worker die of memory exhaustion minutes later.
+    """
+    m, k = matrix.shape
+    need = 4 * m * k
+    limits = {"host RAM": env.get("host_memory_bytes"), "GPU memory": env.get("gpu_memory_bytes")}
+    for what, total in limits.items():
+        if total and need > DENSE_MEMORY_SHARE * total:
+            return (f"the dense form of this {m}x{k} matrix ({need / 1e9:.0f} GB in fp32) exceeds "
+                    f"{DENSE_MEMORY_SHARE:.0%} of the {what} ({total / 1e9:.0f} GB): the dense cuBLAS baseline and "
+                    "run_graph's dense timing need it, so the case was not run")
+    return None
+
+
 def measure_case(case: Case, matrix, settings: Settings, *, copy_gbs: float | None,
-                 repeat_with_memory: bool = False) -> BenchRow:
+                 repeat_with_memory: bool = False, env: dict | None = None) -> BenchRow:
     """Everything for one case, as a `BenchRow`; failures are rows too (status / correctness say why)."""
     from sparseditto.harness import BenchError, bench, run_and_verify
 
     t0 = time.perf_counter()
     base = _row_fields(case, matrix, settings)
+    too_big = dense_does_not_fit(matrix, env or {})
+    if too_big:
+        return BenchRow(**base, status="error", error=too_big, correctness="not run")
     try:
         result, graph_s = run_graph_for(case, matrix, settings)
     except Exception as exc:

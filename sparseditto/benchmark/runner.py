@@ -328,7 +328,7 @@ def _run_cases(pending: list[Case], settings: Settings, env: dict, cache: Path, 
                     row = unbuilt_row(case, settings, build_error)
                 else:
                     row = measure_case(case, matrix, settings, copy_gbs=env.get("copy_bandwidth_gbs"),
-                                       repeat_with_memory=i in sampled)
+                                       repeat_with_memory=i in sampled, env=env)
                 row.run_id, row.environment = env["run_id"], env
                 append_row(results, row)
                 budget.record(case, row.case_seconds)
