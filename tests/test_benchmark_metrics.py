@@ -285,3 +285,23 @@ def test_cases_whose_dense_form_cannot_be_built_are_refused_up_front():
     small = SparseMatrix(np.zeros(4097, dtype=np.int64), np.zeros(0, dtype=np.int32), np.zeros(0, np.float32),
                          (4096, 4096), "float32", "w", {})
     assert measure.dense_does_not_fit(small, {"host_memory_bytes": 128e9, "gpu_memory_bytes": 141e9}) is None
+
+
+@pytest.mark.slow
+def test_template_sweep_times_named_templates_beside_the_answer(shared_data, tmp_path, monkeypatch):
+    from sparseditto.benchmark import bench
+
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    karate = shared_data / "suitesparse" / "karate.mtx.gz"
+    with pytest.raises(ValueError, match="Unknown template"):
+        bench([str(karate)], out=tmp_path / "bad", templates=["no_such_template"], progress=False)
+    result = bench([str(karate)], n=[8], dtype=["float32"], out=tmp_path / "out", memory_check=0, progress=False,
+                   templates=["csr_rowsplit", "bsr_tc"])
+    assert result.rows == 1
+    row = BenchRow.model_validate_json((tmp_path / "out" / "results.jsonl").read_text())
+    by = {t.template: t for t in row.templates}
+    assert by["csr_rowsplit"].status == "verified" and by["csr_rowsplit"].eager_us > 0
+    assert by["csr_rowsplit"].speedup_vs_dense.basis == "eager" and by["csr_rowsplit"].reverified
+    assert by["csr_rowsplit"].format_bytes > 0
+    assert by["bsr_tc"].status == "not_applicable" and "block" in by["bsr_tc"].message
+    assert "Template sweep" in (tmp_path / "out" / "summary.md").read_text()
