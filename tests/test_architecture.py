@@ -1,4 +1,5 @@
-"""The dependency order holds: cli -> api -> graphs -> agents -> kernel_templates -> core, no arrow up.
+"""The dependency order holds: cli -> benchmark -> api -> graphs -> agents -> kernel_templates -> core,
+no arrow up.
 
 Imports are read with ast from every project source file, function-level imports included (a
 lazy import is still a dependency). A module may import its own layer or a lower one; a node
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Source directory -> installed package (pyproject's package-dir mapping).
 PACKAGES = {"sparseditto": "sparseditto", "agents": "sparseditto.agents", "graphs": "sparseditto.graphs",
             "kernel_templates": "sparseditto.kernel_templates"}
-LAYERS = ("core", "kernel_templates", "agents", "graphs", "api", "cli")   # low to high
+LAYERS = ("core", "kernel_templates", "agents", "graphs", "api", "benchmark", "cli")   # low to high
 NODE_MODULES = {f"sparseditto.agents.{name}" for name in
                 ("analyzer", "planner", "coder", "debugger", "profiler", "finalize", "loader")}
 
@@ -60,7 +61,7 @@ def layer(module: str) -> str | None:
     if module == "sparseditto" or not module.startswith("sparseditto."):
         return None if module != "sparseditto" else "api"   # the package facade re-exports run_graph
     head = module.split(".")[1]
-    if head in ("agents", "graphs", "kernel_templates", "api", "cli"):
+    if head in ("agents", "graphs", "kernel_templates", "api", "benchmark", "cli"):
         return head
     return "core"
 

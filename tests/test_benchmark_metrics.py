@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from sparseditto.benchmark import measure, metrics
+from sparseditto.benchmark import measure, metrics, ratios
 from sparseditto.benchmark.cases import Case, generated
 from sparseditto.benchmark.rows import BenchRow, ChosenKernel, PathTiming
 from sparseditto.benchmark.runner import Budget, _check_args, _sigterm_as_interrupt, sample_indices
@@ -32,7 +32,7 @@ def timings(chosen, dense, **vendors):
 
 def row(name, ts, *, correct=True, suite="llm", status="ok", template="bsr_tc", reason="fastest measured",
         pct=None, error=None):
-    fields = measure.speedups(ts) if ts else {}
+    fields = ratios.speedups(ts) if ts else {}
     return BenchRow(case_id=name, suite=suite, case=name, matrix={}, shape=(8, 8), nnz=10, pattern="p", sparsity=0.5,
                     dtype="float16", n=16, status=status, error=error, timings_are_gpu=True, timings=ts or [],
                     chosen=ChosenKernel(template=template, reason=reason), correct=correct,
@@ -42,16 +42,16 @@ def row(name, ts, *, correct=True, suite="llm", status="ok", template="bsr_tc", 
 
 def test_speedup_basis_is_graph_when_both_have_graphs_else_eager():
     ts = timings((10.0, 8.0), (20.0, 16.0), cusparse_csr_torch=(30.0, None), triton_bsr_torch=(50.0, 12.0))
-    s = measure.speedups(ts)
+    s = ratios.speedups(ts)
     assert (s["speedup_vs_dense"].value, s["speedup_vs_dense"].basis) == (2.0, "graph")
     by = {v.versus: v for v in s["speedups_vs_vendor"]}
     assert (by["cusparse_csr_torch"].value, by["cusparse_csr_torch"].basis) == (3.0, "eager")
     assert (by["triton_bsr_torch"].value, by["triton_bsr_torch"].basis) == (1.5, "graph")
     assert s["best_vendor"].versus == "triton_bsr_torch" and s["best_vendor"].value == 1.5
     assert s["best_alternative"].versus == "triton_bsr_torch"  # 1.5 < dense's 2.0
-    slow_dense = measure.speedups(timings((10.0, 8.0), (9.0, 6.0), cusparse_csr_torch=(30.0, None)))
+    slow_dense = ratios.speedups(timings((10.0, 8.0), (9.0, 6.0), cusparse_csr_torch=(30.0, None)))
     assert slow_dense["best_alternative"].versus == "cublas_dense" and slow_dense["best_alternative"].value == 0.75
-    none = measure.speedups(timings((10.0, None), (20.0, None), cusparselt_2to4=None))
+    none = ratios.speedups(timings((10.0, None), (20.0, None), cusparselt_2to4=None))
     assert none["best_vendor"] is None and none["speedups_vs_vendor"] == []
     assert none["best_alternative"].value == 2.0 and none["best_alternative"].basis == "eager"
 
@@ -94,7 +94,7 @@ def test_dense_answer_scores_exactly_one_against_dense():
         speedup_vs_dense=1.0, reverified=True)
     verified = VerifyResult(ok=True, status="verified")
     ts = measure.path_timings(bench_result, verified, ChosenKernel(template="dense"))
-    s = measure.speedups(ts)
+    s = ratios.speedups(ts)
     assert s["speedup_vs_dense"].value == 1.0 and s["speedup_vs_dense"].basis == "graph"
     assert s["best_vendor"].value == pytest.approx(3.0)  # eager vs eager: the vendor has no graph timing
     assert ts[0].note == "the chosen kernel is cublas_dense itself" and ts[0].rechecked is True

@@ -20,12 +20,11 @@ against it is exactly 1.
 from __future__ import annotations
 
 import time
-from typing import Any
-
 from pydantic import BaseModel
 
 from .cases import Case
-from .rows import DENSE_PATH, VENDOR_PATHS, BenchRow, ChosenKernel, PathTiming, Speedup
+from .ratios import format_roofline, speedups
+from .rows import DENSE_PATH, VENDOR_PATHS, BenchRow, ChosenKernel, PathTiming
 
 
 class Settings(BaseModel):
@@ -109,30 +108,6 @@ def path_timings(bench_result, verify_result, chosen: ChosenKernel) -> list[Path
     return [mine] + out
 
 
-def ratio(chosen: PathTiming, other: PathTiming) -> Speedup | None:
-    """other / chosen on the graph basis when both have one, else eager; None if either is missing."""
-    if not (chosen.ok and other.ok):
-        return None
-    if chosen.graph_us and other.graph_us:
-        return Speedup(versus=other.name, value=other.graph_us / chosen.graph_us, basis="graph")
-    if chosen.eager_us and other.eager_us:
-        return Speedup(versus=other.name, value=other.eager_us / chosen.eager_us, basis="eager")
-    return None
-
-
-def speedups(timings: list[PathTiming]) -> dict[str, Any]:
-    """vs dense, vs each vendor path, the hardest vendor and the hardest of dense + vendors."""
-    chosen = timings[0]
-    dense = next((t for t in timings if t.name == DENSE_PATH), None)
-    vs_dense = ratio(chosen, dense) if dense is not None else None
-    vendors = [s for s in (ratio(chosen, t) for t in timings if t.name in VENDOR_PATHS) if s is not None]
-    best_vendor = min(vendors, key=lambda s: s.value) if vendors else None
-    pool = vendors + ([vs_dense] if vs_dense is not None else [])
-    best_alt = min(pool, key=lambda s: s.value) if pool else None
-    return {"speedup_vs_dense": vs_dense, "speedups_vs_vendor": vendors, "best_vendor": best_vendor,
-            "best_alternative": best_alt}
-
-
 def format_bytes(result, chosen: ChosenKernel, n: int, dtype: str) -> float | None:
     """Bytes the chosen kernel must move (A in its format + B + C), from the template's cost model;
     None for kernels outside the registry (vendor paths, free-form LLM kernels)."""
@@ -149,16 +124,6 @@ def format_bytes(result, chosen: ChosenKernel, n: int, dtype: str) -> float | No
         return float(template.cost(report, n, dtype, target, chosen.params).bytes)
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def format_roofline(row_bytes: float | None, chosen: PathTiming, copy_gbs: float | None) -> dict:
-    """roofline_us (bytes at the measured copy bandwidth), % of it reached, achieved GB/s."""
-    kernel_us = chosen.graph_us or chosen.eager_us
-    if not (row_bytes and kernel_us and copy_gbs):
-        return {}
-    roof_us = row_bytes / (copy_gbs * 1e9) * 1e6
-    return {"roofline_us": roof_us, "pct_roofline": 100.0 * roof_us / kernel_us,
-            "achieved_gbs": row_bytes / (kernel_us * 1e-6) / 1e9}
 
 
 def memory_repeat(case: Case, matrix, settings: Settings) -> tuple[float | None, dict]:

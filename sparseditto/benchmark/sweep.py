@@ -8,7 +8,7 @@ for like). Results go into the row's ``templates`` list; they never change the r
 """
 from __future__ import annotations
 
-from .measure import format_roofline, ratio
+from .ratios import format_roofline, ratio
 from .rows import PathTiming, TemplateTiming
 
 
