@@ -45,10 +45,13 @@ MATRICES = {
 def test_triton_csr_candidate_verifies(pool, kind, dtype):
     result = run_and_verify(source("good_triton_csr.py"), MATRICES[kind], dtype=dtype, pool=pool)
     assert result.ok and result.status == "verified", result.message
-    assert [c.n for c in result.checks if c.kind == "base"] == [1, 7, 16]
-    assert {c.kind for c in result.checks} == {"base", "repeat", "scaled"}
+    assert [c.n for c in result.checks if c.kind == "base"] == [1, 3, 7, 16]   # odd N=1, 3 added
+    assert {c.kind for c in result.checks} == {"base", "refill", "repeat", "perturb"}
+    assert {c.prefill for c in result.checks} == {"nan", "garbage"}
+    assert len({c.dist for c in result.checks}) >= 4   # B from (nearly) every distribution
     assert all(c.ok and c.tol_ratio <= 1.0 and c.tol == RTOL[dtype] for c in result.checks)
     assert result.backend == "interpret" and result.gpu_timings is False
+    assert result.seed is not None and result.sandbox.get("audit_hook") is True
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
@@ -96,19 +99,28 @@ def test_broken_candidates_get_their_status(pool, name):
 def test_specific_failure_messages(pool):
     m = MATRICES["random"]
     tiny = run_and_verify(source("cheat_zeros_when_tiny.py"), m, pool=pool, n_values=(7,))
-    assert "(scaled)" in tiny.message and "all zeros" in tiny.message
-    assert [c.kind for c in tiny.checks] == ["base", "repeat", "scaled"] and not tiny.checks[-1].ok
+    assert "B tiny" in tiny.message and "all zeros" in tiny.message
+    assert not tiny.checks[-1].ok and tiny.checks[-1].dist == "tiny" and all(c.ok for c in tiny.checks[:-1])
     unwritten = run_and_verify(source("broken_unwritten_rows.py"), m, pool=pool, n_values=(1,))
     assert "never written" in unwritten.message and "trailing rows 6..11" in unwritten.message
     modified = run_and_verify(source("broken_modifies_packed.py"), m, pool=pool, n_values=(1,))
-    assert "packed[values]" in modified.message
+    assert "packed['values'] contents changed" in modified.message
 
 
 def test_cached_output_is_caught_even_without_static_checks(pool):
     result = run_and_verify(source("cheat_cached_output.py"), MATRICES["random"], pool=pool,
                             n_values=(7,), check_static=False)
-    assert result.status == "wrong_result" and "(scaled)" in result.message
-    assert [c.ok for c in result.checks] == [True, True, False]
+    assert (result.status, result.failure_class) == ("refused", "state_carried"), result.message
+    assert "module-level '_CACHE'" in result.message
+
+
+def test_a_recorded_seed_reproduces_the_verification(pool):
+    first = run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], pool=pool, n_values=(4,))
+    again = run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], pool=pool, n_values=(4,),
+                           seed=first.seed)
+    other = run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], pool=pool, n_values=(4,))
+    assert first.seed == again.seed != other.seed
+    assert [(c.dist, c.max_abs_err) for c in first.checks] == [(c.dist, c.max_abs_err) for c in again.checks]
 
 
 def test_kernel_that_writes_nan_is_wrong_not_unwritten(pool):
@@ -129,6 +141,10 @@ def test_static_rejection_happens_before_any_worker_runs(name):
 def test_bad_arguments_are_value_errors(pool):
     with pytest.raises(ValueError, match="positive N"):
         run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], n_values=(), pool=pool)
+    with pytest.raises(ValueError, match="non-negative int"):
+        run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], seed=-1, pool=pool)
+    with pytest.raises(ValueError, match="maximum"):
+        run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], n_values=(10 ** 9,), pool=pool)
     with pytest.raises(ValueError, match="Unsupported dtype"):
         run_and_verify(source("good_torch_scatter.py"), MATRICES["random"], dtype="int8", pool=pool)
     with pytest.raises(ValueError, match="SparseMatrix"):

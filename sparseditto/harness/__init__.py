@@ -13,7 +13,7 @@ from .ncu import parse_ncu_csv, profile_ncu, summarize_ncu_rows
 from .numerics import RTOL
 from .results import (BaselineTiming, BenchResult, CompileResult, NCheck, NcuResult, StaticCheckResult,
                       Timing, VerifyResult)
-from .sandbox import WorkerPool, WorkerReply, get_pool, resolve_backend, shutdown_default_pool
+from .sandbox import WorkerPool, WorkerReply, WorkerStartError, get_pool, resolve_backend, shutdown_default_pool
 from .source_loader import load_module, write_source
 from .static_checks import check_source
 from .verify import run_and_verify
@@ -21,7 +21,7 @@ from .verify import run_and_verify
 __all__ = [
     "BASELINE_NAMES", "BaselineTiming", "BenchError", "BenchResult", "CandidateSpec", "CompileResult",
     "NCheck", "NcuResult", "RTOL", "StaticCheckResult", "Timing", "VerifyResult", "WorkerPool",
-    "WorkerReply", "as_spec", "bench", "check_source", "compile_candidate", "get_pool", "load_module",
+    "WorkerReply", "WorkerStartError", "as_spec", "bench", "check_source", "compile_candidate", "get_pool", "load_module",
     "parse_ncu_csv", "profile_ncu", "resolve_backend", "run_and_verify", "run_baselines",
     "shutdown_default_pool", "summarize_ncu_rows", "write_source",
 ]

@@ -302,7 +302,7 @@ def _as_dense_tensor(x):
     return x.to_dense() if x.layout != torch.strided else x
 
 
-def baselines_task(payload: dict) -> list[dict]:
+def baselines_task(payload: dict, wctx=None) -> list[dict]:
     """Worker entry for `run_baselines`: the matrix's own values, a seeded B."""
     import torch
 

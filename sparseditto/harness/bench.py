@@ -8,8 +8,12 @@ GPU state, clocks and allocator. The steps, in order:
 3. eager cold-L2 timing, then the same launch inside a CUDA graph (a capture failure is noted and
    the eager number kept);
 4. dense ``torch.matmul`` on the densified A (eager and graph), then the other baselines;
-5. re-verification: the output buffers the timed runs wrote, B and the packed tensors, compared
-   again with the fp64 reference (``reverified``).
+5. re-verification (``reverified``): every warm-up and timed launch gets fresh random contents in
+   B (written outside the timed region), and the outputs of the timed launches are kept and
+   compared with the fp64 reference of the B they saw (all of them when they fit in
+   `TIMED_CHECK_BYTES`, else a random sample plus the last); the packed tensors must be unchanged.
+   A kernel that caches outputs (by pointer, shape or content), or is correct only on its first
+   calls, or lazier when called back to back, fails here.
 
 On the interpreter backend the same steps run with wall-clock timing and
 ``timings_are_gpu=False``; those numbers say nothing about GPU speed.
@@ -22,6 +26,10 @@ import numpy as np
 
 from .candidate_spec import as_spec
 from .results import BaselineTiming, BenchResult, VerifyResult
+
+
+TIMED_CHECK_BYTES = 512 << 20
+TIMED_SAMPLE = 8
 
 
 class BenchError(RuntimeError):
@@ -80,15 +88,15 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
 
 # ---- worker side ---------------------------------------------------------------------------------
 
-def bench_task(payload: dict) -> dict:
+def bench_task(payload: dict, wctx) -> dict:
     from .execution import CandidateFailure, failure_from_exception, load_candidate
     from .worker import is_sticky_cuda_error
 
     backend = payload["backend"]
     start = time.perf_counter()
     try:
-        module = load_candidate(payload["spec"])
-        return {"result": _bench(module, payload).model_dump()}
+        module = load_candidate(payload["spec"], wctx)
+        return {"result": _bench(module, payload, wctx).model_dump()}
     except Exception as exc:
         if isinstance(exc, CandidateFailure):
             failure = exc
@@ -102,11 +110,65 @@ def bench_task(payload: dict) -> dict:
             backend=backend, gpu_timings=backend == "cuda").model_dump()}
 
 
-def _bench(module, payload: dict) -> BenchResult:
+class _TimedInputs:
+    """Fresh B contents before every launch of a timing loop, and the outputs kept for checking.
+
+    ``before(i)`` runs outside the timed region: it writes new random values into B (the same
+    buffer, so a CUDA graph sees them too) and remembers them when iteration i is sampled;
+    ``after(i)`` copies the output of a sampled iteration aside. `check` compares every kept
+    output with the fp64 reference of its B, after the timing loop (never while it runs)."""
+
+    def __init__(self, B, out, dtype: str, rng: np.random.Generator, n_launches: int, matrix) -> None:
+        import torch
+
+        self.B, self.out, self.dtype, self.matrix = B, out, dtype, matrix
+        per_launch = B.numel() * B.element_size() + out.numel() * out.element_size()
+        if per_launch * n_launches <= TIMED_CHECK_BYTES:
+            self.sampled = set(range(-n_launches, n_launches))
+        else:
+            picks = rng.choice(n_launches, size=min(TIMED_SAMPLE, n_launches), replace=False)
+            self.sampled = set(int(p) for p in picks) | {n_launches - 1 - (n_launches // 2)}
+        self.gen = torch.Generator(device=B.device)
+        self.gen.manual_seed(int(rng.integers(0, 2 ** 62)))
+        self.kept: list[tuple[int, object, object]] = []
+        self._b = None
+
+    def before(self, i: int) -> None:
+        import torch
+
+        with torch.no_grad():
+            fresh = torch.rand(self.B.shape, generator=self.gen, device=self.B.device, dtype=torch.float32)
+            self.B.copy_((fresh * 2 - 1).to(self.B.dtype))
+        self._b = self.B.clone() if i in self.sampled else None
+
+    def after(self, i: int) -> None:
+        if self._b is not None:
+            self.kept.append((i, self._b, self.out.clone()))
+            self._b = None
+
+    def check(self, values, label: str) -> list[str]:
+        import torch
+
+        from .numerics import Reference, compare
+
+        problems = []
+        for i, b, out in self.kept:
+            b64 = b.to(torch.float64).cpu().numpy()
+            ref = Reference.compute(self.matrix, values, b64, self.dtype)
+            cmp = compare(out.to(torch.float64).cpu().numpy(), ref.value, ref, what=f"{label} launch {i} output")
+            if not cmp.ok:
+                problems.append(cmp.message)
+                break
+        self.kept.clear()
+        return problems
+
+
+def _bench(module, payload: dict, wctx) -> BenchResult:
     import torch
 
     from .baselines import BASELINE_NAMES, FreshInputs, measure_baselines
-    from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, synchronize
+    from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, run_candidate, \
+        synchronize
     from .numerics import Reference, compare, draw_dense, round_to_dtype, torch_dtype, with_values
     from .timing import flush_buffer, time_cuda_graph, time_fn
 
@@ -117,50 +179,56 @@ def _bench(module, payload: dict) -> BenchResult:
     on_gpu = backend == "cuda"
     notes: list[str] = []
     rng = np.random.default_rng(payload["seed"])
+    candidate_module = getattr(module, "module", None)
 
     values = round_to_dtype(matrix.data, dtype)
     a = with_values(matrix, values, dtype)
     synchronize(device)
     t0 = time.perf_counter()
-    packed = call_prepare(module, a, dtype, device)
+    packed = call_prepare(module, a, dtype, device, wctx)
     conversion_ms = (time.perf_counter() - t0) * 1e3
-    snapshot = Snapshot.take(packed)
+    snapshot = run_candidate(wctx, "state snapshot", Snapshot.take, packed, candidate_module)
 
     m, k = matrix.shape
     b64 = draw_dense(rng, (k, n), dtype)
     B = torch.from_numpy(b64).to(device=device, dtype=tdtype)
-    b_before = B.clone()
-    ref = Reference.compute(matrix, values, b64, dtype)
 
     out = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
-    call_spmm(module, packed, B, out, device)
+    call_spmm(module, packed, B, out, device, wctx, source=getattr(module, "source", ""))
+    ref = Reference.compute(matrix, values, b64, dtype)
     first = compare(out.to(torch.float64).cpu().numpy(), ref.value, ref)
     if not first.ok:
         raise CandidateFailure("wrong_result", "wrong_values", f"N={n} (bench input): {first.message}")
+    del ref
+
+    eager_inputs = _TimedInputs(B, out, dtype, rng, repeats + warmup, matrix)
 
     def run_eager():
         module.spmm(packed, B, out)
 
-    try:
-        candidate = time_fn(run_eager, backend, repeats=repeats, warmup=warmup)
-    except Exception as exc:
-        from .execution import failure_from_exception
-
-        raise failure_from_exception(exc, "spmm (timing)") from None
+    candidate = run_candidate(wctx, "spmm (timing)", lambda: time_fn(
+        run_eager, backend, repeats=repeats, warmup=warmup, before=eager_inputs.before, after=eager_inputs.after))
+    timed_problems = eager_inputs.check(values, "eager")
 
     candidate_graph = None
-    out_graph = None
     if on_gpu:
         out_graph = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
+        graph_inputs = _TimedInputs(B, out_graph, dtype, rng, repeats + warmup, matrix)
         try:
-            candidate_graph = time_cuda_graph(lambda: module.spmm(packed, B, out_graph),
-                                              repeats=repeats, warmup=warmup)
-        except Exception as exc:
-            notes.append(f"CUDA graph capture of the candidate failed, eager timing kept: "
-                         f"{type(exc).__name__}: {str(exc)[:300]}")
-            out_graph = None
+            candidate_graph = run_candidate(wctx, "spmm (graph timing)", lambda: time_cuda_graph(
+                lambda: module.spmm(packed, B, out_graph), repeats=repeats, warmup=warmup,
+                before=graph_inputs.before, after=graph_inputs.after))
+            timed_problems += graph_inputs.check(values, "graph")
+        except CandidateFailure as failure:
+            if failure.status == "refused":
+                raise
+            notes.append(f"CUDA graph capture of the candidate failed, eager timing kept: {failure.message[:300]}")
             torch.cuda.synchronize()
 
+    # The baselines see the bench input again (the timing loops overwrote B).
+    with torch.no_grad():
+        B.copy_(torch.from_numpy(b64).to(device=device, dtype=tdtype))
+    ref = Reference.compute(matrix, values, b64, dtype)
     dense_a = a.to_torch(dtype=tdtype, device=device, layout="dense")
     out_dense = torch.empty((m, n), dtype=tdtype, device=device)
     dense = time_fn(lambda: torch.matmul(dense_a, B, out=out_dense), backend, repeats=repeats, warmup=warmup)
@@ -188,22 +256,13 @@ def _bench(module, payload: dict) -> BenchResult:
                                               warmup=warmup, include=others,
                                               graph=payload.get("baseline_graphs", False), fresh=fresh)
 
-    # Re-verification after timing: the buffers the timed launches wrote, and untouched inputs.
-    reverified, problems = True, []
-    for label, buf in (("eager", out), ("graph", out_graph)):
-        if buf is None:
-            continue
-        cmp = compare(buf.to(torch.float64).cpu().numpy(), ref.value, ref, what=f"{label} output")
-        if not cmp.ok:
-            reverified = False
-            problems.append(cmp.message)
-    if not torch.equal(B, b_before):
-        reverified = False
-        problems.append("B was modified during timing")
-    changed = snapshot.changed(packed)
+    # Re-verification after timing: the outputs the timed launches wrote (checked above, one
+    # reference per kept launch) and the packed state, which no launch may have changed.
+    reverified, problems = not timed_problems, list(timed_problems)
+    changed = run_candidate(wctx, "state check", snapshot.changed, packed, candidate_module)
     if changed:
         reverified = False
-        problems.append(f"packed tensors modified during timing: {', '.join(changed)}")
+        problems.append(f"packed state changed during timing: {', '.join(changed[:5])}")
 
     ok_baselines = [b for b in baseline_results if b.ok and b.timing is not None]
     best = min(ok_baselines, key=lambda b: b.timing.median_ms) if ok_baselines else None

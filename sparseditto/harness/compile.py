@@ -137,7 +137,7 @@ def tiny_matrix(dtype: str):
     return SparseMatrix.from_scipy(sp.csr_array(dense), dtype=dtype, name="compile_probe")
 
 
-def compile_task(payload: dict) -> dict:
+def compile_task(payload: dict, wctx) -> dict:
     """Worker entry: import, then prepare + one N=1 spmm to force the JIT."""
     import torch
 
@@ -150,15 +150,15 @@ def compile_task(payload: dict) -> dict:
     steps = []
     try:
         t0 = time.perf_counter()
-        module = load_candidate(spec)
+        module = load_candidate(spec, wctx)
         steps.append(f"import: ok ({time.perf_counter() - t0:.2f} s)")
         t0 = time.perf_counter()
-        packed = call_prepare(module, matrix, dtype, device)
+        packed = call_prepare(module, matrix, dtype, device, wctx)
         steps.append(f"prepare on {matrix.shape} nnz={matrix.nnz}: ok ({time.perf_counter() - t0:.2f} s)")
         B = torch.ones((matrix.shape[1], 1), dtype=torch_dtype(dtype), device=device)
         out = torch.zeros((matrix.shape[0], 1), dtype=torch_dtype(dtype), device=device)
         t0 = time.perf_counter()
-        call_spmm(module, packed, B, out, device)
+        call_spmm(module, packed, B, out, device, wctx, source=spec.source)
         steps.append(f"first spmm (N=1, JIT compile): ok ({time.perf_counter() - t0:.2f} s)")
     except CandidateFailure as failure:
         steps.append(failure.message)

@@ -87,94 +87,321 @@ def failure_from_exception(exc: BaseException, phase: str) -> CandidateFailure:
     return CandidateFailure(status, failure_class, message, log=tb)
 
 
-def load_candidate(spec):
-    """The candidate's module (or the builtin dense shim); import failures become CandidateFailure."""
+def run_candidate(wctx, what: str, fn, *args, tracers=()):
+    """Call candidate code ``fn(*args)`` inside the sandbox gate and judge what it did.
+
+    Order of verdicts: anything the audit hook or a tracer refused (even when the candidate
+    caught the exception) -> "refused"; a Python thread it left behind, a torch mode it left
+    pushed, a torch global it changed, or a change to the modules and types the verifier relies
+    on -> "refused", and for the last three the worker is marked tainted (replaced after this
+    task); an exception of its own -> classified as usual. The exception is formatted while the
+    gate is still closed: a candidate's exception class may run code in ``__str__``.
+    """
+    from . import guard
+
+    threads = guard.python_threads()
+    integrity = getattr(wctx, "integrity", None)
+    if integrity is None:
+        integrity = wctx.integrity = guard.Integrity.take()
+    failure = None
+    result = None
+    scope = wctx.gate.scope(what)
+    with scope:
+        try:
+            if tracers:
+                _call_traced(list(tracers), fn, args)
+            else:
+                result = fn(*args)
+        except BaseException as exc:  # judged below, after the gate is open again
+            failure = exc if isinstance(exc, CandidateFailure) else failure_from_exception(exc, what)
+    refused = list(scope.violations)
+    for tracer in tracers:
+        refused += [str(r) for r in getattr(tracer, "refusals", [])]
+        check = getattr(tracer, "check", None)
+        if check is not None and failure is None:
+            try:
+                check()
+            except guard.SandboxViolation as exc:
+                refused.append(str(exc))
+    left = guard.python_threads() - threads
+    if left:
+        refused.append(f"{what} left {len(left)} Python thread(s) running (work outside the traced call)")
+    changed = integrity.changed()
+    if changed:
+        wctx.tainted.extend(changed)
+        refused.append(f"{what} changed what the verifier relies on (monkeypatched): {', '.join(changed[:6])}")
+    if refused:
+        raise CandidateFailure("refused", _refusal_class(refused[0]), f"{what}: {refused[0]}",
+                               log="\n".join(refused))
+    if failure is not None:
+        raise failure
+    integrity.refresh()
+    return result
+
+
+def _call_traced(tracers: list, fn, args) -> None:
+    if not tracers:
+        fn(*args)
+        return
+    with tracers[0]:
+        _call_traced(tracers[1:], fn, args)
+
+
+def _refusal_class(message: str) -> str:
+    for kind in ("vendor_op", "host_export", "scalar_reads", "vendor_kernel", "foreign_kernel"):
+        if kind.replace("_", " ") in message or kind in message:
+            return kind
+    if "monkeypatched" in message:
+        return "monkeypatch"
+    if "packed" in message or "module-level" in message or "state" in message:
+        return "state_carried"
+    if "thread" in message:
+        return "side_thread"
+    if "aten::" in message:
+        return "vendor_op"
+    if "library kernel" in message:
+        return "vendor_kernel"
+    if "not one of the candidate's kernels" in message:
+        return "foreign_kernel"
+    if "to the host" in message:
+        return "host_export"
+    return "sandbox_violation"
+
+
+def load_candidate(spec, wctx):
+    """The candidate's entry points (or the builtin dense shim); import failures become
+    CandidateFailure. Looking the functions up happens inside the gate as well: a module can
+    swap its own class for one whose attribute access runs code."""
     if spec.is_builtin_dense:
         return BuiltinDense
-    from .source_loader import load_module
+    from types import SimpleNamespace
 
-    try:
-        module = load_module(spec.source)
-    except BaseException as exc:  # SyntaxError, ImportError, NameError at module level, SystemExit
-        raise failure_from_exception(exc, "import") from None
-    for name in ("prepare", "spmm"):
-        if not callable(getattr(module, name, None)):
+    from .source_loader import import_path, write_source
+
+    path = write_source(spec.source)
+    wctx.gate.add_candidate_file(path)
+
+    def load():
+        module = import_path(path)
+        entry = {name: getattr(module, name, None) for name in ("prepare", "spmm")}
+        missing = [name for name, fn in entry.items() if not callable(fn)]
+        if missing:
             raise CandidateFailure("compile_error", "missing_entry_point",
-                                   f"import: the module defines no callable {name}()")
-    return module
+                                   f"import: the module defines no callable {missing[0]}()")
+        return SimpleNamespace(module=module, source=spec.source, **entry)
+
+    return run_candidate(wctx, "import", load)
 
 
-def call_prepare(module, matrix, dtype: str, device: str) -> dict:
+def call_prepare(module, matrix, dtype: str, device: str, wctx) -> dict:
     from .numerics import torch_dtype
 
-    try:
+    def prepare():
         packed = module.prepare(matrix, torch_dtype(dtype), device)
         synchronize(device)
-    except BaseException as exc:
-        raise failure_from_exception(exc, "prepare") from None
-    if not isinstance(packed, dict):
+        return packed
+
+    if module is BuiltinDense:
+        packed = prepare()
+    else:
+        packed = run_candidate(wctx, "prepare", prepare)
+    if type(packed) is not dict:
         raise CandidateFailure("runtime_error", "bad_prepare_result",
-                               f"prepare: must return a dict of tensors, got {type(packed).__name__}")
+                               f"prepare: must return a plain dict of tensors, got {type(packed).__name__}")
     return packed
 
 
-def call_spmm(module, packed: dict, B, out, device: str) -> None:
-    try:
+def spmm_tracers(wctx, device: str, source: str) -> tuple:
+    """The tracers a verification call of spmm runs under (op tracing; kernel tracing on CUDA)."""
+    from .tracing import KernelTracer, OpTracer, own_kernel_names
+
+    roots = tuple(getattr(wctx, "interpreter_roots", ()) or ())
+    if not roots:
+        from .guard import _package_dir
+
+        triton_dir = _package_dir("triton")
+        roots = wctx.interpreter_roots = ((triton_dir + "/",) if triton_dir else ())
+    tracers = [OpTracer(interpreter_roots=roots)]
+    if device == "cuda":
+        tracers.insert(0, KernelTracer(own_kernel_names(source)))
+    return tuple(tracers)
+
+
+def call_spmm(module, packed: dict, B, out, device: str, wctx, *, source: str | None = None,
+              traced: bool = True) -> None:
+    """One spmm call under the gate; ``traced`` adds the op/kernel tracers (verification calls)."""
+    def spmm():
         module.spmm(packed, B, out)
         synchronize(device)
-    except BaseException as exc:
-        raise failure_from_exception(exc, "spmm") from None
+
+    if module is BuiltinDense:
+        try:
+            spmm()
+        except BaseException as exc:
+            raise failure_from_exception(exc, "spmm") from None
+        return
+    tracers = spmm_tracers(wctx, device, source or "") if traced else ()
+    run_candidate(wctx, "spmm", spmm, tracers=tracers)
 
 
-@dataclass
-class Snapshot:
-    """Byte copies of every array reachable from the packed dict, to prove spmm left them alone.
+# ---- state a call may not change -------------------------------------------------------------------
 
-    Keys starting with ``scratch`` are the documented exception: workspace a kernel may overwrite
-    (e.g. split-K partials). Non-array leaves (ints, strings, kernel handles) are compared for
-    identity of the key set only.
-    """
-
-    keys: frozenset
-    arrays: dict
-
-    @classmethod
-    def take(cls, packed: dict) -> "Snapshot":
-        arrays: dict = {}
-        _walk(packed, "", arrays, clone=True)
-        return cls(keys=frozenset(packed.keys()), arrays=arrays)
-
-    def changed(self, packed: dict) -> list[str]:
-        if frozenset(packed.keys()) != self.keys:
-            added = sorted(map(str, set(packed.keys()) - self.keys))
-            removed = sorted(map(str, self.keys - set(packed.keys())))
-            return [f"packed keys changed (added {added}, removed {removed})"]
-        now: dict = {}
-        _walk(packed, "", now, clone=False)
-        bad = []
-        for path, before in self.arrays.items():
-            after = now.get(path)
-            if after is None or not _same_bytes(before, after):
-                bad.append(f"packed[{path}]")
-        return bad
+def is_scratch_key(key) -> bool:
+    return isinstance(key, str) and key.startswith("scratch")
 
 
-def _walk(obj, path: str, out: dict, clone: bool) -> None:
+def _clone_tree(obj):
     import numpy as np
     import torch
 
     if isinstance(obj, torch.Tensor):
-        out[path] = obj.detach().clone() if clone else obj.detach()
+        return obj.detach().clone()
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        return type(obj)((k, _clone_tree(v)) for k, v in obj.items()) if type(obj) is dict else dict(
+            (k, _clone_tree(v)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [_clone_tree(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_clone_tree(v) for v in obj)
+    return obj
+
+
+@dataclass
+class Snapshot:
+    """Everything a call of spmm must leave as it found it, and the scratch it may use.
+
+    * the packed dict: its structure at every depth (keys, types, lengths), every array's bytes,
+      every tensor's shape/dtype/device/strides/storage offset/address and the attributes set on
+      it, and the identity of every other object in it;
+    * the candidate module's globals: identity of each value, the contents of module-level
+      containers (a dict used as an output cache), attributes set on its functions and classes;
+    * keys starting with ``scratch`` are the documented workspace: not compared, but reset to
+      their state right after ``prepare`` before every verification call (`reset_scratch`), so a
+      scratch cache cannot carry an output from one call to the next.
+    """
+
+    layout: dict
+    arrays: dict
+    scratch: dict
+    module_state: dict
+
+    @classmethod
+    def take(cls, packed: dict, module=None) -> "Snapshot":
+        layout: dict = {}
+        arrays: dict = {}
+        _describe(packed, "packed", layout, arrays, clone=True)
+        scratch = {k: _clone_tree(v) for k, v in packed.items() if is_scratch_key(k)}
+        return cls(layout=layout, arrays=arrays, scratch=scratch, module_state=_module_state(module))
+
+    def reset_scratch(self, packed: dict) -> None:
+        for key, value in self.scratch.items():
+            packed[key] = _clone_tree(value)
+
+    def changed(self, packed: dict, module=None) -> list[str]:
+        layout: dict = {}
+        now: dict = {}
+        _describe(packed, "packed", layout, now, clone=False)
+        bad = []
+        for path in sorted(set(self.layout) | set(layout)):
+            if self.layout.get(path) != layout.get(path):
+                before, after = self.layout.get(path), layout.get(path)
+                what = "added" if before is None else "removed" if after is None else "changed"
+                bad.append(f"{path} {what}" + (f" ({_short(before)} -> {_short(after)})" if what == "changed" else ""))
+        for path, before in self.arrays.items():
+            after = now.get(path)
+            if after is not None and not _same_bytes(before, after):
+                bad.append(f"{path} contents changed")
+        if module is not None:
+            state = _module_state(module)
+            for name in sorted(self.module_state):
+                if self.module_state.get(name) != state.get(name):
+                    bad.append(f"module-level '{name}' changed (state kept between calls)")
+        return bad
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _describe(obj, path: str, layout: dict, arrays: dict, clone: bool, depth: int = 0) -> None:
+    import numpy as np
+    import torch
+
+    if depth > 8:
+        layout[path] = ("deep", id(obj))
+        return
+    if isinstance(obj, torch.Tensor):
+        attrs = tuple(sorted((k, id(v)) for k, v in vars(obj).items())) if hasattr(obj, "__dict__") else ()
+        layout[path] = ("tensor", tuple(obj.shape), str(obj.dtype), str(obj.device), tuple(obj.stride()),
+                        obj.storage_offset(), obj.data_ptr() if obj.numel() else 0, type(obj).__name__, attrs)
+        arrays[path] = obj.detach().clone() if clone else obj.detach()
     elif isinstance(obj, np.ndarray):
-        out[path] = obj.copy() if clone else obj
+        layout[path] = ("ndarray", obj.shape, str(obj.dtype))
+        arrays[path] = obj.copy() if clone else obj
     elif isinstance(obj, dict):
+        layout[path] = ("dict", type(obj).__name__, tuple(sorted(map(repr, obj.keys()))))
         for key, value in obj.items():
-            if isinstance(key, str) and key.startswith("scratch"):
+            if is_scratch_key(key) and depth == 0:
                 continue
-            _walk(value, f"{path}.{key}" if path else str(key), out, clone)
+            _describe(value, f"{path}[{key!r}]", layout, arrays, clone, depth + 1)
     elif isinstance(obj, (list, tuple)):
+        layout[path] = (type(obj).__name__, len(obj))
         for i, value in enumerate(obj):
-            _walk(value, f"{path}[{i}]", out, clone)
+            _describe(value, f"{path}[{i}]", layout, arrays, clone, depth + 1)
+    elif obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        layout[path] = ("value", type(obj).__name__, obj)
+    else:
+        attrs = ()
+        try:
+            attrs = tuple(sorted((k, id(v)) for k, v in vars(obj).items()))
+        except TypeError:
+            pass
+        layout[path] = ("object", type(obj).__name__, id(obj), attrs)
+
+
+def _module_state(module) -> dict:
+    """What of the candidate module's globals could carry an output between calls: containers
+    (their contents), plain values (rebinding), and the attributes of the functions and classes
+    it defines. Names added later, modules and Triton's objects are left out: Triton's
+    interpreter rewrites kernel globals and caches on its JIT functions as it runs."""
+    if module is None or not hasattr(module, "__dict__"):
+        return {}
+    own = getattr(module, "__name__", None)
+    out = {}
+    for name, value in list(vars(module).items()):
+        if name.startswith("__") and name.endswith("__"):
+            continue
+        kind = type(value)
+        if kind.__module__.startswith("triton") or isinstance(value, type(module)):
+            continue
+        if isinstance(value, (dict, list, set, bytearray)):
+            try:
+                items = value.items() if isinstance(value, dict) else enumerate(
+                    sorted(value, key=repr) if isinstance(value, set) else value)
+                out[name] = (id(value), len(value), tuple((repr(k), id(v)) for k, v in items))
+            except Exception:
+                out[name] = (id(value), len(value))
+        elif value is None or isinstance(value, (bool, int, float, complex, str, bytes, tuple, frozenset)):
+            out[name] = (id(value),)
+        elif getattr(value, "__module__", None) == own and (callable(value) or isinstance(value, type)):
+            try:
+                out[name] = (id(value), tuple(sorted((k, id(v)) for k, v in vars(value).items()
+                                                     if not (k.startswith("__") and k.endswith("__")))))
+            except TypeError:
+                out[name] = (id(value),)
+        else:
+            hint = getattr(value, "__length_hint__", None)
+            entry: tuple = (id(value),)
+            if hint is not None:
+                try:
+                    entry += (hint(),)
+                except Exception:
+                    pass
+            out[name] = entry
+    return out
 
 
 def _same_bytes(a, b) -> bool:

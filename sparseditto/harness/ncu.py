@@ -251,18 +251,21 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
         Path(args_path).write_text(json.dumps(args), encoding="utf-8")
         cmd = build_command(ncu, args_path, metrics=metrics, kernel_regex=kernel_regex,
                             launch_count=launch_count)
-        env = dict(os.environ)
-        env.pop("TRITON_INTERPRET", None)
-        package_root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        rc, stdout, stderr, timed_out = _run(cmd, env, timeout)
+        # The profiled child runs candidate code: the same scrubbed environment and private
+        # directory as a sandboxed worker, and ncu_child installs the same audit hook.
+        from .isolation import make_private_dirs, worker_environment
+        from .source_loader import default_cache_dir
+
+        make_private_dirs(Path(tmp))
+        env = worker_environment("cuda", Path(tmp), str(default_cache_dir()))
+        rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
 
 
-def _run(cmd: list[str], env: dict, timeout: float) -> tuple[int | None, str, str, bool]:
+def _run(cmd: list[str], env: dict, timeout: float, cwd: str | None = None) -> tuple[int | None, str, str, bool]:
     """Run ncu in its own session so a timeout can end it and the profiled child together."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd, stdin=subprocess.DEVNULL)
     try:
         out, err = proc.communicate(timeout=timeout)
         return proc.returncode, out, err, False

@@ -39,19 +39,35 @@ def main(argv: list[str]) -> int:
         with open(args["source_path"], encoding="utf-8") as fh:
             source = fh.read()
         spec = CandidateSpec(source=source, backend="triton")
-    module = load_candidate(spec)
+    from . import guard
+    from .isolation import cache_subdirs
+    from .source_loader import default_cache_dir
+    from .worker import WorkerContext
+
+    cache = str(default_cache_dir())
+    gate = guard.install(guard.Policy.for_worker(os.getcwd(), cache, [str(p) for p in cache_subdirs(cache).values()]))
+    wctx = WorkerContext(gate=gate, backend="cuda", info={})
+    module = load_candidate(spec, wctx)
     a = with_values(matrix, round_to_dtype(matrix.data, dtype), dtype)
-    packed = module.prepare(a, torch_dtype(dtype), "cuda")
     rng = np.random.default_rng(args["seed"])
     B = torch.from_numpy(draw_dense(rng, (matrix.shape[1], args["n"]), dtype)).to("cuda", torch_dtype(dtype))
     out = torch.empty((matrix.shape[0], args["n"]), dtype=torch_dtype(dtype), device="cuda")
-    for _ in range(max(1, int(args["warmup"]))):
+
+    def profiled_run():
+        packed = module.prepare(a, torch_dtype(dtype), "cuda")
+        for _ in range(max(1, int(args["warmup"]))):
+            module.spmm(packed, B, out)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(args["range"])
         module.spmm(packed, B, out)
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push(args["range"])
-    module.spmm(packed, B, out)
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+
+    with gate.scope("ncu run") as scope:
+        profiled_run()
+    if scope.violations:
+        print(f"sandbox: {scope.violations[0]}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -14,8 +14,10 @@ Scaling by ``|A| @ |B|`` (not |C|) keeps the bound meaningful under cancellation
 tiny so an empty row must come out as exact zeros.
 
 Values are chosen so a lazy kernel cannot hide: A's nonzeros are ±U(0.5, 1.5)/sqrt(k_i) (every row's
-output is O(1), never tiny next to atol) and B is U(-1, 1), both drawn fresh from the seed for
-every check, never the matrix's stored values alone.
+output is O(1), never tiny next to atol), drawn fresh from the seed for every check, never the
+matrix's stored values alone. B comes from one of `DISTRIBUTIONS` (uniform, normal times a large
+scale, heavy-tailed, all above 1, tiny), scaled down where needed so that no output can come near
+the float16 limit (|C| <= `SAFE_OUTPUT`, far below 65504).
 """
 from __future__ import annotations
 
@@ -64,6 +66,35 @@ def draw_matrix_values(matrix, rng: np.random.Generator, dtype: str) -> np.ndarr
 
 def draw_dense(rng: np.random.Generator, shape: tuple[int, int], dtype: str, scale: float = 1.0) -> np.ndarray:
     return round_to_dtype(rng.uniform(-1.0, 1.0, shape) * scale, dtype)
+
+
+#: B distributions verification rotates through (a kernel correct only for |B| <= 1, or only for
+#: positive inputs, or only for values near the verifier's usual ones, fails one of them).
+DISTRIBUTIONS = ("uniform", "normal_scaled", "heavy_tailed", "above_one", "tiny")
+SAFE_OUTPUT = 2.0 ** 13
+
+
+def draw_b(rng: np.random.Generator, shape: tuple[int, int], dtype: str, dist: str, matrix=None) -> np.ndarray:
+    """B values from ``dist``, rounded to ``dtype``; bounded so |A| @ |B| <= `SAFE_OUTPUT` for A
+    drawn by `draw_matrix_values` (|a_ij| <= 1.5 / sqrt(k_i), so a row sums to <= 1.5 sqrt(k_i))."""
+    if dist == "uniform":
+        values = rng.uniform(-1.0, 1.0, shape)
+    elif dist == "normal_scaled":
+        values = rng.standard_normal(shape) * float(rng.choice([8.0, 64.0, 512.0]))
+    elif dist == "heavy_tailed":
+        values = np.clip(rng.standard_t(1.5, shape), -1e4, 1e4)
+    elif dist == "above_one":
+        values = rng.uniform(1.0, 16.0, shape)
+    elif dist == "tiny":
+        values = rng.uniform(-1.0, 1.0, shape) * 2.0 ** -6
+    else:
+        raise ValueError(f"Unknown B distribution {dist!r}; expected one of {DISTRIBUTIONS}.")
+    peak = float(np.max(np.abs(values))) if values.size else 0.0
+    kmax = float(matrix.row_lengths().max()) if matrix is not None and matrix.nnz else 1.0
+    bound = 1.5 * np.sqrt(max(kmax, 1.0)) * peak
+    if bound > SAFE_OUTPUT:
+        values = values * (SAFE_OUTPUT / bound)
+    return round_to_dtype(values, dtype)
 
 
 def with_values(matrix, values64: np.ndarray, dtype: str):

@@ -22,6 +22,9 @@ VerifyStatus = Literal[
     "unwritten_output",  # some output entries were never written (NaN pre-fill survived)
     "input_modified",    # B or a tensor of the packed format changed during spmm()
     "unstable",          # two runs on identical inputs disagree beyond the tolerance
+    "refused",           # the sandbox or the launch tracing refused what the candidate did: a vendor
+                         # library call, file/network/process access, introspection, state kept
+                         # between calls, a monkeypatch (failure_class says which)
 ]
 
 ExecBackend = Literal["cuda", "interpret"]
@@ -63,6 +66,8 @@ class NCheck(BaseModel):
     ok: bool
     kind: str = "base"
     tol_ratio: float = 0.0
+    dist: str = "uniform"        # the distribution B was drawn from (numerics.DISTRIBUTIONS)
+    prefill: str = "nan"         # what out held before the call: "nan" or "garbage"
 
 
 class VerifyResult(BaseModel):
@@ -78,6 +83,8 @@ class VerifyResult(BaseModel):
     backend: str = ""
     gpu_timings: bool = False    # True when the candidate ran on a GPU (backend "cuda")
     violations: list[str] = Field(default_factory=list)
+    seed: int | None = None      # the verification's seed: run_and_verify(..., seed=seed) reproduces it
+    sandbox: dict = Field(default_factory=dict)   # the isolation layers in force in the worker
 
 
 class Timing(BaseModel):

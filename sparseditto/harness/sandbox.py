@@ -2,27 +2,32 @@
 
 Why processes: a generated kernel can segfault, call ``os._exit``, loop forever, or make an illegal
 GPU memory access that poisons the CUDA context for the rest of the process. None of that may take
-down the agent graph. Each backend ("cuda", "interpret") gets one long-lived worker started with the
-``spawn`` method (forking a process that holds a CUDA context is unsafe, and the interpreter worker
-must set ``TRITON_INTERPRET=1`` before Triton is imported). Workers are reused between candidates, so
-the multi-second start (importing torch and triton) is paid rarely, and replaced after a timeout, a
-crash or a sticky CUDA error.
+down the agent graph. Each backend ("cuda", "interpret") gets one long-lived worker, started as
+``python -m sparseditto.harness.worker`` (a dedicated entry point: the user's ``__main__`` is never
+re-imported, so scripts need no main guard) with an allow-listed environment, a private directory
+as cwd and HOME, no inherited descriptors but its two task pipes, resource limits and, where the
+OS allows, no network (`isolation`). Workers are reused between candidates, so the multi-second
+start (importing torch and triton) is paid rarely, and replaced after a timeout, a crash, a sticky
+CUDA error or a candidate that tampered with the worker.
+
+A worker that cannot start at all is an infrastructure failure: `WorkerPool.call` raises
+`WorkerStartError` with the worker's output, it is never reported as a candidate's failure.
 
 Usage::
 
     with WorkerPool() as pool:
         reply = pool.call("verify", payload, backend="interpret", timeout=60)
-
-Programs that use the default pool (`get_pool`) on the ``spawn`` start method need the usual
-``if __name__ == "__main__":`` guard in their main script.
 """
 from __future__ import annotations
 
 import atexit
 import itertools
-import multiprocessing
 import os
+import secrets
+import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -31,10 +36,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 EXEC_BACKENDS = ("cuda", "interpret")
-_ENV_LOCK = threading.Lock()
 _WORKER_IDS = itertools.count()
 _CALL_IDS = itertools.count(1)
 _LOG_TAIL_CHARS = 6000
+_MAX_REPLY_BYTES = 512 << 20
+
+
+class WorkerStartError(RuntimeError):
+    """A sandboxed worker could not start (an environment problem, not a candidate's fault)."""
 
 
 @dataclass
@@ -92,46 +101,64 @@ def _describe_exit(exitcode: int | None) -> tuple[str, str | None]:
 
 
 class _Worker:
-    """One spawned process plus its pipe and log file."""
+    """One worker subprocess: its pipes, private directory and log file."""
 
-    def __init__(self, backend: str, ctx, log_dir: Path, cache_dir: str | None) -> None:
+    def __init__(self, backend: str, log_dir: Path, cache_dir: str | None) -> None:
         self.backend = backend
-        self._ctx = ctx
         self._log_dir = log_dir
         self._cache_dir = cache_dir
-        self.proc = None
-        self.conn = None
+        self.proc: subprocess.Popen | None = None
+        self.conn_out = self.conn_in = None
         self.ready = False
         self.info: dict = {}
         self.log_path: Path | None = None
+        self.workdir: Path | None = None
+        self._key = b""
         self.start()
 
     def start(self) -> None:
-        from . import worker as worker_module
+        from multiprocessing.connection import Connection
 
-        self.log_path = self._log_dir / f"worker-{self.backend}-{os.getpid()}-{next(_WORKER_IDS)}.log"
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        proc = self._ctx.Process(
-            target=worker_module.worker_main,
-            args=(child_conn, self.backend, str(self.log_path), self._cache_dir),
-            name=f"sparseditto-{self.backend}-worker", daemon=True)
-        # The child inherits the environment at start(); setting TRITON_INTERPRET here as well as
-        # in the child covers a __main__ module that imports triton during spawn's re-import.
-        with _ENV_LOCK:
-            saved = os.environ.get("TRITON_INTERPRET")
-            if self.backend == "interpret":
-                os.environ["TRITON_INTERPRET"] = "1"
-            else:
-                os.environ.pop("TRITON_INTERPRET", None)
-            try:
-                proc.start()
-            finally:
-                if saved is None:
-                    os.environ.pop("TRITON_INTERPRET", None)
-                else:
-                    os.environ["TRITON_INTERPRET"] = saved
-        child_conn.close()
-        self.proc, self.conn, self.ready = proc, parent_conn, False
+        from . import isolation
+        from .source_loader import default_cache_dir
+
+        cache_dir = self._cache_dir or str(default_cache_dir())
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        for sub in isolation.cache_subdirs(cache_dir).values():
+            sub.mkdir(parents=True, exist_ok=True)
+        wid = next(_WORKER_IDS)
+        self.log_path = self._log_dir / f"worker-{self.backend}-{os.getpid()}-{wid}.log"
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"worker-{self.backend}-{wid}-", dir=self._log_dir))
+        isolation.make_private_dirs(self.workdir)
+        prefix, network = isolation.launch_prefix()
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        cmd = [*prefix, sys.executable, "-m", "sparseditto.harness.worker", "--backend", self.backend,
+               "--fds", f"{req_r},{rep_w}", "--log", str(self.log_path), "--network", network]
+        env = isolation.worker_environment(self.backend, self.workdir, cache_dir)
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             close_fds=True, pass_fds=(req_r, rep_w), cwd=str(self.workdir),
+                                             env=env, start_new_session=True)
+        except OSError as exc:
+            for fd in (req_r, req_w, rep_r, rep_w):
+                os.close(fd)
+            raise WorkerStartError(f"cannot start the {self.backend} worker ({' '.join(cmd[:3])} ...): {exc}") from exc
+        finally:
+            pass
+        os.close(req_r)
+        os.close(rep_w)
+        self.conn_out, self.conn_in = Connection(req_w, readable=False), Connection(rep_r, writable=False)
+        self._key = secrets.token_bytes(32)
+        self.ready = False
+        try:
+            self.conn_out.send({"key": self._key, "workdir": str(self.workdir), "cache_dir": cache_dir})
+        except (BrokenPipeError, OSError):
+            pass  # the worker died at once: wait_ready reports it with its output
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def wait_ready(self, timeout: float) -> WorkerReply | None:
         """Block until the worker has imported its libraries; a failure comes back as a reply."""
@@ -145,6 +172,8 @@ class _Worker:
         return reply
 
     def _receive(self, deadline: float, expect: str, call_id: int | None = None) -> WorkerReply:
+        from .worker import decode_reply
+
         start = time.monotonic()
         while True:
             remaining = deadline - time.monotonic()
@@ -153,14 +182,19 @@ class _Worker:
                                    error=f"no reply from the {self.backend} worker in time",
                                    log=_tail(self.log_path))
             try:
-                has_data = self.conn.poll(min(0.1, remaining))
+                has_data = self.conn_in.poll(min(0.1, remaining))
             except (EOFError, OSError):
                 has_data = True
             if has_data:
                 try:
-                    message = self.conn.recv()
+                    message = decode_reply(self._key, self.conn_in.recv_bytes(_MAX_REPLY_BYTES))
                 except (EOFError, OSError, ConnectionResetError):
                     return self._crash_reply(start)
+                except ValueError as exc:  # unauthenticated or garbled: the worker is compromised
+                    self.kill()
+                    reply = self._crash_reply(start)
+                    reply.error = f"the worker sent a reply that failed authentication ({exc}); killed"
+                    return reply
                 kind = message[0]
                 if kind == "ready" and expect == "ready":
                     return WorkerReply(status="ok", value=message[1], seconds=time.monotonic() - start)
@@ -171,14 +205,17 @@ class _Worker:
                                        error=body if kind == "error" else "", log=log,
                                        restarted=restart, seconds=time.monotonic() - start)
                 continue  # a stale reply to an abandoned call: keep waiting for ours
-            if not self.proc.is_alive():
-                if self.conn.poll(0):
+            if not self.alive():
+                if self.conn_in.poll(0):
                     continue
                 return self._crash_reply(start)
 
     def _crash_reply(self, start: float) -> WorkerReply:
-        self.proc.join(timeout=5)
-        exitcode = self.proc.exitcode
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        exitcode = self.proc.returncode
         reason, sig = _describe_exit(exitcode)
         return WorkerReply(status="crash", error=reason, exitcode=exitcode, signal_name=sig,
                            log=_tail(self.log_path), seconds=time.monotonic() - start)
@@ -187,7 +224,7 @@ class _Worker:
         start = time.monotonic()
         call_id = next(_CALL_IDS)
         try:
-            self.conn.send((call_id, task, payload))
+            self.conn_out.send((call_id, task, payload, float(timeout)))
         except (BrokenPipeError, OSError):
             return self._crash_reply(start)
         return self._receive(start + timeout, expect="result", call_id=call_id)
@@ -195,23 +232,35 @@ class _Worker:
     def kill(self) -> None:
         if self.proc is None:
             return
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=10)
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the worker and any compiler it started
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
         try:
-            self.conn.close()
-        except OSError:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             pass
+        for conn in (self.conn_out, self.conn_in):
+            try:
+                conn.close()
+            except (OSError, AttributeError):
+                pass
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def shutdown(self, grace: float = 2.0) -> None:
         if self.proc is None:
             return
-        if self.proc.is_alive():
+        if self.alive():
             try:
-                self.conn.send((0, "__exit__", None))
+                self.conn_out.send((0, "__exit__", None, 0.0))
             except (BrokenPipeError, OSError):
                 pass
-            self.proc.join(timeout=grace)
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
         self.kill()
 
 
@@ -226,7 +275,6 @@ class WorkerPool:
 
     def __init__(self, *, cache_dir: str | os.PathLike | None = None,
                  log_dir: str | os.PathLike | None = None, start_timeout: float = 300.0) -> None:
-        self._ctx = multiprocessing.get_context("spawn")
         self._cache_dir = str(cache_dir) if cache_dir is not None else None
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="sparseditto-workers-"))
@@ -252,7 +300,7 @@ class WorkerPool:
     def _get_worker(self, backend: str) -> _Worker:
         worker = self._workers.get(backend)
         if worker is None:
-            worker = _Worker(backend, self._ctx, self._log_dir, self._cache_dir)
+            worker = _Worker(backend, self._log_dir, self._cache_dir)
             self._workers[backend] = worker
         return worker
 
@@ -282,13 +330,7 @@ class WorkerPool:
         if not timeout or timeout <= 0:
             raise ValueError(f"Expected a positive timeout in seconds, got {timeout!r}.")
         with self._locks[backend]:
-            worker = self._get_worker(backend)
-            failed = worker.wait_ready(self._start_timeout)
-            if failed is not None:  # the worker could not even start: report, then retry fresh
-                self._replace(backend)
-                failed.error = f"{backend} worker failed to start: {failed.error}"
-                failed.restarted = True
-                return failed
+            worker = self._ready_worker(backend)
             try:
                 reply = worker.call(task, payload, timeout)
             except BaseException:  # e.g. KeyboardInterrupt while waiting: don't leave it running
@@ -301,6 +343,22 @@ class WorkerPool:
                 reply.restarted = True
             return reply
 
+    def _ready_worker(self, backend: str) -> _Worker:
+        """The backend's worker, started and ready; two failed starts in a row raise
+        `WorkerStartError` with the worker's output (an environment problem, not a candidate's)."""
+        worker = self._get_worker(backend)
+        failed = worker.wait_ready(self._start_timeout)
+        if failed is None:
+            return worker
+        self._replace(backend)
+        again = worker.wait_ready(self._start_timeout)
+        if again is None:
+            return worker
+        worker.kill()
+        raise WorkerStartError(
+            f"the sandboxed {backend} worker failed to start twice ({failed.error}; then {again.error}). "
+            f"Its output:\n{(again.log or failed.log).strip()[-4000:] or '(none)'}")
+
     def close(self) -> None:
         if self._closed:
             return
@@ -309,15 +367,7 @@ class WorkerPool:
             worker.shutdown()
         self._workers.clear()
         if self._own_log_dir:
-            for path in self._log_dir.glob("*.log"):
-                try:
-                    path.unlink()
-                except OSError:
-                    pass
-            try:
-                self._log_dir.rmdir()
-            except OSError:
-                pass
+            shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def __enter__(self) -> "WorkerPool":
         return self

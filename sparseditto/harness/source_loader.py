@@ -51,7 +51,12 @@ def load_module(source: str, cache_dir: str | os.PathLike | None = None) -> Modu
     Exceptions raised while executing the module (SyntaxError, ImportError, NameError...) propagate:
     the caller classifies them as compile errors.
     """
-    path = write_source(source, cache_dir)
+    return import_path(write_source(source, cache_dir))
+
+
+def import_path(path: Path) -> ModuleType:
+    """Import an already written candidate file (the sandboxed worker writes it before the gate
+    closes, then imports it with no write access)."""
     name = f"sparseditto_candidate_{path.stem[:16]}_{os.getpid()}_{next(_COUNTER)}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:  # pragma: no cover - only for non-.py paths

@@ -58,23 +58,36 @@ def flush_buffer():
     return buf
 
 
-def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flush: bool = True) -> Timing:
-    """Eager launches, each preceded by an L2 flush, CUDA events around ``fn()`` only."""
+def _noop(i: int) -> None:
+    return None
+
+
+def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flush: bool = True,
+              before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
+    """Eager launches, each preceded by an L2 flush, CUDA events around ``fn()`` only.
+
+    ``before(i)``/``after(i)`` run outside the timed region of launch i (warm-up launches have
+    negative i): the benchmark uses them to give every launch fresh inputs and keep its output."""
     import torch
 
     check_repeats(repeats, warmup)
+    before, after = before or _noop, after or _noop
     buf = flush_buffer() if flush else None
-    for _ in range(warmup):
+    for w in range(warmup):
+        before(-1 - w)
         fn()
+        after(-1 - w)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
+        before(i)
         if buf is not None:
             buf.zero_()
         starts[i].record()
         fn()
         ends[i].record()
+        after(i)
     torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
@@ -98,7 +111,8 @@ def capture_graph(fn: Callable[[], None], warmup: int = 2):
 
 
 def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5,
-                    flush: bool = True) -> Timing:
+                    flush: bool = True, before: Callable[[int], None] | None = None,
+                    after: Callable[[int], None] | None = None) -> Timing:
     """The kernel's own time: replay a captured launch, flushing L2 (outside the graph) each time.
 
     Raises whatever capture raises (e.g. a launch on a non-capturable stream); the caller records
@@ -107,39 +121,51 @@ def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 
     import torch
 
     check_repeats(repeats, warmup)
+    before, after = before or _noop, after or _noop
     graph = capture_graph(fn)
     buf = flush_buffer() if flush else None
-    for _ in range(warmup):
+    for w in range(warmup):
+        before(-1 - w)
         graph.replay()
+        after(-1 - w)
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
+        before(i)
         if buf is not None:
             buf.zero_()
         starts[i].record()
         graph.replay()
         ends[i].record()
+        after(i)
     torch.cuda.synchronize()
     del graph
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
-def time_cpu(fn: Callable[[], None], *, repeats: int = 10, warmup: int = 1) -> Timing:
+def time_cpu(fn: Callable[[], None], *, repeats: int = 10, warmup: int = 1,
+             before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
     """Wall-clock (time.perf_counter) timing for the interpreter/CPU path: not GPU timings."""
     check_repeats(repeats, warmup)
-    for _ in range(warmup):
+    before, after = before or _noop, after or _noop
+    for w in range(warmup):
+        before(-1 - w)
         fn()
+        after(-1 - w)
     samples = []
-    for _ in range(repeats):
+    for i in range(repeats):
+        before(i)
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
+        after(i)
     return summarize(samples)
 
 
-def time_fn(fn: Callable[[], None], backend: str, *, repeats: int, warmup: int) -> Timing:
+def time_fn(fn: Callable[[], None], backend: str, *, repeats: int, warmup: int,
+            before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
     """Eager timing on the given execution backend (cold-L2 events on CUDA, wall clock otherwise)."""
     if backend == "cuda":
-        return time_cuda(fn, repeats=repeats, warmup=warmup)
-    return time_cpu(fn, repeats=repeats, warmup=warmup)
+        return time_cuda(fn, repeats=repeats, warmup=warmup, before=before, after=after)
+    return time_cpu(fn, repeats=repeats, warmup=warmup, before=before, after=after)

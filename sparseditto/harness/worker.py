@@ -1,20 +1,35 @@
-"""The loop that runs inside a sandboxed worker process (started by `sandbox.WorkerPool`).
+"""The sandboxed worker process: ``python -m sparseditto.harness.worker`` (started by `sandbox`).
 
-Everything here executes in the child. It first routes its stdout/stderr (and faulthandler's
-segfault tracebacks) into a log file the parent can read after a crash, sets ``TRITON_INTERPRET``
-for the interpreter backend *before* Triton is imported, pre-imports the heavy libraries, then
-serves tasks. Task functions live in the harness modules and are looked up by name, so importing
-this module stays cheap and triton-free.
+A dedicated entry point, never a re-import of the user's ``__main__`` (so a script without an
+``if __name__ == "__main__":`` guard runs once). Start-up order matters and is all trusted code:
+
+1. enter a new network namespace (where `isolation.launch_prefix` planned ``os.unshare``) while
+   the process still has one thread; apply the process limits; watch the parent pid;
+2. read the handshake from the parent: the reply key (HMAC) and the dirs the worker may use;
+3. import numpy, scipy, torch and triton (``TRITON_INTERPRET`` is already in the environment for
+   the interpreter backend), take the integrity snapshot, install the audit hook (`guard`);
+4. answer "ready", then serve tasks. Task functions are looked up by name and get the payload
+   and a `WorkerContext` (the gate that opens candidate scopes) as arguments: the context lives
+   in this loop's frame only, never in a module global a candidate could reach.
+
+Replies are JSON, authenticated with an HMAC under the handshake key: a candidate that writes to
+the reply pipe cannot forge a "verified" result, and the parent never unpickles anything the
+worker sends.
 """
 from __future__ import annotations
 
-import faulthandler
+import argparse
+import hashlib
+import hmac
 import importlib
+import json
 import os
 import sys
+import time
 import traceback
+from dataclasses import dataclass, field
 
-# name -> "module:function"; each function takes the payload and returns picklable data.
+# name -> "module:function"; each function takes (payload, WorkerContext) and returns JSON-able data.
 TASKS = {
     "ping": "sparseditto.harness.worker:ping_task",
     "compile": "sparseditto.harness.compile:compile_task",
@@ -55,12 +70,22 @@ def cuda_context_broken() -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def ping_task(payload) -> dict:
+@dataclass
+class WorkerContext:
+    """What task functions need from the loop: the gate, the backend and the sandbox facts."""
+
+    gate: object
+    backend: str
+    info: dict
+    tainted: list[str] = field(default_factory=list)   # set when the process can no longer be trusted
+
+
+def ping_task(payload, wctx: WorkerContext) -> dict:
     import torch
 
     info = {"pid": os.getpid(), "backend": os.environ.get("SPARSEDITTO_WORKER_BACKEND", ""),
             "triton_interpret": os.environ.get("TRITON_INTERPRET"), "torch": torch.__version__,
-            "cuda": torch.cuda.is_available()}
+            "cuda": torch.cuda.is_available(), "sandbox": wctx.info.get("sandbox", {})}
     if payload and payload.get("echo") is not None:
         info["echo"] = payload["echo"]
     return info
@@ -69,16 +94,6 @@ def ping_task(payload) -> dict:
 def _resolve(name: str):
     module_name, func_name = TASKS[name].split(":")
     return getattr(importlib.import_module(module_name), func_name)
-
-
-def _redirect_output(log_path: str) -> int:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    faulthandler.enable(file=sys.stderr, all_threads=True)
-    return fd
 
 
 def _read_from(log_path: str, offset: int) -> str:
@@ -96,20 +111,28 @@ def _read_from(log_path: str, offset: int) -> str:
     return text
 
 
-def worker_main(conn, backend: str, log_path: str, cache_dir: str | None) -> None:
-    """Entry point of the spawned worker process."""
-    if backend == "interpret":
-        os.environ["TRITON_INTERPRET"] = "1"
-    else:
-        os.environ.pop("TRITON_INTERPRET", None)
-    os.environ["SPARSEDITTO_WORKER_BACKEND"] = backend
-    if cache_dir:
-        os.environ["SPARSEDITTO_CACHE_DIR"] = cache_dir
-    _redirect_output(log_path)
+def encode_reply(key: bytes, message) -> bytes:
+    body = json.dumps(message, default=str).encode("utf-8")
+    return hmac.new(key, body, hashlib.sha256).hexdigest().encode("ascii") + b"\n" + body
 
+
+def decode_reply(key: bytes, blob: bytes):
+    """Parent side: the message, or ValueError when the blob was not written by the worker loop."""
+    mac, _, body = blob.partition(b"\n")
+    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).hexdigest().encode("ascii")):
+        raise ValueError("reply failed authentication (not written by the worker loop)")
+    return json.loads(body.decode("utf-8"))
+
+
+def _preimport(backend: str) -> dict:
+    import faulthandler
+
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     import numpy  # noqa: F401  (pre-import: the first task should not pay for it)
     import scipy.sparse  # noqa: F401
     import torch
+    import torch.utils._python_dispatch  # noqa: F401  (the tracers)
+    import torch.overrides  # noqa: F401
 
     patched = False
     try:
@@ -122,45 +145,106 @@ def worker_main(conn, backend: str, log_path: str, cache_dir: str | None) -> Non
             patched = patch_triton_interpreter()
     except ImportError:
         pass
+    if backend == "cuda":
+        import torch.profiler  # noqa: F401
+        try:
+            import cupy  # noqa: F401
+        except Exception:
+            pass
+    import sparseditto.formats  # noqa: F401
+    import sparseditto.reorder  # noqa: F401
+    from . import bench, compile, execution, numerics, tracing, verify  # noqa: F401
+
+    # The first use of torch's mode machinery imports and compiles lazily: do it now, not inside
+    # the first candidate's call (where the audit hook would refuse the run-time compiles).
+    with tracing.OpTracer():
+        (torch.ones(2) + 1).sum()
+
     info = {"pid": os.getpid(), "backend": backend, "torch": torch.__version__,
             "cuda": torch.cuda.is_available(), "interpreter_index_fix": patched}
     if backend == "cuda" and torch.cuda.is_available():
         info["device"] = torch.cuda.get_device_name()
-    conn.send(("ready", info))
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparseditto.harness.worker")
+    parser.add_argument("--backend", required=True, choices=("cuda", "interpret"))
+    parser.add_argument("--fds", required=True, help="READ_FD,WRITE_FD of the task pipes")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--network", default="audit hook only")
+    args = parser.parse_args(argv)
+
+    from . import isolation
+
+    network = isolation.enter_network_namespace(args.network)
+    limits = isolation.apply_static_limits()
+    isolation.watch_parent()
+
+    from multiprocessing.connection import Connection
+
+    read_fd, write_fd = (int(x) for x in args.fds.split(","))
+    conn_in, conn_out = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    hello = conn_in.recv()
+    key: bytes = hello["key"]
+    workdir, cache_dir = hello["workdir"], hello["cache_dir"]
+
+    info = _preimport(args.backend)
+    if args.backend == "interpret":
+        limits["address_space"] = isolation.apply_address_space_limit()
+
+    from . import guard
+
+    policy = guard.Policy.for_worker(workdir, cache_dir, [str(p) for p in isolation.cache_subdirs(cache_dir).values()])
+    for extra in ("TRITON_CACHE_DIR", "CUPY_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_HOME"):
+        if os.environ.get(extra):
+            policy.write_roots.append(guard._real(os.environ[extra]))
+    gate = guard.install(policy)
+    sandbox = {"network": network if not network.startswith("netns") or isolation.network_isolated()
+               else f"{network} (but interfaces are visible)", "audit_hook": True, "limits": limits,
+               "env_names": sorted(os.environ), "workdir": workdir, "cwd": os.getcwd()}
+    info["sandbox"] = sandbox
+    wctx = WorkerContext(gate=gate, backend=args.backend, info=info)
+    conn_out.send_bytes(encode_reply(key, ["ready", info]))
 
     while True:
         try:
-            message = conn.recv()
+            message = conn_in.recv()
         except (EOFError, OSError, KeyboardInterrupt):
             break  # parent went away
-        call_id, task, payload = message
+        call_id, task, payload, timeout = message
         if task == "__exit__":
             break
         try:
-            if os.path.getsize(log_path) > _MAX_LOG_FILE:
-                os.truncate(log_path, 0)
-            offset = os.path.getsize(log_path)
+            if os.path.getsize(args.log) > _MAX_LOG_FILE:
+                os.truncate(args.log, 0)
+            offset = os.path.getsize(args.log)
         except OSError:
             offset = 0
+        isolation.set_cpu_budget(float(timeout or 600.0) * max(1, os.cpu_count() or 1))
         try:
-            value = _resolve(task)(payload)
-            restart = bool(backend == "cuda" and cuda_context_broken())
-            conn.send(("result", call_id, value, _read_from(log_path, offset), restart))
+            value = _resolve(task)(payload, wctx)
+            restart = bool(wctx.tainted) or bool(args.backend == "cuda" and cuda_context_broken())
+            reply = ["result", call_id, value, _read_from(args.log, offset), restart]
         except BaseException as exc:  # report everything, including SystemExit from a candidate
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            restart = bool(backend == "cuda" and (is_sticky_cuda_error(tb) or cuda_context_broken()))
-            try:
-                conn.send(("error", call_id, tb, _read_from(log_path, offset), restart))
-            except Exception:
-                break
+            restart = bool(wctx.tainted) or bool(args.backend == "cuda" and (is_sticky_cuda_error(tb)
+                                                                              or cuda_context_broken()))
+            reply = ["error", call_id, tb, _read_from(args.log, offset), restart]
             if isinstance(exc, KeyboardInterrupt):
                 break
-    try:
-        conn.close()
-    except OSError:
-        pass
-    # Nothing left to clean up (results are sent, logs flushed); skip the slow interpreter
-    # teardown of torch/triton so pool shutdown and restarts stay fast.
+        try:
+            conn_out.send_bytes(encode_reply(key, reply))
+        except Exception:
+            break
+        if wctx.tainted:
+            break  # a candidate changed what the checks rely on: never serve another task
     sys.stdout.flush()
     sys.stderr.flush()
+    # Nothing left to clean up (results are sent, logs flushed); skip the slow interpreter
+    # teardown of torch/triton so pool shutdown and restarts stay fast.
     os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
