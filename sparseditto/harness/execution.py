@@ -334,7 +334,7 @@ def _describe(obj, path: str, layout: dict, arrays: dict, clone: bool, depth: in
         layout[path] = ("deep", id(obj))
         return
     if isinstance(obj, torch.Tensor):
-        attrs = tuple(sorted((k, id(v)) for k, v in vars(obj).items())) if hasattr(obj, "__dict__") else ()
+        attrs = tuple(sorted((str(k), id(v)) for k, v in vars(obj).items())) if hasattr(obj, "__dict__") else ()
         layout[path] = ("tensor", tuple(obj.shape), str(obj.dtype), str(obj.device), tuple(obj.stride()),
                         obj.storage_offset(), obj.data_ptr() if obj.numel() else 0, type(obj).__name__, attrs)
         arrays[path] = obj.detach().clone() if clone else obj.detach()
@@ -356,7 +356,7 @@ def _describe(obj, path: str, layout: dict, arrays: dict, clone: bool, depth: in
     else:
         attrs = ()
         try:
-            attrs = tuple(sorted((k, id(v)) for k, v in vars(obj).items()))
+            attrs = tuple(sorted((str(k), id(v)) for k, v in vars(obj).items()))
         except TypeError:
             pass
         layout[path] = ("object", type(obj).__name__, id(obj), attrs)
@@ -388,8 +388,8 @@ def _module_state(module) -> dict:
             out[name] = (id(value),)
         elif getattr(value, "__module__", None) == own and (callable(value) or isinstance(value, type)):
             try:
-                out[name] = (id(value), tuple(sorted((k, id(v)) for k, v in vars(value).items()
-                                                     if not (k.startswith("__") and k.endswith("__")))))
+                out[name] = (id(value), tuple(sorted((str(k), id(v)) for k, v in vars(value).items()
+                                                     if not (str(k).startswith("__") and str(k).endswith("__")))))
             except TypeError:
                 out[name] = (id(value),)
         else:

@@ -470,9 +470,12 @@ class Integrity:
             if before is None:
                 continue
             now = {k: id(v) for k, v in list(ns.items())}
-            # Names that were there before and now point elsewhere (or are gone); new names are
-            # harmless to checks that only use the old ones (lazy submodule imports add some).
+            # Names that were there before and now point elsewhere (or are gone). New names in a
+            # module are harmless to checks that only use the old ones (lazy submodule imports add
+            # some); in a class they shadow inherited methods (torch.Tensor.__mul__), so they count.
             out += [f"{name}.{key}" for key, ident in before.items() if now.get(key) != ident]
+            if name.startswith("torch.") and name[6:7].isupper() or name == "torch._C.TensorBase":
+                out += [f"{name}.{key} (added)" for key in now if key not in before]
         return out
 
     def refresh(self) -> None:
