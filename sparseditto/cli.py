@@ -215,11 +215,16 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    from sparseditto.harness.sandbox import WorkerStartError
+
     try:
         return args.func(args)
     except ValueError as exc:  # bad input: one clear line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except WorkerStartError as exc:  # the environment, not the input: no result was produced
+        print(f"error: the kernel sandbox could not start, so no kernel was verified: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":  # pragma: no cover

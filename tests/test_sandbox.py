@@ -1,4 +1,5 @@
 """The sandboxed worker pool: crashes, hangs and exits are outcomes; the caller and pool survive."""
+import os
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,122 @@ def test_worker_log_tail_and_exit_description():
     assert sandbox._describe_exit(-11) == ("worker killed by SIGSEGV", "SIGSEGV")
     assert sandbox._describe_exit(3) == ("worker exited with code 3", None)
     assert sandbox._describe_exit(None) == ("worker vanished", None)
+
+
+# ---- OS isolation ---------------------------------------------------------------------------------
+
+def test_worker_environment_is_an_allow_list_without_secrets(tmp_path):
+    from sparseditto.harness.isolation import worker_environment
+
+    parent = {"PATH": "/usr/bin", "HOME": "/root", "OPENAI_API_KEY": "sk-x", "TRITON_CACHE_DIR": "/c",
+              "TRITON_API_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s", "MY_PASSWORD": "p", "LD_PRELOAD": "/evil.so",
+              "CUDA_VISIBLE_DEVICES": "0", "SSH_AUTH_SOCK": "/tmp/agent", "LANG": "C.UTF-8"}
+    env = worker_environment("interpret", tmp_path, str(tmp_path / "cache"), parent)
+    assert not {"OPENAI_API_KEY", "TRITON_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "MY_PASSWORD", "LD_PRELOAD",
+                "SSH_AUTH_SOCK"} & set(env)
+    assert env["HOME"] == str(tmp_path / "home") and env["TMPDIR"] == str(tmp_path / "tmp")
+    assert env["TRITON_CACHE_DIR"] == "/c" and env["CUDA_VISIBLE_DEVICES"] == "0" and env["TRITON_INTERPRET"] == "1"
+    assert env["CUPY_CACHE_DIR"].startswith(str(tmp_path / "cache"))  # compiler caches outlive a worker
+
+
+def test_a_live_worker_has_no_secrets_no_extra_descriptors_and_a_private_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-must-not-leak")
+    monkeypatch.setenv("SPARSEDITTO_TEST_TOKEN", "must-not-leak")
+    leaked = open(tmp_path / "open-in-parent.txt", "w")  # a descriptor the worker must not inherit
+    os.set_inheritable(leaked.fileno(), True)
+    try:
+        with WorkerPool(cache_dir=tmp_path / "cache") as own:
+            info = own.call("ping", None, backend="interpret", timeout=120).value
+    finally:
+        leaked.close()
+    names = set(info["sandbox"]["env_names"])
+    assert "OPENAI_API_KEY" not in names and "SPARSEDITTO_TEST_TOKEN" not in names
+    assert info["home"].startswith(info["cwd"]) and "worker-interpret" in info["cwd"]
+    assert len(info["open_fds"]) <= 6, info["open_fds"]  # stdio, the two task pipes, the listing itself
+    assert info["sandbox"]["limits"]["core"] == 0 and info["sandbox"]["limits"]["open_files"] <= 4096
+    assert "address_space" in info["sandbox"]["limits"]  # the interpreter backend only
+
+
+def test_the_network_namespace_is_used_where_the_os_allows_it(pool):
+    from sparseditto.harness.isolation import launch_prefix
+
+    prefix, planned = launch_prefix()
+    layer = ping(pool)["sandbox"]["network"]
+    if not planned.startswith("netns"):
+        assert layer.startswith("audit hook only")
+        pytest.skip(f"no network namespace on this machine: {planned}")
+    assert layer.startswith("netns") and "visible" not in layer
+
+
+def test_replies_are_authenticated():
+    from sparseditto.harness.worker import decode_reply, encode_reply
+
+    key = b"k" * 32
+    assert decode_reply(key, encode_reply(key, ["result", 1, {"ok": True}, "", False]))[2] == {"ok": True}
+    forged = encode_reply(b"x" * 32, ["result", 1, {"ok": True, "status": "verified"}, "", False])
+    with pytest.raises(ValueError, match="authentication"):
+        decode_reply(key, forged)
+
+
+def test_a_worker_that_cannot_start_is_an_infrastructure_error(tmp_path, small):
+    from sparseditto.harness import WorkerStartError
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'cannot import torch: simulated' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with WorkerPool(cache_dir=tmp_path / "cache", python=broken) as own:
+        with pytest.raises(WorkerStartError, match="failed to start twice") as info:
+            run_and_verify((CANDIDATES / "good_torch_scatter.py").read_text(), small, pool=own, n_values=(1,))
+    assert "cannot import torch: simulated" in str(info.value)
+
+
+def test_a_script_without_a_main_guard_runs_once_and_verifies(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "import scipy.sparse as sp\n"
+        "from sparseditto import run_graph\n"
+        "print('BODY-RAN', flush=True)\n"
+        "A = sp.random(32, 32, density=0.3, random_state=0, format='csr')\n"
+        f"r = run_graph(A, backend='interpret', n=4, budget=1, memory=False, checkpoint={str(tmp_path / 'c.sqlite')!r})\n"
+        "print('STATUSES', sorted({c.status for c in r.candidates}), flush=True)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SPARSEDITTO_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("BODY-RAN") == 1
+    assert "'verified'" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+# ---- the audit hook: refused for candidates, Triton keeps working -----------------------------------
+
+AUDIT_CASES = {
+    "reads the user's home": ("open('/root/.bashrc').read()" if os.path.exists("/root/.bashrc")
+                              else "open('/etc/shadow').read()", "sandbox refused open"),
+    "lists a directory outside": ("torch.os.listdir('/home')", "sandbox refused os.listdir"),
+    "writes /tmp": ("open('/tmp/sd_audit_probe', 'w')", "writes"),
+    "spawns": ("torch.os.system('true')", "os.system"),
+    "sockets": ("torch.sys.modules['socket'].socket()", "socket"),
+    "ctypes": ("torch.sys.modules['ctypes'].CDLL(None)", "ctypes.dlopen"),
+    "gc walk": ("torch.sys.modules['gc'].get_referrers(B)", "gc.get_referrers"),
+    "frames": ("torch.sys._getframe(1)", "sys._getframe"),
+    "code objects": ("prepare.__code__", "__code__"),
+    "compile": ("compile('1', 's', 'eval')", "compile"),
+    "imports": ("torch.importlib.import_module('sqlite3')", "sandbox refused"),
+    "environment": ("torch.os.putenv('X', '1')", "os.putenv"),
+    "rlimits": ("torch.sys.modules['resource'].setrlimit(0, (1, 1))", "resource.setrlimit"),
+    "threads": ("torch.threading.Thread(target=print).start()", "starts a thread"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUDIT_CASES))
+def test_the_audit_hook_refuses_it_for_a_candidate(pool, small, case):
+    statement, expected = AUDIT_CASES[case]
+    src = ("import torch\n\ndef prepare(A, dtype, device):\n    return {}\n\n"
+           f"def spmm(packed, B, out):\n    {statement}\n    out.zero_()\n")
+    result = run_and_verify(src, small, pool=pool, check_static=False, n_values=(1,), extra_ns=False)
+    assert result.status == "refused", (case, result.status, result.message)
+    assert expected in result.message, (case, result.message)

@@ -103,8 +103,9 @@ def _describe_exit(exitcode: int | None) -> tuple[str, str | None]:
 class _Worker:
     """One worker subprocess: its pipes, private directory and log file."""
 
-    def __init__(self, backend: str, log_dir: Path, cache_dir: str | None) -> None:
+    def __init__(self, backend: str, log_dir: Path, cache_dir: str | None, python: str | None = None) -> None:
         self.backend = backend
+        self._python = python or sys.executable
         self._log_dir = log_dir
         self._cache_dir = cache_dir
         self.proc: subprocess.Popen | None = None
@@ -133,7 +134,7 @@ class _Worker:
         prefix, network = isolation.launch_prefix()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
-        cmd = [*prefix, sys.executable, "-m", "sparseditto.harness.worker", "--backend", self.backend,
+        cmd = [*prefix, self._python, "-m", "sparseditto.harness.worker", "--backend", self.backend,
                "--fds", f"{req_r},{rep_w}", "--log", str(self.log_path), "--network", network]
         env = isolation.worker_environment(self.backend, self.workdir, cache_dir)
         try:
@@ -274,7 +275,10 @@ class WorkerPool:
     """
 
     def __init__(self, *, cache_dir: str | os.PathLike | None = None,
-                 log_dir: str | os.PathLike | None = None, start_timeout: float = 300.0) -> None:
+                 log_dir: str | os.PathLike | None = None, start_timeout: float = 300.0,
+                 python: str | os.PathLike | None = None) -> None:
+        """``python``: the interpreter that runs workers (default: this one's ``sys.executable``)."""
+        self._python = os.fspath(python) if python is not None else None
         self._cache_dir = str(cache_dir) if cache_dir is not None else None
         self._own_log_dir = log_dir is None
         self._log_dir = Path(log_dir) if log_dir is not None else Path(tempfile.mkdtemp(prefix="sparseditto-workers-"))
@@ -300,7 +304,7 @@ class WorkerPool:
     def _get_worker(self, backend: str) -> _Worker:
         worker = self._workers.get(backend)
         if worker is None:
-            worker = _Worker(backend, self._log_dir, self._cache_dir)
+            worker = _Worker(backend, self._log_dir, self._cache_dir, self._python)
             self._workers[backend] = worker
         return worker
 

@@ -85,7 +85,9 @@ def ping_task(payload, wctx: WorkerContext) -> dict:
 
     info = {"pid": os.getpid(), "backend": os.environ.get("SPARSEDITTO_WORKER_BACKEND", ""),
             "triton_interpret": os.environ.get("TRITON_INTERPRET"), "torch": torch.__version__,
-            "cuda": torch.cuda.is_available(), "sandbox": wctx.info.get("sandbox", {})}
+            "cuda": torch.cuda.is_available(), "sandbox": wctx.info.get("sandbox", {}),
+            "open_fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None,
+            "cwd": os.getcwd(), "home": os.environ.get("HOME")}
     if payload and payload.get("echo") is not None:
         info["echo"] = payload["echo"]
     return info
