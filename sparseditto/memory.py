@@ -14,11 +14,16 @@ planner of the next run:
 The file is also a data set: ``export()`` writes one JSON object per run with its trajectory, in
 order, for others to learn from.
 
-Concurrency model: WAL journal mode, so readers (``sparseditto memory list``, Studio, a second
-process) never block the writer and see only committed data. There is ONE writer per file: batch
-workers do not open the memory for writing, they send their results to the driver process, which
-records them. Every multi-row write runs in one transaction, so a crash in the middle of a write
-loses only that write, never what was committed before it.
+Concurrency model: the default memory file is shared by every run a user starts, so many
+processes write it at once. WAL journal mode lets readers (``sparseditto memory list``, Studio)
+never block writers and see only committed data; every write is one ``BEGIN IMMEDIATE``
+transaction (the write lock is taken up front, so two writers never deadlock upgrading a read
+lock), with a busy timeout and a bounded, jittered retry when the lock stays taken; a crash in
+the middle of a write loses only that write. Each run records the host, pid and process start
+time that own it; opening the memory marks the runs of processes that died without finishing
+as ``crashed`` (a resumed run claims its row back). Every kernel source read back for reuse is
+checked against its content hash, and a mismatch (a tampered or corrupted file) is refused with
+`MemoryIntegrityError` before anything could execute it.
 """
 from __future__ import annotations
 
@@ -31,12 +36,17 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 import uuid
+import warnings
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
@@ -46,10 +56,13 @@ import sqlite_utils
 
 from sparseditto.harness.source_loader import source_hash
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-#: Run status values. A run starts "running"; the driver finishes it with one of the others.
-RUN_STATUSES = ("running", "ok", "failed", "interrupted")
+#: Run status values. A run starts "running"; it finishes with one of the others. "crashed": the
+#: process that owned it died without finishing (found when a later process opens the memory).
+RUN_STATUSES = ("running", "ok", "failed", "interrupted", "crashed")
+BUSY_TIMEOUT_MS = 30_000
+WRITE_RETRIES = 8          # after the busy timeout: bounded, jittered retries of BEGIN IMMEDIATE
 #: Runs whose results may seed later runs (neighbours); exact hits need "ok".
 USABLE_RUN_STATUSES = ("ok", "interrupted")
 #: Candidate statuses that mean "passed verification" (later stages keep the candidate verified).
@@ -62,6 +75,70 @@ _CANDIDATE_JSON = ("params", "timings", "metrics")
 _CANDIDATE_FIELDS = ("step", "template", "params", "source", "source_hash", "origin", "status",
                      "failure_class", "message", "timings", "metrics", "rationale", "backend")
 _CANDIDATE_UPDATABLE = ("status", "failure_class", "message", "timings", "metrics", "rationale")
+
+
+class MemoryIntegrityError(ValueError):
+    """A stored kernel does not match its content hash (tampered or corrupted): never loaded."""
+
+
+class MemoryBusyError(RuntimeError):
+    """The memory file stayed locked by other writers through every retry."""
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (Linux /proc): tells a live owner from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _owner_alive(pid: int | None, started: str | None) -> bool:
+    if not pid:
+        return True  # unknown owner: never declared dead
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    now = _process_start(int(pid))
+    return started is None or now is None or now == started
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def _open_error(path, exc: Exception) -> ValueError:
+    """A clear message for a memory file that cannot be opened or written."""
+    text = str(exc).lower()
+    where = Path(path)
+    if "readonly" in text or "read-only" in text or (where.exists() and not os.access(where, os.W_OK)):
+        return ValueError(f"Memory file {path} is read-only ({exc}); make it writable or point --memory / "
+                          "SPARSEDITTO_MEMORY at a writable file.")
+    if "unable to open" in text or isinstance(exc, PermissionError):
+        return ValueError(f"Cannot open memory file {path}: {exc}; check that its folder exists and is "
+                          "writable, or point --memory / SPARSEDITTO_MEMORY elsewhere.")
+    return ValueError(f"Memory file {path} is not a usable SQLite database ({exc}); "
+                      "point --memory / SPARSEDITTO_MEMORY at another file.")
+
+
+def check_writable_file(path: Path, what: str) -> None:
+    """ValueError naming ``path`` when it cannot hold a SQLite file (used for memory and
+    checkpoint paths before a long run starts)."""
+    if path.is_dir():
+        raise ValueError(f"{what} path {path} is a directory; expected a .sqlite file path.")
+    parent = path.parent
+    probe = parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} path {path}: the folder {probe} is not a writable directory.")
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK):
+        raise ValueError(f"{what} file {path} is read-only; make it writable or choose another file.")
 
 
 # ---- small pure helpers ------------------------------------------------------------------------
@@ -104,6 +181,19 @@ def n_bucket(n: int | Iterable[int]) -> str:
         if n <= limit:
             return f"<={limit}"
     return ">1024"
+
+
+def hash_matches(source: str, stored: str | None) -> bool:
+    """True when ``stored`` is the sha256 of ``source`` (the full hash, or the 32-character
+    prefix that files written before the harness's one source_hash used)."""
+    if not isinstance(source, str) or not stored:
+        return False
+    full = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    return len(stored) >= 32 and full.startswith(stored)
+
+
+def _owner() -> tuple[str, int, str | None]:
+    return socket.gethostname(), os.getpid(), _process_start(os.getpid())
 
 
 def _now() -> str:
@@ -265,28 +355,79 @@ class Memory:
             path = default_memory_path()
         self.path = str(path) if str(path) == ":memory:" else Path(path).expanduser()
         if isinstance(self.path, Path):
-            if self.path.is_dir():
-                raise ValueError(f"Memory path {self.path} is a directory; expected a .sqlite file path.")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(str(self.path), timeout=30.0, check_same_thread=False)
-        self.db = sqlite_utils.Database(conn)
+            check_writable_file(self.path, "Memory")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise _open_error(self.path, exc) from exc
         self._lock = threading.RLock()
         try:
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise _open_error(self.path, exc) from exc
+        self.db = sqlite_utils.Database(conn)
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:
                 raise ValueError(f"Memory file {self.path} has schema version {version}, newer than this "
                                  f"sparseditto's {SCHEMA_VERSION}; upgrade sparseditto or use another file.")
             self.db.execute("PRAGMA foreign_keys = ON")
             if isinstance(self.path, Path):
-                self.db.enable_wal()
+                self._retry(self._enable_wal)
             self._create_schema()
+            if isinstance(self.path, Path):
+                self.mark_stale_runs()
         except sqlite3.DatabaseError as exc:
             conn.close()
-            raise ValueError(f"Memory file {self.path} is not a usable SQLite database ({exc}); "
-                             "point --memory / SPARSEDITTO_MEMORY at another file.") from exc
-        except ValueError:
+            raise _open_error(self.path, exc) from exc
+        except (ValueError, MemoryBusyError):
             conn.close()
             raise
+
+    def _enable_wal(self) -> None:
+        if self.db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            self.db.execute("PRAGMA journal_mode = WAL")
+
+    def _retry(self, fn):
+        """Run ``fn`` again (with jittered back-off) while the file is locked by other writers."""
+        for attempt in range(WRITE_RETRIES + 1):
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise
+                if attempt == WRITE_RETRIES:
+                    raise MemoryBusyError(f"Memory file {self.path} stayed locked by other writers for "
+                                          f"{WRITE_RETRIES} retries after a {BUSY_TIMEOUT_MS / 1000:.0f} s "
+                                          f"timeout ({exc}).") from exc
+                time.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+
+    @contextmanager
+    def _writing(self):
+        """One write transaction: ``BEGIN IMMEDIATE`` (retried while busy), commit or roll back.
+        Re-entrant: a write inside a write joins the outer transaction."""
+        with self._lock:
+            conn = self.db.conn
+            if conn.in_transaction:
+                yield
+                return
+            try:
+                self._retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+            except sqlite3.OperationalError as exc:
+                raise _open_error(self.path, exc) from exc
+            try:
+                yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise _open_error(self.path, exc) if not _is_busy(exc) else MemoryBusyError(str(exc)) from exc
 
     # -- lifecycle --
     def close(self) -> None:
@@ -307,7 +448,7 @@ class Memory:
         return self.db.journal_mode
 
     def _create_schema(self) -> None:
-        with self._lock, self.db.atomic():
+        with self._writing():
             self.db["runs"].create({
                 "id": str, "created": str, "finished": str, "matrix_name": str, "signature": str,
                 "shape_m": int, "shape_k": int, "nnz": int, "pattern": str, "n_values": str,
@@ -315,8 +456,12 @@ class Memory:
                 "policy": str, "llm_model": str, "llm_settings": str, "versions": str,
                 "features": str, "report": str, "status": str, "best_candidate_id": str,
                 "best_template": str, "best_speedup_vs_dense": float, "wall_seconds": float,
-                "token_usage": str,
+                "token_usage": str, "owner_host": str, "owner_pid": int, "owner_started": str,
             }, pk="id", not_null={"created", "signature", "status"}, if_not_exists=True)
+            columns = {c.name for c in self.db["runs"].columns}
+            for name, kind in (("owner_host", str), ("owner_pid", int), ("owner_started", str)):
+                if name not in columns:  # files written by schema version 1
+                    self.db["runs"].add_column(name, kind)
             self.db["kernels"].create({
                 "source_hash": str, "source": str, "template": str, "backend": str, "created": str,
             }, pk="source_hash", not_null={"source"}, if_not_exists=True)
@@ -340,7 +485,31 @@ class Memory:
             self.db["candidates"].create_index(["run_id"], if_not_exists=True)
             self.db["steps"].create_index(["run_id", "idx"], unique=True, if_not_exists=True)
             self.db["lessons"].create_index(["pattern"], if_not_exists=True)
+            self.db["runs"].create_index(["status", "owner_host"], if_not_exists=True)
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- runs whose process died --
+    def mark_stale_runs(self) -> list[str]:
+        """Mark as ``crashed`` the running runs of this host whose owning process is gone (or
+        whose pid now belongs to another process); returns their ids."""
+        host = socket.gethostname()
+        with self._lock:
+            rows = self.db.execute("SELECT id, owner_pid, owner_started FROM runs WHERE status = 'running' "
+                                   "AND owner_host = ?", [host]).fetchall()
+        stale = [run_id for run_id, pid, started in rows if not _owner_alive(pid, started)]
+        if stale:
+            with self._writing():
+                for run_id in stale:
+                    self.db.execute("UPDATE runs SET status = 'crashed', finished = ? WHERE id = ? AND "
+                                    "status = 'running'", [_now(), run_id])
+        return stale
+
+    def claim_run(self, run_id: str) -> None:
+        """This process continues ``run_id`` (a resume): it is running again, owned by us."""
+        with self._writing():
+            run_id = self._resolve_run_id(run_id)
+            self.db.execute("UPDATE runs SET status = 'running', finished = NULL, owner_host = ?, owner_pid = ?, "
+                            "owner_started = ? WHERE id = ?", [*_owner(), run_id])
 
     # -- id resolution --
     def _resolve_run_id(self, run_id: str) -> str:
@@ -390,7 +559,8 @@ class Memory:
             "versions": _dumps(versions if versions is not None else environment_fingerprint()),
             "features": _dumps(feats), "report": _dumps(report), "status": "running",
         }
-        with self._lock, self.db.atomic():
+        record["owner_host"], record["owner_pid"], record["owner_started"] = _owner()
+        with self._writing():
             self.db["runs"].insert(record)
         return run_id
 
@@ -398,13 +568,12 @@ class Memory:
         """Append one trajectory step to a run; returns its index within the run (0, 1, ...)."""
         if kind not in STEP_KINDS:
             raise ValueError(f"Unknown step kind '{kind}'; expected one of {STEP_KINDS}.")
-        with self._lock:
+        with self._writing():
             run_id = self._resolve_run_id(run_id)
-            with self.db.atomic():
-                idx = self.db.execute("SELECT COALESCE(MAX(idx), -1) + 1 FROM steps WHERE run_id = ?",
-                                      [run_id]).fetchone()[0]
-                self.db["steps"].insert({"run_id": run_id, "idx": idx, "node": node, "kind": kind,
-                                         "payload": _dumps(payload), "created": _now()})
+            idx = self.db.execute("SELECT COALESCE(MAX(idx), -1) + 1 FROM steps WHERE run_id = ?",
+                                  [run_id]).fetchone()[0]
+            self.db["steps"].insert({"run_id": run_id, "idx": idx, "node": node, "kind": kind,
+                                     "payload": _dumps(payload), "created": _now()})
         return int(idx)
 
     def record_candidate(self, run_id: str, **fields: Any) -> str:
@@ -421,23 +590,24 @@ class Memory:
                 raise ValueError(f"record_candidate needs a non-empty '{required}', got {fields.get(required)!r}.")
         source = fields.get("source")
         shash = fields.get("source_hash") or (source_hash(source) if source else None)
+        if source and not hash_matches(source, shash):
+            raise ValueError(f"source_hash {shash!r} is not the content hash of the given source.")
         cand_id = uuid.uuid4().hex
-        with self._lock:
+        with self._writing():
             run_id = self._resolve_run_id(run_id)
-            with self.db.atomic():
-                if source:
-                    self.db["kernels"].insert({
-                        "source_hash": shash, "source": source, "template": fields["template"],
-                        "backend": fields.get("backend"), "created": _now()}, ignore=True)
-                elif shash and self.db.execute("SELECT 1 FROM kernels WHERE source_hash = ?", [shash]).fetchone() is None:
-                    shash = None  # a hash without a stored source would break the foreign key
-                self.db["candidates"].insert({
-                    "id": cand_id, "run_id": run_id, "step": fields.get("step"),
-                    "template": fields["template"], "params": _dumps(fields.get("params") or {}),
-                    "source_hash": shash, "origin": fields.get("origin"), "status": fields["status"],
-                    "failure_class": fields.get("failure_class"), "message": fields.get("message"),
-                    "timings": _dumps(fields.get("timings")), "metrics": _dumps(fields.get("metrics")),
-                    "rationale": fields.get("rationale"), "created": _now()})
+            if source:
+                self.db["kernels"].insert({
+                    "source_hash": shash, "source": source, "template": fields["template"],
+                    "backend": fields.get("backend"), "created": _now()}, ignore=True)
+            elif shash and self.db.execute("SELECT 1 FROM kernels WHERE source_hash = ?", [shash]).fetchone() is None:
+                shash = None  # a hash without a stored source would break the foreign key
+            self.db["candidates"].insert({
+                "id": cand_id, "run_id": run_id, "step": fields.get("step"),
+                "template": fields["template"], "params": _dumps(fields.get("params") or {}),
+                "source_hash": shash, "origin": fields.get("origin"), "status": fields["status"],
+                "failure_class": fields.get("failure_class"), "message": fields.get("message"),
+                "timings": _dumps(fields.get("timings")), "metrics": _dumps(fields.get("metrics")),
+                "rationale": fields.get("rationale"), "created": _now()})
         return cand_id
 
     def update_candidate(self, candidate_id: str, **fields: Any) -> None:
@@ -446,7 +616,7 @@ class Memory:
         if unknown:
             raise ValueError(f"Cannot update candidate field(s) {unknown}; updatable: {list(_CANDIDATE_UPDATABLE)}.")
         values = {k: (_dumps(v) if k in _CANDIDATE_JSON else v) for k, v in fields.items()}
-        with self._lock, self.db.atomic():
+        with self._writing():
             if self.db.execute("SELECT 1 FROM candidates WHERE id = ?", [candidate_id]).fetchone() is None:
                 raise ValueError(f"Unknown candidate id '{candidate_id}' in memory {self.path}.")
             if values:
@@ -459,31 +629,30 @@ class Memory:
         ('dense' is a legal answer: the run found nothing faster than cuBLAS)."""
         if status not in RUN_STATUSES[1:]:
             raise ValueError(f"Unknown final run status '{status}'; expected one of {RUN_STATUSES[1:]}.")
-        with self._lock:
+        with self._writing():
             run_id = self._resolve_run_id(run_id)
-            with self.db.atomic():
-                if best_candidate_id is not None:
-                    row = self.db.execute("SELECT template FROM candidates WHERE id = ? AND run_id = ?",
-                                          [best_candidate_id, run_id]).fetchone()
-                    if row is None:
-                        raise ValueError(f"Best candidate '{best_candidate_id}' is not a candidate of run '{run_id}'.")
-                    best_template = best_template or row[0]
-                values: dict[str, Any] = {
-                    "finished": _now(), "status": status, "best_candidate_id": best_candidate_id,
-                    "best_template": best_template,
-                    "best_speedup_vs_dense": None if best_speedup_vs_dense is None else float(best_speedup_vs_dense),
-                    "wall_seconds": None if wall_seconds is None else float(wall_seconds),
-                    "token_usage": _dumps(token_usage),
-                }
-                if report is not None:
-                    values["report"] = _dumps(report)
-                self.db["runs"].update(run_id, values)
+            if best_candidate_id is not None:
+                row = self.db.execute("SELECT template FROM candidates WHERE id = ? AND run_id = ?",
+                                      [best_candidate_id, run_id]).fetchone()
+                if row is None:
+                    raise ValueError(f"Best candidate '{best_candidate_id}' is not a candidate of run '{run_id}'.")
+                best_template = best_template or row[0]
+            values: dict[str, Any] = {
+                "finished": _now(), "status": status, "best_candidate_id": best_candidate_id,
+                "best_template": best_template,
+                "best_speedup_vs_dense": None if best_speedup_vs_dense is None else float(best_speedup_vs_dense),
+                "wall_seconds": None if wall_seconds is None else float(wall_seconds),
+                "token_usage": _dumps(token_usage),
+            }
+            if report is not None:
+                values["report"] = _dumps(report)
+            self.db["runs"].update(run_id, values)
 
     def add_lesson(self, pattern: str | None, text: str, signature: str | None = None) -> int:
         """Store a one-line lesson learned for a pattern class (or one signature)."""
         if not text or not text.strip():
             raise ValueError("A lesson needs non-empty text.")
-        with self._lock, self.db.atomic():
+        with self._writing():
             table = self.db["lessons"].insert({"pattern": pattern, "signature": signature,
                                                "text": text.strip(), "created": _now()})
         return int(table.last_pk)
@@ -550,6 +719,17 @@ class Memory:
 
         return min(cands, key=median_ms)
 
+    def _checked_source(self, cand: dict) -> str:
+        """The candidate's stored source after its content hash check (MemoryIntegrityError else)."""
+        source, shash = cand.get("source"), cand.get("source_hash")
+        if not hash_matches(source, shash):
+            raise MemoryIntegrityError(
+                f"Kernel {str(shash)[:16]} (run {str(cand.get('run_id'))[:8]}, {cand.get('template')}) in memory "
+                f"{self.path} does not match its content hash: the stored source was changed after it was "
+                f"recorded (tampered or corrupted), so it is refused and was not loaded. Remove the file or "
+                f"point --memory / SPARSEDITTO_MEMORY at another one.")
+        return source
+
     def exact_hit(self, signature: str, n_bucket: str, dtype: str, gpu: str | None) -> dict | None:
         """The best verified candidate of the most recent successful run with this exact key.
 
@@ -568,6 +748,7 @@ class Memory:
             cand = self._best_verified(run)
             if cand is None:
                 return None
+            self._checked_source(cand)
             return {
                 "run_id": run["id"], "candidate_id": cand["id"], "template": cand["template"],
                 "params": cand["params"], "source": cand["source"], "source_hash": cand["source_hash"],
@@ -647,6 +828,11 @@ class Memory:
             for run in rows:
                 cand = self._best_verified(_decode(run, _RUN_JSON))
                 if cand is None or any(o["source_hash"] == cand["source_hash"] for o in out):
+                    continue
+                try:
+                    self._checked_source(cand)
+                except MemoryIntegrityError as exc:  # an example for a prompt: skip it, say so
+                    warnings.warn(str(exc), stacklevel=2)
                     continue
                 out.append({"run_id": run["id"], "matrix_name": run["matrix_name"], "pattern": run["pattern"],
                             "signature": run["signature"], "dtype": run["dtype"], "gpu": run["gpu"],
