@@ -143,6 +143,10 @@ def check_backend(backend: str) -> str:
     return backend
 
 
+MAX_N = 1 << 20          # columns of B; the harness verifies up to this many
+MAX_BUDGET = 1000
+
+
 def parse_n_values(n, *, text: bool = False) -> list[int]:
     """N values (columns of B) from an int or a list of ints, duplicates dropped in order.
     ``text=True`` also accepts decimal strings ("16"): what a form field delivers."""
@@ -158,6 +162,8 @@ def parse_n_values(n, *, text: bool = False) -> list[int]:
         v = int(v)
         if v <= 0:
             raise ValueError(f"Expected N >= 1 (columns of B), got {v} in n={n!r}.")
+        if v > MAX_N:
+            raise ValueError(f"N = {v} is larger than the supported maximum of {MAX_N} columns of B (n={n!r}).")
         out.append(v)
     return list(dict.fromkeys(out))
 
@@ -168,7 +174,18 @@ def check_budget(budget, *, text: bool = False) -> int:
         budget = int(budget)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
         raise ValueError(f"Expected budget to be a positive number of candidates, got {budget!r}.")
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget = {budget} candidates is more than the supported maximum of {MAX_BUDGET}.")
     return budget
+
+
+def check_seed(seed) -> int:
+    """The user's seed (values of pattern-only files): a non-negative int below 2**63."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"Expected seed to be a non-negative int, got {seed!r}.")
+    if seed >= 2 ** 63:
+        raise ValueError(f"Expected seed below 2**63, got {seed}.")
+    return seed
 
 
 # ---- settings resolved against the machine ----------------------------------------------------

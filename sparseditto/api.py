@@ -80,6 +80,7 @@ class Result(BaseModel):
     stop_reason: str | None = None
     resumed: bool = False
     wall_seconds: float
+    verified_ns: list[int] = Field(default_factory=list)   # the N values the chosen kernel passed
 
     _kernel: Any = PrivateAttr(default=None)
 
@@ -89,7 +90,9 @@ class Result(BaseModel):
         if self._kernel is None:
             from sparseditto.artifacts import get_matrix
 
-            self._kernel = SpMMKernel(get_matrix(self.matrix_key), self.best.source, self.best.template)
+            self._kernel = SpMMKernel(get_matrix(self.matrix_key), self.best.source, self.best.template,
+                                      verified_ns=self.verified_ns, verified_dtype=self.dtype,
+                                      backend=self.backend)
         return self._kernel
 
     def summary(self) -> str:
@@ -139,21 +142,38 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-class SpMMKernel:
-    """``kernel(B) -> A @ B``: imports the candidate source once, runs ``prepare`` once per device
-    and dtype (the packed format is cached), then calls ``spmm``. Dense: torch.matmul on the
-    cached dense A."""
+KERNEL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
-    def __init__(self, matrix: SparseMatrix, source: str | None, template: str = "dense"):
+
+class SpMMKernel:
+    """``kernel(B) -> A @ B`` for the chosen kernel, keeping the harness's contract.
+
+    ``prepare`` gets a ``torch.dtype`` (as in verification) and runs once per device and dtype
+    (the packed format is cached), then ``spmm`` runs. The kernel only runs for the N values and
+    dtype it was verified for (`verified_ns`, `verified_dtype`): any other N is verified on first
+    use in the sandbox (``verify_new_n=True``, the default; a failure is a clear ValueError) or
+    refused. B must be a 2-D floating-point tensor with A's column count; the dense answer
+    (``template == 'dense'``) refuses integer B instead of computing in a silently wrong dtype.
+    """
+
+    def __init__(self, matrix: SparseMatrix, source: str | None, template: str = "dense", *,
+                 verified_ns=(), verified_dtype: str | None = None, backend: str = "auto",
+                 verify_new_n: bool = True):
         self.matrix = matrix
         self.source = source
         self.template = template
+        self.verified_ns = set(int(n) for n in verified_ns)
+        self.verified_dtype = verified_dtype
+        self.backend = backend
+        self.verify_new_n = verify_new_n
+        self.verifications: list[dict] = []
         self._module = None
         self._packed: dict[tuple, Any] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"SpMMKernel({self.template}, A={self.matrix.shape}, nnz={self.matrix.nnz})"
+        return (f"SpMMKernel({self.template}, A={self.matrix.shape}, nnz={self.matrix.nnz}, "
+                f"verified N={sorted(self.verified_ns)}, dtype={self.verified_dtype})")
 
     def _load(self):
         if self._module is None:
@@ -168,7 +188,8 @@ class SpMMKernel:
             self._module = load_module(self.source)
         return self._module
 
-    def __call__(self, B):
+    def check_input(self, B) -> None:
+        """ValueError naming the problem when B is not something this kernel was verified for."""
         import torch
 
         if not isinstance(B, torch.Tensor):
@@ -179,6 +200,42 @@ class SpMMKernel:
         if B.shape[0] != self.matrix.shape[1]:
             raise ValueError(f"B has {B.shape[0]} rows but A is {self.matrix.shape[0]}x{self.matrix.shape[1]}: "
                              f"expected B of shape ({self.matrix.shape[1]}, N).")
+        if B.shape[1] < 1:
+            raise ValueError(f"B has no columns (shape {tuple(B.shape)}); expected N >= 1.")
+        name = _dtype_name(B.dtype)
+        if name not in KERNEL_DTYPES:
+            raise ValueError(f"B has dtype {B.dtype}; the kernel computes in floating point "
+                             f"({', '.join(KERNEL_DTYPES)}): convert B first (an integer product would "
+                             f"silently overflow or truncate).")
+        if self.source is not None:
+            if self.verified_dtype is not None and name != self.verified_dtype:
+                raise ValueError(f"This kernel was verified for {self.verified_dtype} inputs, got B in {name}; "
+                                 f"pass B.to(torch.{self.verified_dtype}) or run run_graph with dtype={name!r}.")
+            if B.device.type == "meta":
+                raise ValueError("B is on the 'meta' device and has no values.")
+
+    def _ensure_verified(self, n: int, device) -> None:
+        if self.source is None or not self.verified_ns or n in self.verified_ns:
+            return
+        if not self.verify_new_n:
+            raise ValueError(f"This kernel was verified for N in {sorted(self.verified_ns)}, not N={n}; "
+                             f"create it with verify_new_n=True or run run_graph with n=[..., {n}].")
+        from sparseditto import harness
+
+        backend = "cuda" if getattr(device, "type", str(device)) == "cuda" else "interpret"
+        result = harness.run_and_verify(self.source, self.matrix, n_values=(n,), dtype=self.verified_dtype or "float16",
+                                        backend=backend, extra_ns=False)
+        self.verifications.append({"n": n, "status": result.status, "seed": result.seed, "message": result.message})
+        if not result.ok:
+            raise ValueError(f"The kernel failed verification at N={n} (its first use at this N): "
+                             f"{result.status}: {result.message}")
+        self.verified_ns.add(n)
+
+    def __call__(self, B):
+        import torch
+
+        self.check_input(B)
+        self._ensure_verified(int(B.shape[1]), B.device)
         key = (str(B.device), _dtype_name(B.dtype))
         with self._lock:
             packed = self._packed.get(key)
@@ -186,7 +243,7 @@ class SpMMKernel:
                 if self.source is None:
                     packed = self.matrix.to_torch(dtype=B.dtype, device=B.device)
                 else:
-                    packed = self._load().prepare(self.matrix, _dtype_name(B.dtype), B.device)
+                    packed = self._load().prepare(self.matrix, B.dtype, B.device)
                 self._packed[key] = packed
         if self.source is None:
             return torch.matmul(packed, B)
@@ -226,6 +283,12 @@ def _memory_settings(memory) -> dict:
     if memory is None or memory is True:
         return {"use_memory": True, "memory_path": None}
     if isinstance(memory, (str, os.PathLike)):
+        from sparseditto.memory import check_writable_file
+
+        if not str(memory).strip():
+            raise ValueError("memory path is empty; pass a .sqlite file path, None (default file) or False (off).")
+        if str(memory) != ":memory:":
+            check_writable_file(Path(memory).expanduser(), "Memory")
         return {"use_memory": True, "memory_path": str(memory)}
     if hasattr(memory, "exact_hit") and hasattr(memory, "start_run"):
         return {"use_memory": True, "memory": memory}
@@ -323,9 +386,10 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     """
     t0 = time.time()
     from sparseditto.agents.kit import build_policy
-    from sparseditto.agents.state import Context
+    from sparseditto.agents.state import Context, check_seed
 
     tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
+    seed = check_seed(seed)
     # Context fields that run_graph's own arguments set may not come in again through **options.
     extra = set(Context.__dataclass_fields__) - {"target", "n_values", "dtype", "backend", "budget", "llm", "seed",
                                                  "approve", "use_memory", "memory_path", "memory"}
@@ -362,9 +426,8 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
 
     from sparseditto.graphs.build import compile_graph
 
-    ckpt = Path(checkpoint) if checkpoint is not None else default_checkpoint_path()
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(str(ckpt), check_same_thread=False)
+    ckpt = Path(checkpoint).expanduser() if checkpoint is not None else default_checkpoint_path()
+    conn = open_checkpoint(ckpt)
     try:
         saver = SqliteSaver(conn)
         graph = compile_graph(checkpointer=saver)
@@ -382,6 +445,8 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
         if state == "new":
             inp = {"matrix_key": key, "matrix_name": A.name, "run_id": uuid.uuid4().hex, "started_at": time.time(),
                    "iteration": 0}
+        if state == "resume":
+            _claim_memory_run(ctx, graph.get_state(config).values)
         with _Progress(progress) as prog:
             while True:
                 for mode, chunk in graph.stream(inp, config, context=ctx, stream_mode=["updates", "custom"]):
@@ -402,6 +467,39 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
         return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=state == "resume")
     finally:
         conn.close()
+
+
+def open_checkpoint(path: Path) -> sqlite3.Connection:
+    """The checkpoint database, with a clear ValueError for a path that cannot hold one."""
+    from sparseditto.memory import check_writable_file
+
+    check_writable_file(path, "Checkpoint")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(str(path), check_same_thread=False, timeout=30.0)
+        conn.execute("PRAGMA busy_timeout = 30000")
+        conn.execute("SELECT name FROM sqlite_master LIMIT 1")
+    except (OSError, sqlite3.Error) as exc:
+        raise ValueError(f"Checkpoint file {path} cannot be used ({exc}); pass checkpoint= a writable "
+                         f".sqlite path.") from exc
+    return conn
+
+
+def _claim_memory_run(ctx, values: dict) -> None:
+    """A resumed run continues its memory row (marked crashed when its first process died)."""
+    run_id = values.get("memory_run_id")
+    if not run_id or not ctx.use_memory:
+        return
+    from sparseditto.memory import Memory
+
+    try:
+        if ctx.memory is not None:
+            ctx.memory.claim_run(run_id)
+        else:
+            with Memory(ctx.memory_path) as mem:
+                mem.claim_run(run_id)
+    except Exception:  # a memory problem never stops the run it describes
+        pass
 
 
 def _llm_identity(model) -> str | None:
@@ -457,7 +555,16 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
         decisions=list(values.get("decisions") or []), token_usage=dict(values.get("token_usage") or {}),
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
-        wall_seconds=round(wall, 3))
+        wall_seconds=round(wall, 3), verified_ns=_verified_ns(ctx) if rec else [])
+
+
+def _verified_ns(ctx) -> list[int]:
+    """The N values every accepted candidate was verified at: the debugger's list plus the odd
+    ones the harness adds."""
+    from sparseditto.agents.debugger import verify_n_values
+    from sparseditto.harness.verify import verification_ns
+
+    return list(verification_ns(verify_n_values(ctx), ctx.backend))
 
 
 __all__ = ["run_graph", "Result", "BestKernel", "CandidateRecord", "SpMMKernel", "derive_thread_id"]
