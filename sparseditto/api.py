@@ -277,6 +277,23 @@ def _check_settings(target, n, dtype, backend, budget) -> tuple[Any, str | None,
     return tgt, note, n_values, resolved
 
 
+FLOAT16_MAX = 65504.0
+
+
+def warn_float16_overflow(A: SparseMatrix, dtype: str) -> None:
+    """Weights beyond float16's range become inf in a float16 kernel: say so before the run."""
+    if dtype != "float16" or not A.nnz:
+        return
+    peak = float(abs(A.data).max())
+    if peak > FLOAT16_MAX:
+        import warnings
+
+        count = int((abs(A.data) > FLOAT16_MAX).sum())
+        warnings.warn(f"{count} value(s) of '{A.name}' exceed float16's range (|x| up to {peak:.6g} > 65504): a "
+                      f"float16 kernel turns them into inf. Use dtype='bfloat16' or 'float32', or rescale.",
+                      UserWarning, stacklevel=3)
+
+
 def _memory_settings(memory) -> dict:
     if memory is False:
         return {"use_memory": False}
@@ -404,9 +421,10 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     from sparseditto.artifacts import put_matrix
     from sparseditto.io import load_matrix
 
-    A = matrix if isinstance(matrix, SparseMatrix) else load_matrix(matrix, tensor=tensor, seed=seed)
+    A = matrix if isinstance(matrix, SparseMatrix) and tensor is None else load_matrix(matrix, tensor=tensor, seed=seed)
     if not isinstance(A, SparseMatrix):  # pragma: no cover - load_matrix's contract
         raise ValueError(f"load_matrix returned {type(A).__name__}, expected a SparseMatrix.")
+    warn_float16_overflow(A, dtype)
     key = put_matrix(A)
 
     # A detected GPU may be missing from the table, so 'auto' travels as the Target object itself.

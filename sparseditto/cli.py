@@ -18,10 +18,40 @@ def _print_json(obj) -> None:
     print(json.dumps(obj, indent=2, default=str))
 
 
+def check_output_path(path: str | None, flag: str) -> Path | None:
+    """Fail before a long run, not after it: the folder must exist and be writable, and the path
+    must not be a directory or a read-only file."""
+    import os
+
+    if path is None:
+        return None
+    if not str(path).strip():
+        raise ValueError(f"{flag} needs a file path, got an empty string.")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(f"{flag} {target} is a directory; give a file path.")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {target}: the folder {parent} does not exist.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {target}: the folder {parent} is not writable.")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {target} exists and is read-only.")
+    return target
+
+
+def check_positive(value, flag: str) -> None:
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be a positive integer, got {v}.")
+
+
 def cmd_analyze(args) -> int:
     from sparseditto.analysis import analyze
     from sparseditto.io import load_matrix
 
+    check_output_path(args.json, "--json")
     matrix = load_matrix(args.matrix, tensor=args.tensor, seed=args.seed)
     report = analyze(matrix)
     if args.json:
@@ -52,6 +82,9 @@ def cmd_targets(args) -> int:
 def cmd_run(args) -> int:
     from sparseditto.api import run_graph
 
+    check_output_path(args.json, "--json")
+    check_positive(args.n, "-n")
+    check_positive(args.budget, "--budget")
     result = run_graph(
         args.matrix,
         target=args.target,
@@ -81,6 +114,8 @@ def cmd_demo(args) -> int:
 def cmd_memory(args) -> int:
     from sparseditto.memory import Memory
 
+    if args.action == "export":
+        check_output_path(args.out, "--out")
     mem = Memory(args.memory)
     if args.action == "list":
         print(mem.format_runs(limit=args.limit))
@@ -89,7 +124,7 @@ def cmd_memory(args) -> int:
             raise SystemExit("memory show needs a run id (see `sparseditto memory list`)")
         _print_json(mem.get_run(args.id))
     elif args.action == "export":
-        out = Path(args.out) if args.out else None
+        out = check_output_path(args.out, "--out")
         count = mem.export(out, fmt=args.format)
         print(f"exported {count} records" + (f" to {out}" if out else ""), file=sys.stderr)
     return 0

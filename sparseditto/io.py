@@ -28,6 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from sparseditto.io_containers import list_container, read_npz, read_safetensors, read_torch
+from sparseditto.io_limits import bounded_decompress, check_allocation, check_shape
 from sparseditto.io_text import ParsedText, format_matrix_market, format_smtx, parse_matrix_market, parse_smtx
 from sparseditto.matrix import VALUE_DTYPES, SparseMatrix
 
@@ -133,7 +134,7 @@ def _read_bytes(path: Path, gz: bool) -> bytes:
     if not gz:
         return data
     try:
-        return gzip.decompress(data)
+        return bounded_decompress(data)
     except (EOFError, OSError, zlib.error) as exc:
         raise ValueError(f"corrupt or truncated gzip data ({exc}).") from None
 
@@ -303,7 +304,10 @@ def _canonicalize(mat, dtype_name: str, name: str, meta: dict) -> SparseMatrix:
     rows, cols = (int(s) for s in mat.shape)
     if rows == 0 or cols == 0:
         raise ValueError(f"Expected a non-empty matrix, got shape ({rows}, {cols}) for '{name}'.")
+    check_shape(rows, cols, f"matrix '{name}'")
     entries = mat.nnz
+    check_allocation((rows + 1) * 8 * 3 + entries * 16 * 3, f"Converting matrix '{name}' ({rows} x {cols}, "
+                                                            f"{entries} entries)")
     csr = sp.csr_array(mat, copy=True)  # never sort/sum the caller's arrays in place
     csr.sum_duplicates()
     if csr.nnz < entries and mat.format == "coo":

@@ -78,6 +78,22 @@ def _npz_entries(archive) -> dict[str, str]:
     return entries
 
 
+def _check_member_size(archive, name: str) -> None:
+    """A compressed member can declare a huge array in a few bytes: check before loading it."""
+    from sparseditto.io_limits import check_allocation
+
+    try:
+        with archive.zip.open(name + ".npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = reader(fh)
+    except (KeyError, ValueError):
+        return
+    check_allocation(float(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize,
+                     f"The .npz member {name!r} of shape {tuple(shape)}")
+
+
 def read_npz(source: Path | io.BytesIO, tensor: str | None) -> tuple[Any, str | None, dict]:
     """A scipy `save_npz` file (returns the sparse matrix) or an `np.savez` file of named arrays."""
     import scipy.sparse as sp
@@ -86,6 +102,8 @@ def read_npz(source: Path | io.BytesIO, tensor: str | None) -> tuple[Any, str | 
         with np.load(source, allow_pickle=False) as archive:
             names = list(archive.files)
             if _SCIPY_NPZ_KEYS.issubset(names):
+                for member in names:
+                    _check_member_size(archive, member)
                 if tensor is not None:
                     raise ValueError(f"tensor={tensor!r} was given, but this is a single scipy sparse matrix "
                                      f"file (keys {names}); leave tensor unset.")
@@ -94,6 +112,7 @@ def read_npz(source: Path | io.BytesIO, tensor: str | None) -> tuple[Any, str | 
                 return sp.load_npz(source), None, {"npz_kind": "scipy_sparse"}
             entries = _npz_entries(archive)
             chosen = select_name(entries, tensor, ".npz file")
+            _check_member_size(archive, chosen)
             return archive[chosen], chosen, {"npz_kind": "arrays"}
     except zipfile.BadZipFile as exc:
         raise ValueError(f"not a valid .npz (zip) archive: {exc}.") from None

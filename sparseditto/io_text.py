@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sparseditto.io_limits import check_declared
 from sparseditto.matrix import VALUE_DTYPES
 
 MM_FIELDS = ("real", "double", "integer", "pattern")
@@ -119,6 +120,12 @@ def parse_matrix_market(text: str, *, seed: int = 0) -> ParsedText:
         if size.shape != (3,):
             raise ValueError(f"malformed size line {size_line!r}: expected 'rows cols nnz'.")
         nrows, ncols, nnz = (int(v) for v in size)
+        if min(nrows, ncols, nnz) >= 0:  # negative counts get their own message below
+            # Every entry is at least "i j v" plus separators: the text must be long enough to hold
+            # what the header promises, before anything of that size is allocated.
+            check_declared(nrows, ncols, nnz * (1 if symmetry == "general" else 2), file_bytes=len(body) + 1,
+                           bytes_per_entry=2 * (2 if fld == "pattern" else 3) // (1 if symmetry == "general" else 2),
+                           what=f"the Matrix Market header ({nrows} x {ncols}, {nnz} entries)")
         parsed = _parse_coordinate(body, nrows, ncols, nnz, fld, symmetry, seed, header_lines)
         meta["file_entries"] = nnz
     elif layout == "array":
@@ -128,6 +135,10 @@ def parse_matrix_market(text: str, *, seed: int = 0) -> ParsedText:
         if size.shape != (2,):
             raise ValueError(f"malformed size line {size_line!r}: expected 'rows cols' for array layout.")
         nrows, ncols = (int(v) for v in size)
+        if min(nrows, ncols) >= 0:
+            cells = nrows * ncols if symmetry == "general" else nrows * (nrows + 1) // 2
+            check_declared(nrows, ncols, cells, file_bytes=len(body) + 1, bytes_per_entry=2, dense=True,
+                           what=f"the Matrix Market array header ({nrows} x {ncols})")
         parsed = ParsedText(shape=(nrows, ncols), dtype=dtype, dense=_parse_array(body, nrows, ncols, symmetry))
     else:
         raise ValueError(f"unknown Matrix Market layout {layout!r}; expected 'coordinate' or 'array'.")
@@ -233,6 +244,10 @@ def parse_smtx(text: str, *, seed: int = 0) -> ParsedText:
     if len(header) != 3 or not all(tok.isdigit() for tok in header):
         raise ValueError(f"malformed .smtx header {lines[0].strip()[:80]!r}: expected 'rows, cols, nnz'.")
     nrows, ncols, nnz = (int(tok) for tok in header)
+    check_declared(nrows, ncols, nnz + nrows + 1, file_bytes=len(text) + 2, bytes_per_entry=2, dense=True,
+                   what=f"the .smtx header ({nrows} x {ncols}, {nnz} entries)")
+    if nnz > nrows * ncols:
+        raise ValueError(f"the .smtx header declares {nnz} entries, more than its {nrows} x {ncols} cells.")
     offsets = parse_numbers(lines[1] if len(lines) > 1 else "", np.int64, "row offsets line")
     if offsets.size != nrows + 1:
         raise ValueError(f"truncated or malformed file: expected {nrows + 1} row offsets (rows + 1), "
