@@ -467,7 +467,11 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
             _claim_memory_run(ctx, graph.get_state(config).values)
         with _Progress(progress) as prog:
             while True:
-                for mode, chunk in graph.stream(inp, config, context=ctx, stream_mode=["updates", "custom"]):
+                # durability="sync": each step's checkpoint is on disk before the next step starts, so
+                # a kill -9 anywhere loses at most the step that was running (LangGraph's default
+                # writes checkpoints in the background and a kill can lose the last one).
+                for mode, chunk in graph.stream(inp, config, context=ctx, stream_mode=["updates", "custom"],
+                                                durability="sync"):
                     if mode == "custom":
                         prog.message(chunk)
                 snap = graph.get_state(config)
