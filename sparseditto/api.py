@@ -81,6 +81,7 @@ class Result(BaseModel):
     resumed: bool = False
     wall_seconds: float
     verified_ns: list[int] = Field(default_factory=list)   # the N values the chosen kernel passed
+    sandbox: dict[str, Any] = Field(default_factory=dict)  # isolation layers of the worker that verified
 
     _kernel: Any = PrivateAttr(default=None)
 
@@ -577,7 +578,16 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
         decisions=list(values.get("decisions") or []), token_usage=dict(values.get("token_usage") or {}),
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
-        wall_seconds=round(wall, 3), verified_ns=_verified_ns(ctx) if rec else [])
+        wall_seconds=round(wall, 3), verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
+
+
+def _sandbox_layers(ctx) -> dict:
+    """Which isolation layers the run's worker had (network namespace or not, limits, audit hook)."""
+    from sparseditto.harness.sandbox import default_pool_if_started
+
+    pool = default_pool_if_started()
+    info = pool.worker_info(ctx.backend).get("sandbox", {}) if pool is not None else {}
+    return {k: v for k, v in info.items() if k in ("network", "audit_hook", "limits")}
 
 
 def _verified_ns(ctx) -> list[int]:

@@ -62,18 +62,26 @@ def _shape_dtype(shape, dtype) -> str:
 
 
 # ---- .npz --------------------------------------------------------------------------------------
+def _member_header(archive, name: str):
+    """(shape, dtype) from a member's .npy header without loading the array; None when the member
+    name or header version is unusual."""
+    try:
+        with archive.zip.open(name + ".npy") as fh:
+            version = np.lib.format.read_magic(fh)
+            reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                      else np.lib.format.read_array_header_2_0)
+            shape, _, dtype = reader(fh)
+    except (KeyError, ValueError):
+        return None
+    return shape, dtype
+
+
 def _npz_entries(archive) -> dict[str, str]:
     """Shapes and dtypes from each member's .npy header, without loading the arrays."""
     entries = {}
     for name in archive.files:
-        try:
-            with archive.zip.open(name + ".npy") as fh:
-                version = np.lib.format.read_magic(fh)
-                reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                          else np.lib.format.read_array_header_2_0)
-                shape, _, dtype = reader(fh)
-        except (KeyError, ValueError):  # unusual member name or header version: load it
-            shape, dtype = archive[name].shape, archive[name].dtype
+        header = _member_header(archive, name)
+        shape, dtype = header if header is not None else (archive[name].shape, archive[name].dtype)
         entries[name] = _shape_dtype(shape, dtype)
     return entries
 
@@ -82,16 +90,11 @@ def _check_member_size(archive, name: str) -> None:
     """A compressed member can declare a huge array in a few bytes: check before loading it."""
     from sparseditto.io_limits import check_allocation
 
-    try:
-        with archive.zip.open(name + ".npy") as fh:
-            version = np.lib.format.read_magic(fh)
-            reader = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                      else np.lib.format.read_array_header_2_0)
-            shape, _, dtype = reader(fh)
-    except (KeyError, ValueError):
-        return
-    check_allocation(float(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize,
-                     f"The .npz member {name!r} of shape {tuple(shape)}")
+    header = _member_header(archive, name)
+    if header is not None:
+        shape, dtype = header
+        check_allocation(float(np.prod(shape, dtype=np.float64)) * np.dtype(dtype).itemsize,
+                         f"The .npz member {name!r} of shape {tuple(shape)}")
 
 
 def read_npz(source: Path | io.BytesIO, tensor: str | None) -> tuple[Any, str | None, dict]:

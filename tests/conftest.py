@@ -42,3 +42,17 @@ def shared_data() -> Path:
             pytest.fail(f"shared data required (SPARSEDITTO_REQUIRE_DATA) but not found at {SHARED_DATA}")
         pytest.skip(f"shared data not found at {SHARED_DATA} (set SPARSEDITTO_DATA)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def pool(tmp_path_factory):
+    """One sandboxed worker pool for the whole session (the harness's default pool), so each
+    backend's worker starts once."""
+    from sparseditto.harness import WorkerPool, sandbox
+
+    existing = sandbox.default_pool_if_started()
+    if existing is not None:
+        return existing
+    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
+    sandbox.set_default_pool(created)
+    return created

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sparseditto.harness import BASELINE_NAMES, BenchError, WorkerPool, bench, run_and_verify, run_baselines, sandbox
+from sparseditto.harness import BASELINE_NAMES, BenchError, bench, run_and_verify, run_baselines
 from sparseditto.harness.baselines import choose_bsr_block, is_2to4_rows
 from sparseditto.harness.timing import check_repeats, summarize, time_cpu
 from sparseditto.matrix import SparseMatrix
@@ -16,17 +16,6 @@ CANDIDATES = Path(__file__).parent / "candidates"
 
 def source(name: str) -> str:
     return (CANDIDATES / name).read_text()
-
-
-@pytest.fixture(scope="session")
-def pool(tmp_path_factory):
-    """One pool for the whole session (shared with the other harness test modules)."""
-    existing = sandbox.default_pool_if_started()
-    if existing is not None:
-        return existing
-    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
-    sandbox.set_default_pool(created)
-    return created
 
 
 def small_matrix(m=10, k=16, seed=4):

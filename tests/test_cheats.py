@@ -17,7 +17,7 @@ import pytest
 import scipy.sparse as sp
 
 from cheat_catalogue import CHEATS
-from sparseditto.harness import BenchError, WorkerPool, bench, check_source, run_and_verify, sandbox
+from sparseditto.harness import BenchError, bench, check_source, run_and_verify
 from sparseditto.matrix import SparseMatrix
 
 LAYER_OF = {  # (status, failure_class) -> the layer that refused
@@ -34,16 +34,6 @@ LAYER_OF = {  # (status, failure_class) -> the layer that refused
 @pytest.fixture(scope="module")
 def matrix():
     return SparseMatrix.from_scipy(sp.random(24, 20, density=0.3, random_state=1, format="csr"), name="cheats")
-
-
-@pytest.fixture(scope="session")
-def pool(tmp_path_factory):
-    existing = sandbox.default_pool_if_started()
-    if existing is not None:
-        return existing
-    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
-    sandbox.set_default_pool(created)
-    return created
 
 
 def judge(cheat, matrix, pool) -> tuple[str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import scipy.sparse as sp
 
-from sparseditto.harness import WorkerPool, bench, run_and_verify, sandbox
+from sparseditto.harness import bench, run_and_verify
 from sparseditto.matrix import SparseMatrix
 
 pytestmark = pytest.mark.gpu
@@ -88,16 +88,6 @@ def spmm(packed, B, out):
 @pytest.fixture(scope="module")
 def matrix():
     return SparseMatrix.from_scipy(sp.random(512, 512, density=0.1, random_state=0, format="csr"), name="gpu")
-
-
-@pytest.fixture(scope="module")
-def pool(tmp_path_factory):
-    existing = sandbox.default_pool_if_started()
-    if existing is not None:
-        return existing
-    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "gpu-cache")
-    sandbox.set_default_pool(created)
-    return created
 
 
 @pytest.mark.parametrize("route", sorted(ROUTES))

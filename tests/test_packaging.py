@@ -72,3 +72,20 @@ def test_wheel_imports_outside_the_checkout(wheel, tmp_path):
     for line in proc.stdout.split():
         assert line.startswith(str(target)), line
     assert not (target / "agents").exists() and not (target / "graphs").exists()
+
+
+def test_installed_triton_is_in_the_declared_supported_range():
+    """The templates are tested against the Triton range pyproject.toml declares (see its comment:
+    newer interpreters reject their masks)."""
+    import importlib.metadata
+
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    triton = next(Requirement(d) for d in deps if d.startswith("triton"))
+    try:
+        installed = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("triton is not installed")
+    assert triton.specifier.contains(installed, prereleases=True), (installed, str(triton.specifier))

@@ -11,17 +11,6 @@ from sparseditto.matrix import SparseMatrix
 CANDIDATES = Path(__file__).parent / "candidates"
 
 
-@pytest.fixture(scope="session")
-def pool(tmp_path_factory):
-    """One pool for the whole session (shared with the other harness test modules)."""
-    existing = sandbox.default_pool_if_started()
-    if existing is not None:
-        return existing
-    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
-    sandbox.set_default_pool(created)
-    return created
-
-
 @pytest.fixture(scope="module")
 def small():
     return SparseMatrix.from_scipy(sp.random(8, 12, density=0.3, random_state=3, format="csr"))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from sparseditto.harness import WorkerPool, compile_candidate, run_and_verify, sandbox
+from sparseditto.harness import compile_candidate, run_and_verify
 from sparseditto.harness.numerics import RTOL, Reference, compare, describe_locations, draw_matrix_values
 from sparseditto.matrix import SparseMatrix
 
@@ -15,17 +15,6 @@ CANDIDATES = Path(__file__).parent / "candidates"
 
 def source(name: str) -> str:
     return (CANDIDATES / name).read_text()
-
-
-@pytest.fixture(scope="session")
-def pool(tmp_path_factory):
-    """One pool for the whole session (shared with the other harness test modules)."""
-    existing = sandbox.default_pool_if_started()
-    if existing is not None:
-        return existing
-    created = WorkerPool(cache_dir=tmp_path_factory.getbasetemp() / "harness-cache")
-    sandbox.set_default_pool(created)
-    return created
 
 
 def random_matrix(m=12, k=20, density=0.3, seed=0, empty_rows=()):

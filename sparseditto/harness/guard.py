@@ -287,15 +287,11 @@ def install(policy: Policy) -> Gate:
                 isinstance(flags, int) and flags & _WRITE_FLAGS)
             check_path(event, path, write)
             return
-        if event in _PATH_EVENTS_WRITE:
-            for i in _PATH_EVENTS_WRITE[event]:
+        positions = _PATH_EVENTS_WRITE.get(event) or _PATH_EVENTS_READ.get(event)
+        if positions:
+            for i in positions:
                 if i < len(args):
-                    check_path(event, args[i], True)
-            return
-        if event in _PATH_EVENTS_READ:
-            for i in _PATH_EVENTS_READ[event]:
-                if i < len(args):
-                    check_path(event, args[i], False)
+                    check_path(event, args[i], event in _PATH_EVENTS_WRITE)
             return
         if event in _REFUSED_WHEN_ACTIVE or event.startswith(("os.exec", "os.spawn")):
             refuse(event, _REFUSED_WHEN_ACTIVE.get(event, "starts a process"))

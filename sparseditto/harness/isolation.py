@@ -198,16 +198,6 @@ def apply_static_limits() -> dict:
     return applied
 
 
-def _mem_available() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30
-
-
 def _vm_size() -> int:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -223,7 +213,9 @@ def apply_address_space_limit() -> int:
     available memory, so a runaway allocation is a MemoryError, not the OOM killer."""
     import resource
 
-    limit = _vm_size() + max(2 << 30, int(0.75 * _mem_available()))
+    from sparseditto.io_limits import available_memory
+
+    limit = _vm_size() + max(2 << 30, int(0.75 * available_memory()))
     _set_soft(resource, resource.RLIMIT_AS, limit)
     return resource.getrlimit(resource.RLIMIT_AS)[0]
 

@@ -188,8 +188,8 @@ def verify_task(payload: dict, wctx) -> dict:
                           garbage_prefill=bool(i % 2))
     except CandidateFailure as failure:
         return VerifyResult(ok=False, status=failure.status, failure_class=failure.failure_class,
-                            message=failure.message, checks=checks, log=failure.log,
-                            seconds=time.perf_counter() - start, **common).model_dump()
+                            message=f"{failure.message} [verification seed {payload['seed']}]", checks=checks,
+                            log=failure.log, seconds=time.perf_counter() - start, **common).model_dump()
     except Exception as exc:
         # An asynchronous CUDA fault (illegal address) can surface in a harness op after spmm
         # returned; that is the candidate's crash. Anything else is a harness bug: re-raise.
@@ -200,7 +200,7 @@ def verify_task(payload: dict, wctx) -> dict:
                             message=failure.message, checks=checks, log=failure.log,
                             seconds=time.perf_counter() - start, **common).model_dump()
     return VerifyResult(ok=True, status="verified",
-                        message=f"verified N={list(payload['n_values'])} in {dtype}",
+                        message=f"verified N={list(payload['n_values'])} in {dtype} (seed {payload['seed']})",
                         checks=checks, seconds=time.perf_counter() - start, **common).model_dump()
 
 
