@@ -101,8 +101,7 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     emit("profiler", f"benchmarking {spec['template']} at N={n} on {backend}")
     try:
         res = harness.bench(candidate, matrix, n=n, dtype=ctx.dtype, backend=backend, repeats=resolved_repeats(ctx),
-                            warmup=resolved_warmup(ctx), baselines=True if ctx.baselines is None else ctx.baselines,
-                            seed=ctx.seed)
+                            warmup=resolved_warmup(ctx), baselines=True if ctx.baselines is None else ctx.baselines)
     except harness.BenchError as exc:  # failed to run correctly while being timed
         res, bench_error = None, f"{exc.result.status}: {exc.result.message}"
     except Exception as exc:

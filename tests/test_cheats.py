@@ -38,14 +38,15 @@ def matrix():
 
 def judge(cheat, matrix, pool) -> tuple[str, str]:
     """(layer that refused it, reason); layer 'PASSED' when nothing did."""
-    result = run_and_verify(cheat.source, matrix, pool=pool, check_static=False, n_values=(16,), timeout=60)
+    result = run_and_verify(cheat.source, matrix, pool=pool, check_static=False, n_values=(16,), timeout=60,
+                            backend="interpret")
     if result.status != "verified":
         key = (result.status, result.failure_class)
         layer = next((name for name, keys in LAYER_OF.items() if key in keys), f"other:{key}")
         return layer, result.message
     try:
         timed = bench(cheat.source, matrix, 16, pool=pool, repeats=3, warmup=1, baselines=False,
-                      check_static=False, timeout=60)
+                      check_static=False, timeout=60, backend="interpret")
     except BenchError as exc:
         return "timed", str(exc)
     if not timed.reverified:

@@ -42,21 +42,24 @@ class BenchError(RuntimeError):
 
 
 def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "auto",
-          repeats: int = 50, warmup: int = 5, baselines=True, seed: int = 0,
+          repeats: int = 50, warmup: int = 5, baselines=True, seed: int | None = None,
           timeout: float = 600.0, pool=None, check_static: bool = True, baseline_graphs: bool = False,
           recheck_baselines: bool = False) -> BenchResult:
     """Time ``candidate`` on ``matrix`` @ B[K, n]. ``baselines`` is True (all), False (dense only),
     or a list of baseline names. ``baseline_graphs`` also times the vendor baselines replayed from
     CUDA graphs; ``recheck_baselines`` re-checks each of them on a fresh B after timing (see
-    `baselines.measure_baselines`). Raises `BenchError` when the candidate fails to run correctly."""
+    `baselines.measure_baselines`). ``seed=None`` draws a fresh one (the inputs of the timed
+    launches must not be predictable). Raises `BenchError` when the candidate fails to run correctly."""
     from .baselines import check_names
     from .numerics import check_dtype
     from .sandbox import get_pool, resolve_backend
     from .static_checks import check_source
     from .timing import check_repeats
-    from .verify import check_matrix, result_from_reply
+    from .verify import check_matrix, check_seed, fresh_seed, result_from_reply
 
     check_matrix(matrix)
+    seed = check_seed(seed)
+    seed = fresh_seed() if seed is None else seed
     if int(n) <= 0:
         raise ValueError(f"Expected a positive N, got {n!r}.")
     check_dtype(dtype)

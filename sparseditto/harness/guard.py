@@ -108,6 +108,18 @@ _REFUSED_FOR_CANDIDATE = {
 }
 
 
+def is_allowed_tool(name: str) -> bool:
+    """A compiler binary Triton/CuPy may start: the names of `ALLOWED_TOOLS`, versioned or
+    target-prefixed variants of them (ptxas-blackwell, x86_64-linux-gnu-gcc-12, clang-18)."""
+    if name in ALLOWED_TOOLS:
+        return True
+    base = name.split("-")
+    return any(part in ALLOWED_TOOLS for part in base) and all(
+        part in ALLOWED_TOOLS or part.replace(".", "").isdigit() or part in ("x86_64", "aarch64", "linux", "gnu",
+                                                                           "blackwell", "hopper")
+        for part in base)
+
+
 class SandboxViolation(PermissionError):
     """A candidate did something the sandbox refuses; the message names the operation."""
 
@@ -299,7 +311,7 @@ def install(policy: Policy) -> Gate:
             who, where = actor()
             exe = args[0] if args and args[0] else (args[1][0] if len(args) > 1 and args[1] else "")
             tool = os.path.basename(os.fsdecode(exe)) if exe else ""
-            if who != "codegen" or tool not in ALLOWED_TOOLS:
+            if who != "codegen" or not is_allowed_tool(tool):
                 refuse(event, f"starts '{tool or exe}' (only Triton/CuPy may start their compilers)")
             return
         if event in ("exec", "compile"):

@@ -153,6 +153,12 @@ def _preimport(backend: str) -> dict:
             import cupy  # noqa: F401
         except Exception:
             pass
+        try:  # Triton builds and loads its CUDA launcher utilities on first use: do it trusted, now
+            import triton.runtime.driver
+
+            triton.runtime.driver.active.get_current_device()
+        except Exception:
+            pass
     import sparseditto.formats  # noqa: F401
     import sparseditto.reorder  # noqa: F401
     from . import bench, compile, execution, numerics, tracing, verify  # noqa: F401
