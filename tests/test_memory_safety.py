@@ -97,7 +97,7 @@ def test_a_tampered_memory_hit_never_runs_through_run_graph(tmp_path, monkeypatc
     from sparseditto.api import run_graph
 
     monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
-    A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=4)
+    A = generate.row_pruned(64, 512, 0.9, dtype="float16", seed=4)
     settings = dict(target="A100", n=1, backend="interpret", budget=1, memory=tmp_path / "m.sqlite")
     first = run_graph(A, checkpoint=tmp_path / "c1.sqlite", **settings)
     assert any(c.status == "verified" for c in first.candidates)
