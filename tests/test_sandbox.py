@@ -157,7 +157,7 @@ def test_the_network_namespace_is_used_where_the_os_allows_it(pool):
 
 
 def test_replies_are_authenticated():
-    from sparseditto.harness.worker import decode_reply, encode_reply
+    from sparseditto.harness.protocol import decode_reply, encode_reply
 
     key = b"k" * 32
     assert decode_reply(key, encode_reply(key, ["result", 1, {"ok": True}, "", False]))[2] == {"ok": True}

@@ -402,7 +402,8 @@ def python_threads() -> set[int]:
 # ---- integrity of what the verifier relies on -------------------------------------------------------
 
 INTEGRITY_MODULES = ("builtins", "math", "operator", "functools", "hashlib", "hmac", "json", "numpy",
-                     "scipy.sparse", "torch", "torch.nn.functional", "torch.linalg", "sparseditto.matrix", "sparseditto.harness.numerics", "sparseditto.harness.verify",
+                     "scipy.sparse", "torch", "torch.nn.functional", "torch.linalg", "sparseditto.matrix",
+                     "sparseditto.kernel_templates.runtime", "sparseditto.formats", "sparseditto.harness.numerics", "sparseditto.harness.verify",
                      "sparseditto.harness.execution", "sparseditto.harness.bench", "sparseditto.harness.timing",
                      "sparseditto.harness.tracing", "sparseditto.harness.worker", "sparseditto.harness.guard")
 

@@ -173,7 +173,7 @@ class _Worker:
         return reply
 
     def _receive(self, deadline: float, expect: str, call_id: int | None = None) -> WorkerReply:
-        from .worker import decode_reply
+        from .protocol import decode_reply
 
         start = time.monotonic()
         while True:
