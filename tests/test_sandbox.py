@@ -213,6 +213,7 @@ AUDIT_CASES = {
     "frames": ("torch.sys._getframe(1)", "sys._getframe"),
     "code objects": ("prepare.__code__", "__code__"),
     "compile": ("compile('1', 's', 'eval')", "compile"),
+    "compile under a library's name": ("torch.builtins.compile('1', torch.__file__, 'eval')", "run-time compile"),
     "imports": ("torch.importlib.import_module('sqlite3')", "sandbox refused"),
     "environment": ("torch.os.putenv('X', '1')", "os.putenv"),
     "rlimits": ("torch.sys.modules['resource'].setrlimit(0, (1, 1))", "resource.setrlimit"),
@@ -228,3 +229,30 @@ def test_the_audit_hook_refuses_it_for_a_candidate(pool, small, case):
     result = run_and_verify(src, small, pool=pool, check_static=False, n_values=(1,), extra_ns=False)
     assert result.status == "refused", (case, result.status, result.message)
     assert expected in result.message, (case, result.message)
+
+
+def test_run_graph_with_a_worker_that_cannot_start_fails_loudly(tmp_path, capsys, monkeypatch):
+    """Never "dense is best" with exit code 0 when no kernel could even be run."""
+    import scipy.sparse as sp
+
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    from sparseditto import cli
+    from sparseditto.api import run_graph
+    from sparseditto.harness import WorkerStartError
+
+    broken_python = tmp_path / "python"
+    broken_python.write_text("#!/bin/sh\necho 'worker import failed: simulated' >&2\nexit 1\n")
+    broken_python.chmod(0o755)
+    broken = WorkerPool(cache_dir=tmp_path / "cache", python=broken_python)
+    previous = sandbox.set_default_pool(broken)
+    try:
+        A = sp.random(32, 32, density=0.3, random_state=0, format="csr")
+        with pytest.raises(WorkerStartError, match="simulated"):
+            run_graph(A, backend="interpret", n=4, budget=1, memory=False, checkpoint=tmp_path / "c1.sqlite")
+        (tmp_path / "m.mtx").write_text("%%MatrixMarket matrix coordinate real general\n4 4 2\n1 1 1\n2 2 2\n")
+        code = cli.main(["run", str(tmp_path / "m.mtx"), "--backend", "interpret", "-n", "4", "--budget", "1",
+                         "--memory", str(tmp_path / "m.sqlite"), "--quiet"])
+        assert code == 3 and "sandbox could not start" in capsys.readouterr().err
+    finally:
+        sandbox.set_default_pool(previous)
+        broken.close()

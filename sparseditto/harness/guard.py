@@ -319,15 +319,18 @@ def install(policy: Policy) -> Gate:
             if who == "codegen":
                 return
             if event == "compile":
-                filename = args[1] if len(args) > 1 else ""
+                source, filename = (tuple(args) + (None, None))[:2]
             else:
-                code = args[0] if args else None
-                filename = getattr(code, "co_filename", "") or ""
+                source, filename = None, getattr(args[0] if args else None, "co_filename", "") or ""
             fname = os.fsdecode(filename) if isinstance(filename, (bytes, str)) else ""
             if fname and not fname.startswith("<"):
                 real = _real(fname)
-                if real in state["candidate_files"] or (who == "library" and policy.may_read(real)):
-                    return  # the import system loading the candidate or a library module
+                known = real in state["candidate_files"] or policy.may_read(real)
+                # The import system compiling a module file: the source must BE that file, or a
+                # candidate could compile its own text under a library's name (and its frames would
+                # then pass for the library's). Code objects of such files are then safe to exec.
+                if known and (event == "exec" or _same_as_file(real, source)):
+                    return
             refuse(event, f"run-time {event} of {fname or 'a string'} by {where} (only Triton/CuPy may "
                           f"generate code while a kernel runs)")
         if event == "import":
@@ -357,6 +360,23 @@ def install(policy: Policy) -> Gate:
     sys.addaudithook(hook)
     _guard_threads(state, actor_fn=actor, refuse_fn=refuse, local=local)
     return Gate(state, policy)
+
+
+def _same_as_file(path: str, source) -> bool:
+    """True when ``source`` (str or bytes, as compile() received it) is the content of ``path``."""
+    if source is None:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    if isinstance(source, str):
+        try:
+            return data.decode("utf-8") == source
+        except UnicodeDecodeError:
+            return False
+    return bytes(source) == data
 
 
 def _package_dir(name: str) -> str | None:
