@@ -47,13 +47,21 @@ def available_memory() -> int:
     return free
 
 
-def _free_memory() -> int:
+def proc_kib_field(path: str, key: str) -> int | None:
+    """A 'Key:   123 kB' field of a /proc file, in bytes (None when absent or unreadable)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
+        return None
+    return None
+
+
+def _free_memory() -> int:
+    free = proc_kib_field("/proc/meminfo", "MemAvailable")
+    if free is not None:
+        return free
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):

@@ -14,6 +14,7 @@ cheat is measured by the tests, not declared here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -24,26 +25,13 @@ class Cheat:
     source: str
 
 
-COO_PREPARE = '''
-import numpy as np
-import torch
-
-
-def prepare(A, dtype, device):
-    return {
-        "rows": torch.from_numpy(A.row_ids()).to(device),
-        "cols": torch.from_numpy(A.indices.astype(np.int64)).to(device),
-        "values": torch.from_numpy(A.data).to(device=device, dtype=dtype).float(),
-        "m": A.shape[0],
-        "scratch": {},
-    }
-
-
-def _honest(packed, B):
-    acc = torch.zeros((packed["m"], B.shape[1]), dtype=torch.float32, device=B.device)
-    acc.index_add_(0, packed["rows"], packed["values"][:, None] * B[packed["cols"]].float())
-    return acc
-'''
+# The honest gather/scatter-add candidate's prepare() (plus an empty scratch dict), and its spmm
+# body as a helper the cheats call when they want a correct answer.
+_HONEST = (Path(__file__).parent / "candidates" / "good_torch_scatter.py").read_text()
+COO_PREPARE = (_HONEST.split("def spmm")[0].replace('"m": A.shape[0],', '"m": A.shape[0], "scratch": {},')
+               + "def _honest(packed, B):\n"
+               + _HONEST.split("def spmm(packed, B, out):\n")[1].replace("    out.copy_(acc)", "    return acc") + "\n\n")
+assert '"scratch": {}' in COO_PREPARE and "return acc" in COO_PREPARE
 
 DENSE_PREPARE = '''
 import numpy as np

@@ -198,24 +198,14 @@ def apply_static_limits() -> dict:
     return applied
 
 
-def _vm_size() -> int:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def apply_address_space_limit() -> int:
     """Interpreter backend only, after the heavy imports: the current mapping plus 3/4 of the
     available memory, so a runaway allocation is a MemoryError, not the OOM killer."""
     import resource
 
-    from sparseditto.io_limits import available_memory
+    from sparseditto.io_limits import available_memory, proc_kib_field
 
-    limit = _vm_size() + max(2 << 30, int(0.75 * available_memory()))
+    limit = (proc_kib_field("/proc/self/status", "VmSize") or 0) + max(2 << 30, int(0.75 * available_memory()))
     _set_soft(resource, resource.RLIMIT_AS, limit)
     return resource.getrlimit(resource.RLIMIT_AS)[0]
 
