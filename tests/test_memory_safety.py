@@ -132,3 +132,33 @@ def test_memory_and_checkpoint_paths_are_checked_up_front(tmp_path):
         Memory(blocker / "sub" / "m.sqlite")
     with pytest.raises(ValueError, match="Checkpoint path .* is a directory"):
         check_writable_file(tmp_path, "Checkpoint")
+
+
+GRAPH_WRITER = textwrap.dedent('''
+    import sys
+    from sparseditto import generate
+    from sparseditto.api import run_graph
+    memory, tmp, worker = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    for r in range(2):
+        A = generate.row_pruned(32, 64, 0.5, dtype="float16", seed=100 * worker + r)
+        run_graph(A, target="A100", n=1, backend="interpret", budget=1, memory=memory,
+                  checkpoint=f"{tmp}/ckpt-{worker}.sqlite")
+    print("done", worker)
+''')
+
+
+def test_concurrent_run_graph_processes_share_one_memory_file(tmp_path):
+    """The issue's failure mode (runs lost to 'database is locked' with several users of the
+    default memory): 3 processes x 2 full graph runs on one file, every run recorded and finished."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["SPARSEDITTO_CACHE_DIR"] = str(tmp_path / "cache")
+    memory = tmp_path / "shared.sqlite"
+    procs = [subprocess.Popen([sys.executable, "-c", GRAPH_WRITER, str(memory), str(tmp_path), str(w)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for w in range(3)]
+    outputs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outputs]
+    with Memory(memory) as mem:
+        runs = mem.list_runs(limit=100)
+        assert len(runs) == 6 and all(r["status"] == "ok" for r in runs), [(r["matrix_name"], r["status"]) for r in runs]
+        assert all(mem.get_run(r["id"])["steps"] for r in runs)
+        assert mem.db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
