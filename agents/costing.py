@@ -44,6 +44,8 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     for t in list_templates():
         if t.backend == "cuda" and exec_backend != "cuda":
             continue
+        if t.meta.get("dtypes") and dtype not in t.meta["dtypes"]:
+            continue   # e.g. the tensor-core decode tier runs fp16/bf16 only
         ok, reason = t.applicable(rep)
         if not ok:
             continue

@@ -20,6 +20,9 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   ell           M*width*(4 + vb)                    width = longest row
   compact       r*c*vb + (r + c)*4                  r, c = kept (non-empty) rows and columns
   dense         M*K*vb
+  tc_dense      Mp*Kp*vb (Mp = M rounded up to 16, Kp = K to 64)          (the CUDA decode tier,
+  tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
+  tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
 An estimate adds B (K*N*vb unless the template reads less) and C (M*N*vb) to a template's bytes of
 A and its extra traffic, and goes through `sparseditto.targets.roofline` on the template's unit:
 
@@ -50,7 +53,8 @@ _DTYPE_ALIASES = {"float16": "float16", "fp16": "float16", "half": "float16", "t
                   "float32": "float32", "fp32": "float32", "float": "float32", "torch.float32": "float32"}
 _FORMAT_ALIASES = {"csr": "csr", "bsr": "bsr", "nm": "nm", "nm_compressed": "nm", "2:4": "nm",
                    "bitmap": "bitmap", "bitmap_tiles": "bitmap", "ell": "ell", "blocked_ell": "blocked_ell",
-                   "compact": "compact", "compacted": "compact", "dense": "dense"}
+                   "compact": "compact", "compacted": "compact", "dense": "dense",
+                   "tc_dense": "tc_dense", "tc_sp24": "tc_sp24", "tc_bitmap": "tc_bitmap"}
 
 
 class CostEstimate(BaseModel):
@@ -84,6 +88,9 @@ class CostTerms:
     critical_bytes: float = 0.0
     critical_what: str = ""
     notes: list[str] = field(default_factory=list)
+    # A floor for kernels bound by their decode instructions rather than their bytes, measured by the
+    # template (tc_bitmap's planning module states its H200 fit); 0 leaves the roofline bound alone.
+    decode_s: float = 0.0
 
 
 # ---- inputs -----------------------------------------------------------------------------------
@@ -323,6 +330,9 @@ def estimate(cost_terms, report: Any, n: int, dtype: Any, target: Any, params: d
     notes = list(terms.notes)
     roof = roofline(tgt, total, terms.flops, dtype=dt, unit=terms.unit, launch_s=terms.launches * LAUNCH_S)
     seconds, bound = roof.seconds, roof.bound
+    if terms.decode_s > max(roof.memory_s, roof.compute_s):
+        seconds, bound = terms.decode_s + terms.launches * LAUNCH_S, "decode"
+        notes.append(f"decode floor {terms.decode_s * 1e6:.2f} us (measured) above the byte roofline")
     if terms.critical_bytes:
         per_program_bw = 2.0 * tgt.bandwidth_gbs() * 1e9 / tgt.sm_count
         critical = terms.critical_bytes / per_program_bw + terms.launches * LAUNCH_S
@@ -332,6 +342,21 @@ def estimate(cost_terms, report: Any, n: int, dtype: Any, target: Any, params: d
     notes.append(f"{terms.launches} launch(es) on {tgt.name}")
     return CostEstimate(bytes=total, flops=terms.flops, memory_s=roof.memory_s, compute_s=roof.compute_s,
                         seconds=seconds, bound=bound, unit=terms.unit, notes="; ".join(notes))
+
+
+def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
+    """Bytes of A in the tensor-core streaming formats (sparseditto.tc_formats), padded as packed
+    (rows to 16-row tiles, K to 64-column chunks); the bitmap's blob padding to 16 bytes is counted
+    at its mean (8 bytes per blob)."""
+    mp, kp = round_up(m, 16), round_up(k, 64)
+    tiles, chunks = mp // 16, kp // 64
+    if fmt == "tc_dense":
+        return float(mp * kp * vb)
+    if fmt == "tc_sp24":
+        return float(mp * kp // 2 * vb + tiles * chunks * 128)
+    if fmt == "tc_bitmap":
+        return float(nnz * vb + tiles * chunks * (176 + 8) + tiles * (chunks + 1) * 4)
+    raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 
 
 def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | None = None) -> float:
@@ -348,6 +373,8 @@ def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | N
     if fmt == "bitmap":
         return bitmap_bytes(s.m, s.k, s.nnz, vb, int(param(params, "TILE_K", "tile_k", default=32)),
                             tile_offsets=params.get("OFFSETS", "stored") != "running")
+    if fmt in ("tc_dense", "tc_sp24", "tc_bitmap"):
+        return tc_bytes(fmt, s.m, s.k, s.nnz, vb)
     if fmt == "ell":
         return ell_bytes(s.m, int(math.ceil(s.row_max)), vb)
     if fmt == "compact":

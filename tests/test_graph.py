@@ -81,8 +81,10 @@ def test_pattern_classes_end_to_end(pattern, run_dir):
     check_trajectory(result)
     verified = [c for c in result.candidates if c.status == "verified"]
     assert verified, [(c.template, c.status, c.message) for c in result.candidates]
-    # the first candidate is the pattern's natural template
-    natural = {"nm": "nm_compressed", "block": "bsr_tc", "unstructured": "bitmap_tiles",
+    # the first candidate is the pattern's natural template on the interpreter (where the CUDA
+    # tier cannot run: tc_sp24 would come first for n:m on a GPU); 90% unstructured at N = 16 is
+    # row-split CSR's (measured 1.1x cuBLAS on the H200, the Triton bitmap 0.5x)
+    natural = {"nm": "nm_compressed", "block": "bsr_tc", "unstructured": "csr_rowsplit",
                "row_pruned": "compact_rows_cols"}[pattern]
     assert result.candidates[0].template == natural
     if result.best.template == "dense":

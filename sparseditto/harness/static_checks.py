@@ -33,9 +33,11 @@ from collections import OrderedDict
 from .results import StaticCheckResult
 from .source_loader import source_hash
 
-# The project modules a candidate may use: formats and row orders, and the templates' shared
-# launch plumbing (trusted code: dtype names, PARAMS checks, cached launch plans).
-SPARSEDITTO_MODULES = ("sparseditto.formats", "sparseditto.reorder", "sparseditto.kernel_templates.runtime")
+# The project modules a candidate may use: formats and row orders (and the tensor-core fragment
+# packers), the templates' shared launch plumbing (trusted code: dtype names, PARAMS checks, cached
+# launch plans) and the CUDA decode tier's CuPy launch path.
+SPARSEDITTO_MODULES = ("sparseditto.formats", "sparseditto.reorder", "sparseditto.tc_formats",
+                       "sparseditto.kernel_templates.runtime", "sparseditto.kernel_templates.tc_launch")
 ALLOWED_MODULES = frozenset({
     "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy", "typing", "functools",
     *SPARSEDITTO_MODULES,
@@ -416,7 +418,7 @@ class _Checker:
                             f"baselines measured in the same process)")
         elif root == "sparseditto" and not any(path == m or path.startswith(m + ".") for m in SPARSEDITTO_MODULES):
             self.flag(node, f"'{path}': candidates may only use sparseditto.formats and "
-                            f"sparseditto.reorder (and the launch plumbing sparseditto.kernel_templates.runtime)")
+                            f"sparseditto.reorder (and the trusted modules {', '.join(SPARSEDITTO_MODULES[2:])})")
 
     def _check_call(self, node: ast.Call) -> None:
         func = node.func

@@ -1,0 +1,677 @@
+// Tensor-core SpMM kernels that stream a (compressed) weight at near copy bandwidth (Hopper, sm_90).
+//
+// C[M, N] = A[M, K] @ B[K, N] for a pruned weight A and a skinny activation B (decode: N <= 64 per
+// launch; wider N loops over blocks of 64 columns in grid.z). At these sizes the product is memory
+// bound: its time is the bytes of A over HBM bandwidth, so every kernel here is built around one
+// question, how few bytes per weight element it reads and how few instructions it spends per byte.
+//
+//   tc_dense   the dense fp16/bf16 weight in fragment order, read straight into mma.sync A
+//              fragments with coalesced 16-byte loads (2 bytes per element). Beats cuBLAS at N <= 32, which reads a decode-size weight
+//              at ~60% of the bandwidth a streaming kernel reaches.
+//   tc_sp24    2:4 sparsity on the sparse tensor cores (mma.sp): the kept values are the A fragment
+//              as stored, the 2-bit positions go to the hardware as metadata; 2.25 bytes per kept
+//              value and no decode instructions at all.
+//   tc_bitmap  unstructured sparsity: one bit per element plus the kept values, decoded in
+//              registers into mma.sync fragments (a popc rank per 8 elements, a 16-entry lookup
+//              table per 4, PRMT byte selects); 2 bytes per kept value + 1.25 bits per element.
+//
+// Shared design (all three):
+//   * The K dimension is permuted inside every 64-wide chunk so that a lane owns 16 consecutive
+//     columns of its two rows (rows g and g+8 of a 16-row tile, columns 16t..16t+15 of the chunk)
+//     and reads them with one or two 16-byte loads, fully coalesced. The same permutation is applied
+//     to B's rows when the CTA stages its K slice of B in shared memory: ldmatrix.trans then reads
+//     8 consecutive physical rows per matrix, XOR-swizzled across bank quads, free of conflicts.
+//   * A CTA owns WARPS*R row tiles and one K slice (one chunk range), so every warp streams a
+//     contiguous run of blobs with PIPE-1 chunks in flight and no synchronisation until the end;
+//     SPLIT CTAs of a thread-block cluster split K and reduce their fp32 partial tiles through
+//     distributed shared memory in a fixed rank order (deterministic, no workspace, one launch).
+//     (A persistent variant that pulled 4-chunk units dynamically and reduced through an L2
+//     workspace measured 1.3-1.6x slower on the H200: the release fence of every unit drained the
+//     warp's prefetched loads.)
+//   * fp32 accumulation; fp16 or bf16 operands (BF16 template flag); rows are padded to 16 and K to
+//     64 by the Python side's prepare(), B rows past K and columns past N read as zeros.
+// Self-contained (no CUDA headers), so NVRTC compiles it without include paths.
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define SD_CHUNK 64           // K columns per chunk (one permutation block)
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+__device__ __forceinline__ uint4 ldg_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ uint2 ldg_stream8(const void* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ u32 lds_u16(u32 addr) {
+    u16 v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+    return (u32)v;
+}
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
+__device__ __forceinline__ void ldsm_x4_t(u32 addr, u32& r0, u32& r1, u32& r2, u32& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x2_t(u32 addr, u32& r0, u32& r1) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+template <int BF16>
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if (BF16) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+template <int BF16>
+__device__ __forceinline__ void mma_sp16832(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1,
+                                            u32 b2, u32 b3, u32 e) {
+    if (BF16) {
+        asm volatile("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.bf16.bf16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(e));
+    } else {
+        asm volatile("mma.sp::ordered_metadata.sync.aligned.m16n8k32.row.col.f32.f16.f16.f32 "
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9, %10, %11}, {%0, %1, %2, %3}, %12, 0x0;"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(b2), "r"(b3), "r"(e));
+    }
+}
+
+template <int BF16>
+__device__ __forceinline__ u16 to_storage(float f) {
+    u16 h;
+    if (BF16) asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    else asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// ---- bulk copies (TMA, 1-D) ---------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    u32 done = 0;
+    while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    }
+}
+
+// ---- the K permutation ------------------------------------------------------------------------
+// Physical shared-memory row (within a 64-row chunk of B) of logical row k for each format, chosen
+// so that the rows one ldmatrix matrix reads are 8 consecutive physical rows (see the header).
+
+__device__ __forceinline__ int phys_row_mma(int k) {
+    // k = 16t + 4s + 2hi + e  ->  16s + 8hi + 2t + e
+    const int t = k >> 4, s = (k >> 2) & 3, hi = (k >> 1) & 1, e = k & 1;
+    return 16 * s + 8 * hi + 2 * t + e;
+}
+
+__device__ __forceinline__ int phys_row_sp(int k) {
+    // k = 16tt + 8s + 4h + p  ->  32s + 8(2h + tt/2) + 4(tt%2) + p
+    const int tt = k >> 4, s = (k >> 3) & 1, h = (k >> 2) & 1, p = k & 3;
+    return 32 * s + 8 * (2 * h + (tt >> 1)) + 4 * (tt & 1) + p;
+}
+
+// The staged B slice: rows of NT 16-byte units, unit j of physical row r stored at unit
+// j ^ swz(r), swz(r) = (r / (8 / NT)) % NT. The 8 consecutive rows one ldmatrix matrix reads then
+// fall into 8 different bank quads for every NT in {1, 2, 4, 8}, with no padding.
+template <int NT>
+struct BStride {
+    static constexpr int bytes = NT * 16;
+    static __device__ __forceinline__ int unit(int r, int j) { return j ^ ((r / (8 / NT)) & (NT - 1)); }
+};
+
+// Stage B[k0 : k0 + kc, n0 : n0 + 8*NT] into shared memory with rows permuted per chunk. Zeros past
+// K and N. `vec` says B rows can be read as aligned 16-byte vectors (ldb and the pointer allow it):
+// those pieces go through cp.async (no register round trip, all in flight at once); the others are
+// gathered four pieces per thread at a time so their loads overlap too. The caller waits
+// (cp_async_wait_all + __syncthreads) after issuing its first A loads, so both streams overlap.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
+}
+
+template <int NT, int SP>
+__device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, int kc, int K, int n0, int N,
+                        long long ldb, int vec) {
+    const int pieces = kc * NT;  // 16-byte pieces
+    const u32 bs_addr = smem_addr(bs);
+    for (int base = threadIdx.x; base < pieces; base += 4 * blockDim.x) {
+        uint4 v[4];
+        int dst[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int i = base + u * blockDim.x;
+            dst[u] = -1;
+            if (i >= pieces) continue;
+            const int kl = i / NT, j = i - kl * NT;
+            const int k = k0 + kl;
+            const int prow = (kl & ~(SD_CHUNK - 1)) + (SP ? phys_row_sp(kl & (SD_CHUNK - 1)) : phys_row_mma(kl & (SD_CHUNK - 1)));
+            const int off = prow * BStride<NT>::bytes + 16 * BStride<NT>::unit(prow, j);
+            const int n = n0 + 8 * j;
+            const u16* src = B + (long long)min(k, K - 1) * ldb + n;
+            if (vec && n + 8 <= N) {
+                cp_async16(bs_addr + off, src, k < K ? 16u : 0u);      // src size 0: zero fill
+                continue;
+            }
+            u32 w[4] = {0u, 0u, 0u, 0u};
+            if (k < K) {
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    if (n + q < N) w[q >> 1] |= (u32)src[q] << (16 * (q & 1));
+                }
+            }
+            v[u] = make_uint4(w[0], w[1], w[2], w[3]);
+            dst[u] = off;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            if (dst[u] >= 0) *reinterpret_cast<uint4*>(bs + dst[u]) = v[u];
+        }
+    }
+}
+
+// B fragments of one k16 step (mma.sync): tiles j, j+1 per ldmatrix.x4 (x2 for a lone tile).
+template <int NT>
+__device__ __forceinline__ void load_b_step(u32 bs, int row0, u32 (&b)[NT][2]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j + 1 < NT; j += 2) {
+        const int m = lane >> 3;                        // matrix: (tile j + m/2, hi = m%2)
+        const int row = row0 + 8 * (m & 1) + (lane & 7);
+        const u32 addr = bs + row * BStride<NT>::bytes + 16 * BStride<NT>::unit(row, j + (m >> 1));
+        ldsm_x4_t(addr, b[j][0], b[j][1], b[j + 1][0], b[j + 1][1]);
+    }
+    if (NT & 1) {
+        const int row = row0 + (lane & 15);
+        const u32 addr = bs + row * BStride<NT>::bytes + 16 * BStride<NT>::unit(row, NT - 1);
+        ldsm_x2_t(addr, b[NT - 1][0], b[NT - 1][1]);
+    }
+}
+
+// ---- cluster (split-K) epilogue ------------------------------------------------------------
+
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ float4 ld_dsmem_f4(u32 local_addr, u32 rank) {
+    u32 remote;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_addr), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+    return v;
+}
+
+template <int BF16>
+__device__ __forceinline__ void store_pair(u16* __restrict__ C, long long ldc, int row, int col, int M, int N,
+                                           float x, float y) {
+    if (row >= M) return;
+    u16* c = C + (long long)row * ldc + col;
+    if (col < N) c[0] = to_storage<BF16>(x);
+    if (col + 1 < N) c[1] = to_storage<BF16>(y);
+}
+
+// acc[rt][j][4] of warp-row-tile rt: rows (g, g+8), columns 8j + 2t + {0, 1}. With SPLIT == 1 the
+// fragments go to C directly; otherwise through shared memory and the cluster reduction, each CTA
+// of the cluster summing MC/SPLIT rows over all ranks in rank order.
+template <int BF16, int NT, int R, int WARPS, int SPLIT>
+__device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__ C, long long ldc, int M,
+                         int N, int n0, int tile0) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    constexpr int MC = WARPS * R * 16;
+    constexpr int W = NT * 8;
+    if (SPLIT == 1) {
+#pragma unroll
+        for (int rt = 0; rt < R; ++rt) {
+            const int row = (tile0 + warp * R + rt) * 16 + g;
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                const int col = n0 + 8 * j + 2 * t;
+                store_pair<BF16>(C, ldc, row, col, M, N, acc[rt][j][0], acc[rt][j][1]);
+                store_pair<BF16>(C, ldc, row + 8, col, M, N, acc[rt][j][2], acc[rt][j][3]);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt) {
+        const int lr = (warp * R + rt) * 16 + g;
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int col = 8 * j + 2 * t;
+            *reinterpret_cast<float2*>(cpart + lr * W + col) = make_float2(acc[rt][j][0], acc[rt][j][1]);
+            *reinterpret_cast<float2*>(cpart + (lr + 8) * W + col) = make_float2(acc[rt][j][2], acc[rt][j][3]);
+        }
+    }
+    cluster_sync_all();
+    const u32 rank = cluster_rank();
+    constexpr int SHARE = MC / SPLIT;
+    const u32 base = smem_addr(cpart);
+    for (int i = threadIdx.x; i < SHARE * (W / 4); i += blockDim.x) {
+        const int lr = rank * SHARE + i / (W / 4);
+        const int col = 4 * (i % (W / 4));
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {
+            const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), (u32)q);
+            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+        }
+        const int row = tile0 * 16 + lr;
+        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
+        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
+    }
+    cluster_sync_all();                               // peers may still read our partials
+}
+
+template <int NT, int R, int WARPS, int SPLIT>
+struct SmemPlan {
+    static constexpr int cpart_bytes = SPLIT > 1 ? WARPS * R * 16 * NT * 8 * 4 : 0;
+    static __device__ __forceinline__ int b_bytes(int kc) { return kc * BStride<NT>::bytes; }
+};
+
+// ---- tc_dense -------------------------------------------------------------------------------
+
+// A in fragment order: per (tile, chunk) 2 KiB, piece i of lane L (16 bytes) at i*512 + 16L, pieces
+// 0/1 = row g's columns 16t..16t+7 / 16t+8..16t+15 of the chunk, 2/3 = row g+8's. Each load
+// instruction of a warp reads 512 contiguous bytes and a warp's stream is contiguous over its chunks.
+__device__ __forceinline__ void dense_load(const u16* __restrict__ A, int nchunks, int tile, int c, int lane,
+                                           u32 (&x)[16]) {
+    const u16* p = A + ((long long)tile * nchunks + c) * 1024 + 8 * lane;
+    const uint4 u0 = ldg_stream16(p), u1 = ldg_stream16(p + 256);
+    const uint4 v0 = ldg_stream16(p + 512), v1 = ldg_stream16(p + 768);
+    x[0] = u0.x; x[1] = u0.y; x[2] = u0.z; x[3] = u0.w;
+    x[4] = u1.x; x[5] = u1.y; x[6] = u1.z; x[7] = u1.w;
+    x[8] = v0.x; x[9] = v0.y; x[10] = v0.z; x[11] = v0.w;
+    x[12] = v1.x; x[13] = v1.y; x[14] = v1.z; x[15] = v1.w;
+}
+
+template <int BF16, int NT>
+__device__ __forceinline__ void dense_compute(const u32 (&x)[16], u32 bs, int cc, float (&acc)[NT][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        u32 b[NT][2];
+        load_b_step<NT>(bs, cc * SD_CHUNK + 16 * s, b);
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            // row g: words 2s (k 4s, 4s+1 of the lane's 16) and 2s+1; row g+8: words 8 + ...
+            mma16816<BF16>(acc[j], x[2 * s], x[8 + 2 * s], x[2 * s + 1], x[8 + 2 * s + 1], b[j][0], b[j][1]);
+        }
+    }
+}
+
+// ---- tc_sp24 --------------------------------------------------------------------------------
+// values in fragment order: per (tile, chunk) 1 KiB, piece i of lane L (16 bytes: the kept values of
+// its 4 groups of 4, positions ascending) at i*512 + 16L, piece 0 = row g, piece 1 = row g+8.
+// meta: [tiles][chunks][g 0..7][t 0..1][s 0..1] words in the mma.sp layout: word (g, t, s) holds,
+// in bits 0..15, row g's 2-bit positions for the four groups lane t covers at step s (lane 0 the
+// first half of the k32 step, lane 1 the second), and in bits 16..31 the same for row g+8.
+
+__device__ __forceinline__ void sp_load(const u16* __restrict__ V, const u32* __restrict__ meta, int nchunks,
+                                        int tile, int c, int lane, u32 (&x)[10]) {
+    const int g = lane >> 2, t = lane & 3;
+    const long long blk = (long long)tile * nchunks + c;
+    const u16* p = V + blk * 512 + 8 * lane;
+    const uint4 u = ldg_stream16(p), v = ldg_stream16(p + 256);
+    x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
+    x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
+    if (t < 2) {
+        const uint2 m = ldg_stream8(meta + (blk * 16 + 2 * g + t) * 2);
+        x[8] = m.x; x[9] = m.y;
+    } else {
+        x[8] = 0u; x[9] = 0u;
+    }
+}
+
+template <int BF16, int NT>
+__device__ __forceinline__ void sp_compute(const u32 (&x)[10], u32 bs, int cc, float (&acc)[NT][4]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+        u32 b[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            const int row = cc * SD_CHUNK + 32 * s + lane;
+            const u32 addr = bs + row * BStride<NT>::bytes + 16 * BStride<NT>::unit(row, j);
+            ldsm_x4_t(addr, b[j][0], b[j][1], b[j][2], b[j][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            mma_sp16832<BF16>(acc[j], x[2 * s], x[4 + 2 * s], x[2 * s + 1], x[4 + 2 * s + 1],
+                              b[j][0], b[j][1], b[j][2], b[j][3], x[8 + s]);
+        }
+    }
+}
+
+// ---- the register-pipelined kernels (tc_dense, tc_sp24) -----------------------------------------
+// Warp w of CTA (x, y) streams row tiles x*WARPS*R + w*R + rt over the chunk range of K slice y; chunk
+// c + p computes from buffer p while the loads of chunk c + p + PIPE - 1 are in flight (every buffer
+// index is a compile-time constant).
+
+struct DenseFmt {
+    static constexpr int WORDS = 16;
+    static constexpr int SP = 0;
+    const u16* A;
+    const u32* meta;
+    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[16]) const {
+        dense_load(A, nchunks, tile, c, lane, x);
+    }
+    template <int BF16, int NT>
+    __device__ __forceinline__ void compute(const u32 (&x)[16], u32 bs, int cc, float (&acc)[NT][4]) const {
+        dense_compute<BF16, NT>(x, bs, cc, acc);
+    }
+};
+
+struct Sp24Fmt {
+    static constexpr int WORDS = 10;
+    static constexpr int SP = 1;
+    const u16* A;
+    const u32* meta;
+    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[10]) const {
+        sp_load(A, meta, nchunks, tile, c, lane, x);
+    }
+    template <int BF16, int NT>
+    __device__ __forceinline__ void compute(const u32 (&x)[10], u32 bs, int cc, float (&acc)[NT][4]) const {
+        sp_compute<BF16, NT>(x, bs, cc, acc);
+    }
+};
+
+template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
+__device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
+                                 int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nchunks = Kp / SD_CHUNK;
+    const int c0 = blockIdx.y * chunks_per_cta;
+    const int c1 = min(nchunks, c0 + chunks_per_cta);
+    const int n0 = blockIdx.z * NT * 8;
+    const int tile0 = blockIdx.x * WARPS * R;
+    const int tile = tile0 + warp * R;
+    const bool active = tile < tiles && c0 < c1;
+    u32 x[PIPE][R][F::WORDS];
+    if (active) {
+#pragma unroll
+        for (int p = 0; p + 1 < PIPE; ++p)
+#pragma unroll
+            for (int rt = 0; rt < R; ++rt)
+                if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
+    }
+    stage_b<NT, F::SP>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_wait_all();
+    __syncthreads();
+    const u32 bs = smem_addr(smem);
+    float acc[R][NT][4];
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
+    if (active) {
+        for (int c = c0; c < c1; c += PIPE) {
+#pragma unroll
+            for (int p = 0; p < PIPE; ++p) {
+                if (c + p < c1) {
+                    const int q = (p + PIPE - 1) % PIPE;
+#pragma unroll
+                    for (int rt = 0; rt < R; ++rt)
+                        if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
+                            fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[q][rt]);
+#pragma unroll
+                    for (int rt = 0; rt < R; ++rt)
+                        fmt.template compute<BF16, NT>(x[p][rt], bs, c + p - c0, acc[rt]);
+                }
+            }
+        }
+    }
+    float* cpart = reinterpret_cast<float*>(smem + SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK));
+    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+}
+
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_dense(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp,
+         long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
+    const DenseFmt fmt{A, nullptr};
+    stream_registers<DenseFmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
+                                                                tiles, bvec);
+}
+
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __restrict__ B, u16* __restrict__ C,
+        int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
+    const Sp24Fmt fmt{V, meta};
+    stream_registers<Sp24Fmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
+                                                               tiles, bvec);
+}
+
+// ---- tc_bitmap ------------------------------------------------------------------------------
+// Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]
+// (in 16-byte units): a 176-byte chunk header, then the values of its 4 steps, then padding. A
+// tile's blobs are consecutive, so a work unit (UNIT chunks) is one bulk copy.
+//   W[g][s] (u32, byte 16g + 4s): the octets of lanes 4g..4g+3 at step s (byte t = lane (g, t)):
+//     low nibble = row g's columns 16t+4s+0..3 of the chunk, high nibble = row g+8's.
+//   P[g][s] (u8, byte 128 + 4g + s): for g >= 1 the kept values of lanes 0 .. 4g-1 at step s (the
+//     rank of lane (g, 0)); P[0][s] = 0.
+//   cum[s] (u16, byte 160 + 2s): kept values of the chunk's steps before s; size (u32, byte 168):
+//     the blob's bytes, so a consumer walks a unit's blobs without reading the offsets again.
+//   One 16-byte, one 4-byte and one 8-byte load per lane read a whole chunk's header (176 bytes).
+//   values: step 0's kept values in lane order (each lane: row g's quad, then row g+8's), step 1's...
+// Decode of one quad: two LDS.U16 at the quad's rank give slots 0/1, two at rank + (b0 + b1) give
+// slots 2/3, and one PRMT per pair places them (zero bytes come from the zero-extended loads); a
+// 16-entry table per nibble supplies both PRMT selectors and the two offsets.
+
+#define SD_BITMAP_HDR 176
+
+__device__ __forceinline__ u32 lut_entry_x(u32 n) {
+    // selA | offB << 16 for nibble n: slot0 = b0 ? h0 : 0, slot1 = b1 ? (b0 ? h1 : h0) : 0
+    const u32 b0 = n & 1, b1 = (n >> 1) & 1;
+    const u32 s0 = b0 ? 0x10u : 0x32u;
+    const u32 s1 = b1 ? (b0 ? 0x54u : 0x10u) : 0x32u;
+    return (s0 | (s1 << 8)) | ((2u * (b0 + b1)) << 16);
+}
+
+__device__ __forceinline__ u32 lut_entry_y(u32 n) {
+    // selB | cnt << 16: the same select on (b2, b3) and the quad's value bytes (2 * popc)
+    const u32 b2 = (n >> 2) & 1, b3 = (n >> 3) & 1;
+    const u32 s0 = b2 ? 0x10u : 0x32u;
+    const u32 s1 = b3 ? (b2 ? 0x54u : 0x10u) : 0x32u;
+    return (s0 | (s1 << 8)) | ((2u * (u32)__popc(n)) << 16);
+}
+
+// The two A-fragment registers of one quad (slots 0/1 and 2/3) and the next quad's value address.
+__device__ __forceinline__ void decode_quad(u32 va, uint2 L, u32& lo, u32& hi, u32& vnext) {
+    const u32 h0 = lds_u16(va), h1 = lds_u16(va + 2);
+    const u32 vb = va + (L.x >> 16);
+    const u32 g0 = lds_u16(vb), g1 = lds_u16(vb + 2);
+    lo = prmt(h0, h1, L.x);
+    hi = prmt(g0, g1, L.y);
+    vnext = va + (L.y >> 16);
+}
+
+// Each warp streams its tile's blobs over the CTA's K slice in units of SD_UNIT consecutive blobs
+// (one bulk copy each) through a byte ring of RING_KB KiB in shared memory, up to SD_SLOTS units in
+// flight on mbarriers. Lane 0 places units in the ring (wrapping to the start when one does not fit
+// before the end; strict inequalities keep a full ring from ever looking empty) and issues the
+// copies; every lane waits on the unit's slot and walks its blobs by the size field of each header.
+// The warp's blob offsets are staged in shared memory first, so issuing never waits on global loads.
+#define SD_SLOTS 4
+#define SD_UNIT 4
+
+template <int BF16, int NT, int WARPS, int SPLIT, int RING_KB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+          u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+          int tiles, int bvec) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int R = 1;
+    constexpr u32 RING = RING_KB * 1024;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int nchunks = Kp / SD_CHUNK;
+    const int c0 = blockIdx.y * chunks_per_cta;
+    const int c1 = min(nchunks, c0 + chunks_per_cta);
+    const int n0 = blockIdx.z * NT * 8;
+    const int tile0 = blockIdx.x * WARPS;
+    const int tile = tile0 + warp;
+    const bool active = tile < tiles && c0 < c1;
+    const int nunits = active ? (c1 - c0 + SD_UNIT - 1) / SD_UNIT : 0;
+    const int b_bytes = SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    unsigned char* cpart_p = smem + b_bytes;
+    uint2* lut = reinterpret_cast<uint2*>(cpart_p + SmemPlan<NT, R, WARPS, SPLIT>::cpart_bytes);
+    u64* bars = reinterpret_cast<u64*>(lut + 16);                                   // [WARPS][SD_SLOTS]
+    u32* pos = reinterpret_cast<u32*>(bars + WARPS * SD_SLOTS);                     // [WARPS][SD_SLOTS]
+    unsigned char* rings = reinterpret_cast<unsigned char*>(pos + WARPS * SD_SLOTS);   // [WARPS][RING]
+    u32* offs = reinterpret_cast<u32*>(rings + WARPS * RING);                       // [WARPS][chunks_per_cta + 1]
+    u32* my_pos = pos + warp * SD_SLOTS;
+    u32* my_offs = offs + warp * (chunks_per_cta + 1);
+    const u32 my_ring = smem_addr(rings + warp * RING);
+    const u32 my_bars = smem_addr(bars + warp * SD_SLOTS);
+    if (threadIdx.x < 16) lut[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
+    if (active) {
+        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
+        for (int i = lane; i <= c1 - c0; i += 32) my_offs[i] = off[i];
+    }
+    if (lane == 0) {
+        for (int i = 0; i < SD_SLOTS; ++i) mbar_init(my_bars + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    int issued = 0;                                   // lane 0: units issued, the ring's next free byte
+    u32 head = 0;
+    auto issue_ready = [&](int consumed) {
+        while (issued < nunits && issued - consumed < SD_SLOTS) {
+            const int cb = issued * SD_UNIT, ce = min(cb + SD_UNIT, c1 - c0);
+            const u32 lo = my_offs[cb], size = (my_offs[ce] - lo) * 16u;
+            u32 p;
+            if (issued == consumed) {
+                p = 0;
+            } else {
+                const u32 tail = my_pos[consumed % SD_SLOTS];
+                if (head >= tail) p = (head + size <= RING) ? head : (size < tail ? 0u : RING);
+                else p = (head + size < tail) ? head : RING;
+                if (p == RING) break;
+            }
+            const int slot = issued % SD_SLOTS;
+            my_pos[slot] = p;
+            bulk_load(my_ring + p, blobs + (u64)lo * 16u, size, my_bars + 8 * slot);
+            head = p + size;
+            ++issued;
+        }
+    };
+    if (lane == 0) issue_ready(0);
+    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_wait_all();
+    __syncthreads();
+    const u32 bs = smem_addr(smem);
+    const u32 lut_addr = smem_addr(lut);
+    const u32 lmask = t ? ((1u << (8 * t)) - 1u) : 0u;
+    float acc[R][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    for (int u = 0; u < nunits; ++u) {
+        const int slot = u % SD_SLOTS;
+        mbar_wait(my_bars + 8 * slot, (u32)((u / SD_SLOTS) & 1));
+        u32 buf = my_ring + my_pos[slot];
+        const int cb = u * SD_UNIT, ce = min(cb + SD_UNIT, c1 - c0);
+        for (int cc = cb; cc < ce; ++cc) {
+            uint4 wv;
+            u32 pv, cum01, cum23, size;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(wv.x), "=r"(wv.y), "=r"(wv.z), "=r"(wv.w) : "r"(buf + 16 * g));
+            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pv) : "r"(buf + 128 + 4 * g));
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(cum01), "=r"(cum23) : "r"(buf + 160));
+            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(size) : "r"(buf + 168));
+            const u32 wsteps[4] = {wv.x, wv.y, wv.z, wv.w};
+            const u32 vstep[4] = {0u, cum01 >> 16, cum23 & 0xFFFFu, cum23 >> 16};
+            const u32 vals0 = buf + SD_BITMAP_HDR;
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const u32 w = wsteps[s];
+                const u32 rank = prmt(pv, 0u, 0x4440u + s) + (u32)__popc(w & lmask);
+                const u32 octet = w >> (8 * t);
+                uint2 Llo, Lhi;
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Llo.x), "=r"(Llo.y) : "r"(lut_addr + 8 * (octet & 15u)));
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Lhi.x), "=r"(Lhi.y) : "r"(lut_addr + 8 * ((octet >> 4) & 15u)));
+                u32 a0, a2, a1, a3, vmid, vend;
+                decode_quad(vals0 + 2 * (vstep[s] + rank), Llo, a0, a2, vmid);
+                decode_quad(vmid, Lhi, a1, a3, vend);
+                u32 b[NT][2];
+                load_b_step<NT>(bs, cc * SD_CHUNK + 16 * s, b);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+            }
+            buf += size;
+        }
+        __syncwarp();
+        if (lane == 0) issue_ready(u + 1);
+        __syncwarp();
+    }
+    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+}
+
+// Explicit instantiations for offline compiles (nvcc -DSPARSEDITTO_INSTANTIATE_ALL); CuPy's
+// name_expressions instantiate only what a launch plan can reach.
+#ifdef SPARSEDITTO_INSTANTIATE_ALL
+#define SD_TAIL int, int, int, int, long long, long long, int, int, int
+#define SD_DENSE(BF, NT, R, W, S, P) template __global__ void tc_dense<BF, NT, R, W, S, P>( \
+    const u16*, const u16*, u16*, SD_TAIL);
+#define SD_SP(BF, NT, R, W, S, P) template __global__ void tc_sp24<BF, NT, R, W, S, P>( \
+    const u16*, const u32*, const u16*, u16*, SD_TAIL);
+#define SD_BM(BF, NT, W, S, RK) template __global__ void tc_bitmap<BF, NT, W, S, RK>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
+SD_DENSE(0, 2, 2, 8, 4, 2) SD_DENSE(1, 1, 1, 8, 1, 4) SD_DENSE(0, 8, 1, 4, 8, 3)
+SD_SP(0, 2, 2, 8, 4, 2) SD_SP(1, 1, 1, 8, 1, 4) SD_SP(0, 8, 1, 4, 8, 3)
+SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
+#endif

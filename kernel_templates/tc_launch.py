@@ -1,0 +1,211 @@
+"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap): NVRTC compile
+through CuPy, launch geometry, the shared-memory budget and the cached one-launch spmm.
+
+Why one module: the three templates differ only in the arrays they pass and the kernel they name;
+the geometry (16-row tiles, 64-column chunks, n8 tiles per launch, the split-K cluster), the
+shared-memory arithmetic (which must match SmemPlan / tc_bitmap in tc_stream.cu) and the launch
+path (CuPy on torch's current stream, plans cached per N and B/C layout) are the same. Candidates
+import it like `sparseditto.formats`: it is trusted code on the static check's allow-list.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from sparseditto.kernel_templates import runtime
+
+try:  # CuPy needs a CUDA runtime; planning and packing work without it.
+    import cupy as cp
+except ImportError:  # pragma: no cover - machines without CuPy
+    cp = None
+
+TILE_M = 16
+CHUNK_K = 64
+UNIT_CHUNKS = 4              # SD_UNIT: blobs per bulk copy in tc_bitmap
+SMEM_LIMIT = 227 * 1024
+LUT_BYTES = 16 * 8
+BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
+NT_CHOICES = (1, 2, 4, 8)
+SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
+CTAS_PER_SM_TARGET = 2        # auto split: total CTAs closest to this many per SM (H200 sweep)
+DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
+_PLACEHOLDER = "@SPARSEDITTO_INLINE"
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """runtime.torch_dtype restricted to the tensor cores' 16-bit operands."""
+    try:
+        found = runtime.torch_dtype(dtype)
+    except ValueError:
+        found = None
+    if found not in DTYPE_FLAGS:
+        raise ValueError(f"The tensor-core templates run float16 or bfloat16 values, got {dtype!r}.")
+    return found
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return "float16" if dtype == torch.float16 else "bfloat16"
+
+
+def n_tiles_for(n: int) -> int:
+    """n8 tiles per launch: the smallest of 1, 2, 4, 8 covering N (wider N loops in grid.z)."""
+    for nt in NT_CHOICES:
+        if n <= 8 * nt:
+            return nt
+    return NT_CHOICES[-1]
+
+
+def b_row_bytes(nt: int) -> int:
+    """Row stride of the staged B slice: NT 16-byte units, XOR-swizzled (BStride in tc_stream.cu)."""
+    return 16 * nt
+
+
+def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
+               ring_kb: int = 0) -> int:
+    """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap)."""
+    total = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
+    if split > 1:
+        total += warps * rows_per_warp * TILE_M * nt * 8 * 4
+    if kind == "bitmap":
+        total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
+    return total
+
+
+def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int) -> dict:
+    """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU."""
+    warps = int(params["WARPS"])
+    rows = 1 if kind == "bitmap" else int(params.get("R", 1))
+    ring_kb = int(params.get("RING_KB", 0))
+    pipe = int(params.get("PIPE", 0))
+    gx = -(-tiles // (warps * rows))
+    split = params.get("SPLIT", "auto")
+    candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
+    nt = n_tiles_for(n)
+    while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
+        feasible = []
+        for s in candidates:
+            cpc = -(-nchunks // s)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb)
+            if smem <= SMEM_LIMIT:
+                feasible.append((s, cpc, smem))
+        if feasible or nt == 1:
+            break
+        nt //= 2
+    gz = -(-n // (8 * nt))
+    if not feasible:
+        raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
+                         f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
+    if split == "auto":
+        # Total CTAs closest (in ratio) to CTAS_PER_SM_TARGET per SM: fewer leaves SMs idle or the
+        # work unbalanced, more multiplies the per-CTA B staging and the split-K reduction.
+        want = CTAS_PER_SM_TARGET * sm_count
+        useful = [f for f in feasible if f[0] == 1 or f[1] >= 2] or feasible   # no near-empty K slices
+        s, cpc, smem = min(useful, key=lambda f: (abs(math.log(gx * f[0] * gz / want)), f[0]))
+    else:
+        s, cpc, smem = feasible[0]
+    return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
+            "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe}
+
+
+def kernel_name(kind: str, bf16: int, geom: dict) -> str:
+    if kind == "bitmap":
+        return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
+    return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
+
+
+def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int) -> list:
+    """One geometry per n8-tile count: every kernel spmm can launch for this matrix (compiled once)."""
+    out = []
+    for nt in NT_CHOICES:
+        try:
+            out.append(plan_geometry(kind, tiles, nchunks, 8 * nt, params, sm_count))
+        except ValueError:
+            continue   # that N class does not fit these params; spmm raises the clear error if asked
+    return out
+
+
+def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
+    """NVRTC-compile the named instantiations on `device`; {name: CuPy function}."""
+    if cp is None:
+        raise RuntimeError("The tensor-core templates need CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
+    if cuda_src.startswith(_PLACEHOLDER):
+        raise RuntimeError("CUDA_SRC is still the placeholder: instantiate the template through "
+                           "sparseditto.kernel_templates.registry, which inlines tc_stream.cu.")
+    names = sorted(set(names))
+    if not names:
+        return {}
+    with cp.cuda.Device(device.index if device.index is not None else 0):
+        module = cp.RawModule(code=cuda_src, options=("-std=c++17",), name_expressions=names)
+        return {name: module.get_function(name) for name in names}
+
+
+def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
+                   device: torch.device, params: dict, cuda_src: str) -> dict:
+    """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels."""
+    sms = runtime.sm_count(device)
+    bf16 = DTYPE_FLAGS[dtype]
+    names = [kernel_name(kind, bf16, g) for g in reachable_geometries(kind, tiles, nchunks, params, sms)]
+    kernels = compile_kernels(cuda_src, names, device) if device.type == "cuda" else {}
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
+    return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
+            "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
+            "sm_count": sms, "kernels": kernels, "cuda_src": cuda_src, "scratch": {}}
+
+
+def _set_dynamic_smem(fn, nbytes: int) -> None:
+    """Allow more than 48 KiB of dynamic shared memory (cudaFuncSetAttribute)."""
+    try:
+        fn.max_dynamic_shared_size_bytes = nbytes
+    except AttributeError:
+        drv = cp.cuda.driver
+        drv.funcSetAttribute(fn.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, nbytes)
+
+
+def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
+    kind = packed["kind"]
+    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, packed["params"], packed["sm_count"])
+    name = kernel_name(kind, packed["bf16"], geom)
+    kernels = packed["kernels"]
+    if name not in kernels:   # params changed after prepare (a sweep): compile on first use
+        kernels.update(compile_kernels(packed["cuda_src"], [name], b.device))
+    fn = kernels[name]
+    _set_dynamic_smem(fn, geom["smem"])
+    head = tuple(np.uint64(packed[k].data_ptr()) for k in packed["arrays"])
+    m, k = packed["shape"]
+    bvec = int(b.stride(0) % 8 == 0 and b.data_ptr() % 16 == 0)
+    tail = (np.int32(m), np.int32(n), np.int32(k), np.int32(packed["nchunks"] * CHUNK_K), np.int64(b.stride(0)),
+            np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
+    return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
+            "tail": tail, "geom": geom}
+
+
+def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
+    """out[M, N] = A @ B with one kernel launch on torch's current stream (plans cached)."""
+    m, _ = packed["shape"]
+    n = runtime.check_operands(packed, B, out)
+    if B.dtype != packed["dtype"] or out.dtype != B.dtype:
+        raise ValueError(f"Expected B and out in the prepared dtype {packed['dtype']}, got B {B.dtype} and out {out.dtype}.")
+    if not B.is_cuda or not packed["kernels"]:
+        raise ValueError(f"The tensor-core templates run on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    if n == 0:
+        return
+    b = B if B.stride(1) == 1 or n == 1 else B.contiguous()
+    target = out if out.stride(1) == 1 or n == 1 else torch.empty((m, n), dtype=out.dtype, device=out.device)
+    scratch = packed["scratch"]
+    key = (n, b.device.index, b.stride(0), target.stride(0), b.data_ptr() % 16 == 0)
+    plan = scratch.get(key)
+    if plan is None:
+        plan = _plan(packed, n, b, target)
+        scratch[key] = plan
+    stream = torch.cuda.current_stream(b.device).cuda_stream
+    ctx = scratch.get(("stream", b.device.index, stream))
+    if ctx is None:
+        ctx = (cp.cuda.Device(b.device.index), cp.cuda.ExternalStream(stream))
+        scratch[("stream", b.device.index, stream)] = ctx
+    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
+    with ctx[0], ctx[1]:
+        plan["fn"](plan["grid"], plan["block"], args, shared_mem=plan["smem"])
+    if target is not out:
+        out.copy_(target)

@@ -1,0 +1,343 @@
+"""Storage formats of the tensor-core streaming kernels (kernel_templates/cuda/tc_stream.cu).
+
+Why separate formats: these kernels read A straight into mma.sync / mma.sp fragments, so the
+layout is dictated by the fragment a lane owns, not by rows and columns. Inside every 64-column
+chunk the K dimension is permuted so that lane (g, t) of a warp owns rows g and g+8 of a 16-row tile
+and the 16 consecutive columns 16t..16t+15 of the chunk; the kernels apply the same permutation to
+B's rows. The packers below build exactly the bytes the kernels read, vectorized over all nonzeros
+(O(nnz log nnz) for the bitmap's reorder, O(nnz) otherwise), and the `to_dense` decoders walk the
+packed bytes the way the kernels do (header fields, ranks, the hardware's 2:4 metadata layout), so
+a CPU round trip proves the layout, not just the numpy that built it.
+
+  TCDense   the weight padded to [Mp, Kp] (Mp a multiple of 16, Kp of 64), 2 bytes per element,
+            in fragment order: per (tile, chunk) 2 KiB, lane L's 16-byte piece i at i*512 + 16L.
+  TCSparse24  2:4 values (positions ascending within each group of 4), fragment order, and metadata
+            words in the mma.sp.m16n8k32 layout, ordered [tile][chunk][g][t][s] so a lane reads its
+            two words with one 8-byte load.
+  TCBitmap  per (16-row tile, 64-column chunk) a blob: a 176-byte header (the octet masks W[g][s],
+            the lane ranks P[g][s], the step value offsets cum[s], the blob's size) and the kept
+            values in fragment order; 2 bytes per kept value + 1.375 bits per element.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparseditto.matrix import SparseMatrix
+
+TILE_M = 16
+CHUNK_K = 64
+BITMAP_HEADER = 176          # W: 128 bytes, P: 32 bytes, cum: 4 x u16, the blob's size: u32, 4 spare
+SP24_META_BYTES_PER_CHUNK = 8 * 2 * 2 * 4   # [g][t][s] u32 words per (tile, chunk)
+VALUE_DTYPES = ("float16", "bfloat16")
+
+
+def _check(A) -> SparseMatrix:
+    if not isinstance(A, SparseMatrix):
+        raise ValueError(f"Expected a sparseditto.matrix.SparseMatrix, got {type(A).__name__}; "
+                         "convert with sparseditto.io.load_matrix first.")
+    return A
+
+
+def padded_shape(shape) -> tuple[int, int]:
+    """(Mp, Kp): rows rounded up to a 16-row tile, columns to a 64-column chunk."""
+    m, k = (int(x) for x in shape)
+    return -(-m // TILE_M) * TILE_M, -(-k // CHUNK_K) * CHUNK_K
+
+
+def value_bits(values: np.ndarray, dtype: str) -> np.ndarray:
+    """fp32/fp64 values -> their fp16 or bf16 bit patterns as uint16 (round to nearest even)."""
+    if dtype == "float16":
+        return np.asarray(values, dtype=np.float32).astype(np.float16).view(np.uint16)
+    if dtype == "bfloat16":
+        import torch
+
+        t = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).to(torch.bfloat16)
+        return t.view(torch.int16).numpy().view(np.uint16)
+    raise ValueError(f"The tensor-core formats hold float16 or bfloat16 values, got {dtype!r}.")
+
+
+def bits_to_float(bits: np.ndarray, dtype: str) -> np.ndarray:
+    """uint16 fp16/bf16 bit patterns -> float64 (the inverse of `value_bits`)."""
+    bits = np.asarray(bits, dtype=np.uint16)
+    if dtype == "float16":
+        return bits.view(np.float16).astype(np.float64)
+    if dtype == "bfloat16":
+        return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    raise ValueError(f"The tensor-core formats hold float16 or bfloat16 values, got {dtype!r}.")
+
+
+def _coords(A: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
+    return A.row_ids().astype(np.int64), A.indices.astype(np.int64)
+
+
+# ---- dense ------------------------------------------------------------------------------------
+
+def _fragment_order(block: np.ndarray, tiles: int, chunks: int, cols: int) -> np.ndarray:
+    """[Mp, chunks*cols] -> [tiles, chunks, piece, lane, 8]: piece i = 2*h + q holds row 8h + g of the
+    tile and the lane's q-th 8 columns (lane (g, t) owns columns t*2*8 .. of each chunk); each
+    kernel load of 16 bytes by 32 lanes then reads 512 contiguous bytes."""
+    q = cols // 32                     # 16-byte pieces per lane and row: 2 (dense), 1 (2:4 values)
+    v = block.reshape(tiles, 2, 8, chunks, 4, q, 8)          # tile, h, g, chunk, t, q, e
+    v = v.transpose(0, 3, 1, 5, 2, 4, 6)                      # tile, chunk, h, q, g, t, e
+    return np.ascontiguousarray(v).reshape(tiles, chunks, 2 * q, 32, 8)
+
+
+def _natural_order(frag: np.ndarray, cols: int) -> np.ndarray:
+    """The inverse of `_fragment_order`: [tiles, chunks, piece, lane, 8] -> [Mp, chunks*cols]."""
+    tiles, chunks = frag.shape[:2]
+    q = cols // 32
+    v = frag.reshape(tiles, chunks, 2, q, 8, 4, 8).transpose(0, 2, 4, 1, 5, 3, 6)   # tile, h, g, chunk, t, q, e
+    return v.reshape(tiles * 16, chunks * cols)
+
+
+@dataclass(frozen=True, eq=False)
+class TCDense:
+    """The weight padded to [Mp, Kp] and stored in fragment order, 2 KiB per (tile, chunk)."""
+
+    shape: tuple[int, int]
+    frag: np.ndarray          # uint16 [tiles, chunks, 4, 32, 8]
+    dtype: str
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCDense":
+        A = _check(A)
+        mp, kp = padded_shape(A.shape)
+        out = np.zeros((mp, kp), dtype=np.uint16)
+        rows, cols = _coords(A)
+        out[rows, cols] = value_bits(A.data, dtype)
+        return cls(tuple(A.shape), _fragment_order(out, mp // TILE_M, kp // CHUNK_K, CHUNK_K), dtype)
+
+    def to_dense(self) -> np.ndarray:
+        m, k = self.shape
+        return bits_to_float(_natural_order(self.frag, CHUNK_K), self.dtype)[:m, :k]
+
+    def nbytes(self) -> int:
+        return int(self.frag.nbytes)
+
+
+# ---- 2:4 on the sparse tensor cores -------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class TCSparse24:
+    """Exact 2:4 storage for mma.sp: every group of 4 columns (along K) keeps at most 2 values."""
+
+    shape: tuple[int, int]
+    values: np.ndarray        # uint16 [tiles, chunks, 2, 32, 8]: kept values in fragment order
+    meta: np.ndarray          # uint32 [tiles, chunks, 8, 2, 2]
+    dtype: str
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCSparse24":
+        A = _check(A)
+        mp, kp = padded_shape(A.shape)
+        groups_per_row = kp // 4
+        rows, cols = _coords(A)
+        gid = rows * groups_per_row + cols // 4
+        counts = np.bincount(gid, minlength=mp * groups_per_row)
+        if counts.size and counts.max() > 2:
+            worst = int(np.argmax(counts))
+            r, g = divmod(worst, groups_per_row)
+            raise ValueError(f"Not 2:4 structured: row {r}, columns {4 * g}..{4 * g + 3} hold {int(counts[worst])} "
+                             "nonzeros (at most 2 of every 4 consecutive columns may be kept).")
+        # Rank of each entry within its group (CSR order is ascending within a row).
+        first = np.zeros(counts.size + 1, dtype=np.int64)
+        np.cumsum(counts, out=first[1:])
+        rank = np.arange(gid.size, dtype=np.int64) - first[gid]
+        pos = cols % 4
+        vbits = value_bits(A.data, dtype)
+        idx = np.empty((counts.size, 2), dtype=np.uint32)
+        idx[:, 0], idx[:, 1] = 0, 1                      # empty groups: positions (0, 1), zero values
+        vals = np.zeros((counts.size, 2), dtype=np.uint16)
+        single = counts[gid] == 1
+        # A lone value at position p: (p, 3) with a zero second slot, or (2, 3) with it second if p == 3.
+        p1 = pos[single]
+        g1 = gid[single]
+        idx[g1, 0] = np.where(p1 == 3, 2, p1)
+        idx[g1, 1] = 3
+        vals[g1, np.where(p1 == 3, 1, 0)] = vbits[single]
+        pair = ~single
+        idx[gid[pair], rank[pair]] = pos[pair]
+        vals[gid[pair], rank[pair]] = vbits[pair]
+        nib = (idx[:, 0] | (idx[:, 1] << 2)).reshape(mp // TILE_M, 2, 8, kp // CHUNK_K, 4, 2, 2)
+        # axes: tile, h (row g or g+8), g, chunk, tt (4-bit field), s (k32 step), t (lane half)
+        shifts = (4 * np.arange(4, dtype=np.uint32)).reshape(1, 1, 1, 1, 4, 1, 1)
+        half_words = np.bitwise_or.reduce(nib << shifts, axis=4)          # tile, h, g, chunk, s, t
+        words = half_words[:, 0] | (half_words[:, 1] << np.uint32(16))    # tile, g, chunk, s, t
+        meta = np.ascontiguousarray(words.transpose(0, 2, 1, 4, 3))        # tile, chunk, g, t, s
+        frag = _fragment_order(vals.reshape(mp, kp // 2), mp // TILE_M, kp // CHUNK_K, CHUNK_K // 2)
+        return cls(tuple(A.shape), frag, meta.astype(np.uint32), dtype)
+
+    def nbytes(self) -> int:
+        return int(self.values.nbytes + self.meta.nbytes)
+
+    def to_dense(self) -> np.ndarray:
+        """Decode through the mma.sp.m16n8k32 metadata layout, the way the tensor cores read it."""
+        tiles, chunks = self.meta.shape[:2]
+        mp, kp = tiles * TILE_M, chunks * CHUNK_K
+        out = np.zeros((mp, kp), dtype=np.float64)
+        vals = bits_to_float(_natural_order(self.values, CHUNK_K // 2), self.dtype)
+        for tile in range(tiles):
+            for c in range(chunks):
+                for g in range(8):
+                    for t in range(2):
+                        for s in range(2):
+                            word = int(self.meta[tile, c, g, t, s])
+                            for h in range(2):
+                                row = tile * 16 + 8 * h + g
+                                for tt in range(4):
+                                    nib = (word >> (16 * h + 4 * tt)) & 15
+                                    group = c * 16 + 4 * tt + 2 * s + t       # logical group of 4
+                                    for q, p in enumerate((nib & 3, nib >> 2)):
+                                        out[row, 4 * group + p] += vals[row, 2 * group + q]
+        m, k = self.shape
+        return out[:m, :k]
+
+
+# ---- bitmap in fragment order -----------------------------------------------------------------
+
+def fragment_key(rows: np.ndarray, cols: np.ndarray, chunks: int) -> np.ndarray:
+    """Position of element (row, col) in the bitmap kernels' value order: blob (tile, chunk), then
+    step s, lane (g, t), row half h, column j within the lane's quad."""
+    tile, r = np.divmod(rows, TILE_M)
+    h, g = np.divmod(r, 8)
+    c, kk = np.divmod(cols, CHUNK_K)
+    t, rem = np.divmod(kk, 16)
+    s, j = np.divmod(rem, 4)
+    within = s * 256 + (g * 4 + t) * 8 + h * 4 + j
+    return (tile * chunks + c) * 1024 + within
+
+
+@dataclass(frozen=True, eq=False)
+class TCBitmap:
+    """Blobs per (tile, chunk): header + kept values in fragment order (see the module docstring)."""
+
+    shape: tuple[int, int]
+    blobs: np.ndarray         # uint8, all blobs back to back, each 16-byte aligned
+    offsets: np.ndarray       # uint32 [tiles, chunks + 1], blob starts in 16-byte units
+    dtype: str
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCBitmap":
+        A = _check(A)
+        mp, kp = padded_shape(A.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        rows, cols = _coords(A)
+        key = fragment_key(rows, cols, chunks)
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        vbits = value_bits(A.data, dtype)[order]
+        blob = key >> 10                                  # tile * chunks + chunk
+        within = key & 1023
+        octet_id = blob * 128 + (within >> 3)             # (blob, s, g, t): 4 * 32 octets per blob
+        nb = tiles * chunks
+        octets = np.bincount(octet_id, weights=(1 << (within & 7)).astype(np.float64),
+                             minlength=nb * 128).astype(np.uint32).reshape(nb, 4, 8, 4)   # blob, s, g, t
+        counts = np.bincount(octet_id, minlength=nb * 128).reshape(nb, 4, 8, 4)
+        W = np.zeros((nb, 8, 4), dtype=np.uint32)                                      # blob, g, s
+        for t in range(4):
+            W |= octets[:, :, :, t].transpose(0, 2, 1) << np.uint32(8 * t)
+        per_g = counts.sum(axis=3)                                                     # blob, s, g
+        P = np.zeros((nb, 8, 4), dtype=np.uint8)
+        P[:, 1:, :] = np.cumsum(per_g, axis=2)[:, :, :-1].transpose(0, 2, 1)
+        totals = per_g.sum(axis=2)                                                     # blob, s
+        cum = np.zeros((nb, 4), dtype=np.uint16)
+        cum[:, 1:] = np.cumsum(totals, axis=1)[:, :-1]
+        nvals = totals.sum(axis=1)
+        sizes = (BITMAP_HEADER + 2 * nvals + 15) // 16                                 # 16-byte units
+        starts = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
+        header = np.zeros((nb, BITMAP_HEADER), dtype=np.uint8)
+        header[:, :128] = W.reshape(nb, 32).view(np.uint8).reshape(nb, 128)
+        header[:, 128:160] = P.reshape(nb, 32)
+        header[:, 160:168] = cum.view(np.uint8).reshape(nb, 8)
+        header[:, 168:172] = (sizes * 16).astype(np.uint32).view(np.uint8).reshape(nb, 4)
+        buf[(starts[:-1, None] * 16 + np.arange(BITMAP_HEADER)).ravel()] = header.ravel()
+        first = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(nvals, out=first[1:])
+        k = np.arange(key.size, dtype=np.int64)
+        buf16 = buf.view(np.uint16)
+        buf16[(starts[blob] * 16 + BITMAP_HEADER) // 2 + (k - first[blob])] = vbits
+        offsets = np.zeros((tiles, chunks + 1), dtype=np.int64)
+        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
+        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
+        if offsets.max(initial=0) > np.iinfo(np.uint32).max:
+            raise ValueError("The bitmap blobs exceed 64 GiB; the kernels address them with 32-bit offsets.")
+        return cls(tuple(A.shape), buf, offsets.astype(np.uint32), dtype)
+
+    def nbytes(self) -> int:
+        return int(self.blobs.nbytes + self.offsets.nbytes)
+
+    def to_dense(self) -> np.ndarray:
+        """Decode blob by blob through the header fields, exactly as tc_bitmap's lanes do."""
+        mp, kp = padded_shape(self.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        out = np.zeros((mp, kp), dtype=np.float64)
+        u16 = self.blobs.view(np.uint16)
+        for tile in range(tiles):
+            for c in range(chunks):
+                base = int(self.offsets[tile, c]) * 16
+                hdr = self.blobs[base:base + BITMAP_HEADER]
+                W = hdr[:128].view(np.uint32).reshape(8, 4)
+                P = hdr[128:160].reshape(8, 4)
+                cum = hdr[160:168].view(np.uint16)
+                size = int(hdr[168:172].view(np.uint32)[0])
+                assert size == (int(self.offsets.reshape(-1)[tile * (chunks + 1) + c + 1]) - int(self.offsets[tile, c])) * 16, \
+                    "header size field disagrees with the blob offsets"
+                for s in range(4):
+                    vbase = (base + BITMAP_HEADER) // 2 + int(cum[s])
+                    for g in range(8):
+                        for t in range(4):
+                            octet = (int(W[g, s]) >> (8 * t)) & 0xFF
+                            rank = (int(P[g, s]) if g else 0) + bin(int(W[g, s]) & ((1 << (8 * t)) - 1)).count("1")
+                            for bit in range(8):
+                                if octet >> bit & 1:
+                                    h, j = divmod(bit, 4)
+                                    row = tile * 16 + 8 * h + g
+                                    col = c * 64 + 16 * t + 4 * s + j
+                                    out[row, col] = bits_to_float(u16[vbase + rank], self.dtype)
+                                    rank += 1
+        m, k = self.shape
+        return out[:m, :k]
+
+
+# The 16-entry table tc_bitmap decodes a quad with, and a model of that decode. `decode_quad_model`
+# mirrors decode_quad() in tc_stream.cu (two zero-extended 16-bit loads per slot pair, PRMT with the
+# table's selectors), so CPU tests check the table against the bitmap semantics.
+
+def prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode) on Python ints: result byte i = byte (sel nibble i) of b:a."""
+    src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 0xF
+        if nib & 8:
+            raise ValueError("sign-replicating selectors are not used by the tables")
+        out |= ((src >> (8 * nib)) & 0xFF) << (8 * i)
+    return out
+
+
+def quad_table() -> np.ndarray:
+    """[16, 2] uint32: (selA | offB << 16, selB | bytes << 16) per nibble, as lut_entry_x/y build it."""
+    table = np.zeros((16, 2), dtype=np.uint32)
+    for n in range(16):
+        b = [(n >> i) & 1 for i in range(4)]
+        s0 = 0x10 if b[0] else 0x32
+        s1 = (0x54 if b[0] else 0x10) if b[1] else 0x32
+        table[n, 0] = (s0 | (s1 << 8)) | ((2 * (b[0] + b[1])) << 16)
+        s2 = 0x10 if b[2] else 0x32
+        s3 = (0x54 if b[2] else 0x10) if b[3] else 0x32
+        table[n, 1] = (s2 | (s3 << 8)) | ((2 * sum(b)) << 16)
+    return table
+
+
+def decode_quad_model(stream: np.ndarray, start: int, nibble: int) -> tuple[int, int, int]:
+    """(register of slots 0/1, register of slots 2/3, next start) for a quad at half index `start`."""
+    x, y = (int(v) for v in quad_table()[nibble])
+    at = lambda i: int(stream[i]) if i < stream.size else 0xDEAD   # past the end: garbage, never selected
+    lo = prmt(at(start), at(start + 1), x & 0xFFFF)
+    mid = start + (x >> 16) // 2
+    hi = prmt(at(mid), at(mid + 1), y & 0xFFFF)
+    return lo, hi, start + (y >> 16) // 2

@@ -1,0 +1,90 @@
+"""The planner's rules for the CUDA decode tier, on the analyzer's reports of pruned weights.
+
+The table is built as on a GPU (exec_backend='cuda', H200 target), so the CUDA templates are in it;
+the expert policy's first plan is checked against what the H200 measurements say wins (see
+docs/benchmarks.md, "Decode tier"): mma.sp for 2:4, the dense stream for a dense weight or 50-85%
+unstructured at small N, row-split CSR / the tensor-core bitmap at 85-95%.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from sparseditto.agents.costing import template_table
+from sparseditto.agents.expert import ExpertPolicy
+from sparseditto.agents.policy import PlanningInput
+from sparseditto.analysis import analyze
+from sparseditto.matrix import SparseMatrix
+from sparseditto.targets import get_target
+
+H200 = get_target("H200")
+
+
+def _weight(style: str, m: int = 512, k: int = 1024, seed: int = 0) -> SparseMatrix:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    if style == "2:4":
+        g = np.abs(w).reshape(m, -1, 4)
+        drop = np.argsort(-g, axis=2)[:, :, 2:]
+        keep = np.ones_like(g, dtype=bool)
+        np.put_along_axis(keep, drop, False, axis=2)
+        w *= keep.reshape(m, k)
+    elif style != "dense":
+        sparsity = float(style)
+        kept = int(round((1 - sparsity) * k))
+        thresh = -np.partition(-np.abs(w), kept - 1, axis=1)[:, kept - 1:kept]
+        w *= np.abs(w) >= thresh
+    return SparseMatrix.from_scipy(sp.csr_array(w), dtype="float16")
+
+
+def _first_plan(style: str, n: int, dtype: str = "float16"):
+    report = analyze(_weight(style)).model_dump()
+    table, roof = template_table(report, n, dtype, H200, exec_backend="cuda")
+    dense = next(t for t in table if t["name"] == "dense")
+    inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n], dtype=dtype,
+                        memory_hits=[], tried=[], best=None, dense_ms=dense["estimate_ms"], roofline_ms=roof,
+                        budget_left=8, templates=table)
+    return table, ExpertPolicy().plan(inp)
+
+
+def test_2_of_4_plans_the_sparse_tensor_cores_first():
+    table, plan = _first_plan("2:4", 16)
+    names = {t["name"] for t in table}
+    assert {"tc_sp24", "tc_dense", "tc_bitmap"} <= names
+    assert plan.action == "try" and plan.candidates[0].template == "tc_sp24"
+    assert "nm" in plan.candidates[0].rationale
+
+
+def test_dense_weight_at_small_n_tries_the_dense_stream_not_a_stop():
+    _, plan = _first_plan("dense", 16)
+    assert plan.action == "try" and [c.template for c in plan.candidates] == ["tc_dense"]
+    assert "cuBLAS" in plan.rationale
+
+
+def test_dense_weight_at_large_n_stops_for_cublas():
+    _, plan = _first_plan("dense", 128)
+    assert plan.action == "stop" and "cuBLAS" in plan.rationale
+
+
+@pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_dense"), ("0.9", 1, "csr_rowsplit")])
+def test_unstructured_first_candidate_follows_the_measurements(style, n, first):
+    _, plan = _first_plan(style, n)
+    assert plan.action == "try" and plan.candidates[0].template == first
+
+
+def test_unstructured_is_not_offered_to_mma_sp():
+    table, _ = _first_plan("0.5", 16)
+    assert "tc_sp24" not in {t["name"] for t in table}
+
+
+def test_fp32_leaves_the_tensor_core_tier_out():
+    table, _ = _first_plan("2:4", 16, dtype="float32")
+    assert not {t["name"] for t in table} & {"tc_sp24", "tc_dense", "tc_bitmap"}
+
+
+def test_bitmap_decode_floor_marks_it_decode_bound_at_moderate_sparsity():
+    table, _ = _first_plan("0.5", 16)
+    bitmap = next(t for t in table if t["name"] == "tc_bitmap")
+    dense = next(t for t in table if t["name"] == "dense")
+    assert bitmap["bound"] == "decode" and bitmap["estimate_ms"] > dense["estimate_ms"]

@@ -1,0 +1,144 @@
+"""The tensor-core streaming formats (sparseditto.tc_formats): exact round trips through the bytes the
+kernels read, on odd shapes, in fp16 and bf16; the 2:4 refusal; the bitmap header fields; and the
+quad-decode table against the bitmap semantics it implements.
+
+The decoders walk the packed bytes the way the kernels do (fragment order, header ranks, the mma.sp
+metadata layout), so these are tests of the layout contract with tc_stream.cu, not of numpy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparseditto import tc_formats as tf
+from sparseditto.matrix import SparseMatrix
+
+
+def _matrix(m: int, k: int, density: float, seed: int, dtype: str = "float16", nm: tuple | None = None):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, k)).astype(np.float32)
+    if nm:
+        n_keep, group = nm
+        kk = k // group * group
+        g = np.abs(w[:, :kk]).reshape(m, -1, group)
+        drop = np.argsort(-g, axis=2)[:, :, n_keep:]
+        mask = np.ones_like(g, dtype=bool)
+        np.put_along_axis(mask, drop, False, axis=2)
+        w[:, :kk] *= mask.reshape(m, kk)
+        w[:, kk:] = 0
+    else:
+        w *= rng.random((m, k)) < density
+    return SparseMatrix.from_scipy(sp.csr_array(w), dtype=dtype), w
+
+
+def _rounded(w: np.ndarray, dtype: str) -> np.ndarray:
+    t = torch.from_numpy(w).to(torch.float16 if dtype == "float16" else torch.bfloat16)
+    return t.to(torch.float64).numpy()
+
+
+SHAPES = [(1, 1, 1.0), (16, 64, 0.5), (37, 130, 0.3), (50, 200, 0.05), (33, 64, 1.0), (17, 65, 0.02),
+          (100, 300, 0.9), (3, 129, 0.7)]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,k,density", SHAPES)
+def test_dense_and_bitmap_round_trip_exactly(m, k, density, dtype):
+    A, w = _matrix(m, k, density, seed=m * 1000 + k, dtype=dtype)
+    ref = _rounded(w, dtype)
+    assert np.array_equal(tf.TCDense.from_matrix(A, dtype).to_dense(), ref)
+    assert np.array_equal(tf.TCBitmap.from_matrix(A, dtype).to_dense(), ref)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 200), density=st.floats(0.02, 1.0), seed=st.integers(0, 10_000))
+def test_bitmap_round_trip_on_random_shapes(m, k, density, seed):
+    A, w = _matrix(m, k, density, seed)
+    if A.nnz == 0:
+        return
+    fmt = tf.TCBitmap.from_matrix(A, "float16")
+    assert np.array_equal(fmt.to_dense(), _rounded(w, "float16"))
+    assert fmt.nbytes() == fmt.blobs.nbytes + fmt.offsets.nbytes
+    assert fmt.blobs.nbytes % 16 == 0 and np.all(np.diff(fmt.offsets.reshape(-1)) >= 0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("m,k,nm", [(16, 64, (2, 4)), (37, 130, (2, 4)), (64, 64, (1, 2)), (5, 8, (1, 4)),
+                                     (33, 200, (2, 4))])
+def test_sp24_round_trip_through_hardware_metadata(m, k, nm, dtype):
+    A, w = _matrix(m, k, 0.0, seed=k, dtype=dtype, nm=nm)
+    fmt = tf.TCSparse24.from_matrix(A, dtype)
+    assert np.array_equal(fmt.to_dense(), _rounded(w, dtype))
+    # every 4-bit group selects two distinct, ascending positions (0b0000/0101/1010/1111 are illegal)
+    words = fmt.meta.reshape(-1)
+    for shift in range(0, 32, 4):
+        nib = (words >> np.uint32(shift)) & np.uint32(15)
+        assert np.all((nib & 3) < (nib >> 2))
+    assert fmt.nbytes() == fmt.values.nbytes + fmt.meta.nbytes
+    mp, kp = tf.padded_shape((m, k))
+    assert fmt.values.nbytes == mp * kp // 2 * 2
+
+
+def test_sp24_refuses_a_group_with_three_values():
+    w = np.zeros((2, 8), dtype=np.float32)
+    w[1, 4:7] = 1.0
+    A = SparseMatrix.from_scipy(sp.csr_array(w), dtype="float16")
+    with pytest.raises(ValueError, match=r"row 1, columns 4..7 hold 3 nonzeros"):
+        tf.TCSparse24.from_matrix(A, "float16")
+
+
+def test_fragment_key_orders_lanes_and_steps():
+    """Lane (g, t) of step s owns row g's columns 16t+4s..+3, then row g+8's, in the value order."""
+    rows = np.array([0, 0, 8, 1, 0, 0])
+    cols = np.array([0, 3, 0, 0, 16, 4])
+    keys = tf.fragment_key(rows, cols, chunks=1)
+    assert list(keys) == [0, 3, 4, 32, 8, 256]
+
+
+def test_bitmap_header_fields():
+    A, _ = _matrix(16, 128, 0.5, seed=3)
+    fmt = tf.TCBitmap.from_matrix(A, "float16")
+    for c in range(2):
+        base = int(fmt.offsets[0, c]) * 16
+        hdr = fmt.blobs[base:base + tf.BITMAP_HEADER]
+        W = hdr[:128].view(np.uint32).reshape(8, 4)
+        P = hdr[128:160].reshape(8, 4)
+        cum = hdr[160:168].view(np.uint16)
+        size = int(hdr[168:172].view(np.uint32)[0])
+        counts = np.array([[bin(int(W[g, s])).count("1") for g in range(8)] for s in range(4)])
+        assert np.array_equal(P[1:, :].T, np.cumsum(counts, axis=1)[:, :-1])
+        assert np.all(P[0] == 0)
+        assert list(cum) == [0, *np.cumsum(counts.sum(axis=1))[:-1]]
+        assert size == (int(fmt.offsets[0, c + 1]) - int(fmt.offsets[0, c])) * 16
+        assert size == -(-(tf.BITMAP_HEADER + 2 * counts.sum()) // 16) * 16
+
+
+def test_quad_table_decodes_every_nibble_at_every_alignment():
+    stream = np.arange(1000, 1024, dtype=np.uint16)
+    for start in range(0, 8):
+        for n in range(16):
+            lo, hi, nxt = tf.decode_quad_model(stream, start, n)
+            slots, r = [0, 0, 0, 0], start
+            for j in range(4):
+                if n >> j & 1:
+                    slots[j] = int(stream[r])
+                    r += 1
+            assert (lo, hi, nxt) == (slots[0] | slots[1] << 16, slots[2] | slots[3] << 16, r), (start, n)
+
+
+def test_prmt_model_matches_ptx_byte_select():
+    assert tf.prmt(0x44332211, 0x88776655, 0x3210) == 0x44332211
+    assert tf.prmt(0x44332211, 0x88776655, 0x7654) == 0x88776655
+    assert tf.prmt(0x0000BBAA, 0x0000DDCC, 0x5410) == 0xDDCCBBAA
+    with pytest.raises(ValueError):
+        tf.prmt(0, 0, 0x8)
+
+
+def test_value_dtypes_are_checked():
+    A, _ = _matrix(4, 8, 0.5, seed=1)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        tf.TCDense.from_matrix(A, "float32")
+    with pytest.raises(ValueError, match="SparseMatrix"):
+        tf.TCBitmap.from_matrix(np.zeros((2, 2)), "float16")
