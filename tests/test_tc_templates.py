@@ -48,6 +48,19 @@ def test_candidate_embeds_the_shared_cu_and_passes_static_checks(name):
     assert result.ok, result.violations
 
 
+def test_launch_tracing_knows_the_kernels_as_the_candidates_own():
+    """The GPU verifier accepts only the candidate's own kernels: the names behind __cluster_dims__ /
+    __launch_bounds__ attributes must be found, and a profiled template instance must match."""
+    from sparseditto.harness.tracing import KernelTracer, own_kernel_names
+
+    own = own_kernel_names(get_template("tc_sp24").instantiate({}).source)
+    assert {"tc_dense", "tc_sp24", "tc_bitmap"} <= own and not any(n.startswith("__") for n in own)
+    tracer = KernelTracer(own)
+    assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4>(unsigned short const*, unsigned int const*, "
+                         "unsigned short const*, unsigned short*, int, int, int, int, long long, long long, int, int, int)")
+    assert not tracer.is_own("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64")
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     src = tmp_path / "tc_stream.cu"

@@ -40,6 +40,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .static_checks import SPARSEDITTO_MODULES
+
 #: Compiler and helper binaries that Triton and CuPy start (ptxas for PTX -> cubin, cc for
 #: Triton's launcher stub, ldconfig to find libcuda).
 ALLOWED_TOOLS = frozenset({"ptxas", "nvdisasm", "cuobjdump", "nvcc", "nvlink", "fatbinary", "cc", "gcc",
@@ -49,8 +51,7 @@ CODEGEN_PACKAGES = ("triton", "cupy", "cupy_backends")
 #: Modules candidate code may import itself (the static checks' allow-list, at run time).
 CANDIDATE_IMPORTS = frozenset({
     "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy", "typing", "functools",
-    "sparseditto", "sparseditto.formats", "sparseditto.reorder", "sparseditto.kernel_templates",
-    "sparseditto.kernel_templates.runtime",
+    "sparseditto", "sparseditto.kernel_templates", *SPARSEDITTO_MODULES,
 })
 FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_code", "gi_code", "cr_code",
                          "ag_code", "__code__", "f_back", "f_locals", "f_globals"})
@@ -423,7 +424,7 @@ def python_threads() -> set[int]:
 
 INTEGRITY_MODULES = ("builtins", "math", "operator", "functools", "hashlib", "hmac", "json", "numpy",
                      "scipy.sparse", "torch", "torch.nn.functional", "torch.linalg", "sparseditto.matrix",
-                     "sparseditto.kernel_templates.runtime", "sparseditto.formats", "sparseditto.harness.numerics", "sparseditto.harness.verify",
+                     *SPARSEDITTO_MODULES, "sparseditto.harness.numerics", "sparseditto.harness.verify",
                      "sparseditto.harness.execution", "sparseditto.harness.bench", "sparseditto.harness.timing",
                      "sparseditto.harness.tracing", "sparseditto.harness.worker", "sparseditto.harness.guard")
 

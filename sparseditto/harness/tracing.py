@@ -68,7 +68,9 @@ TORCH_KERNELS_ALLOWED = re.compile(r"FillFunctor|fill_kernel|direct_copy_kernel|
 # dummy @triton.jit function called "ampere_sgemm_128x64_nn" must not whitelist cuBLAS's kernel).
 _IMPERSONATION = re.compile(r"^(ampere|turing|volta|hopper|blackwell|sm\d+|cutlass|cublas|cusparse|nvjet|xmma|"
                             r"gemm|gemv|void)", re.IGNORECASE)
-_CUDA_GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?[\w:<>\s\*]*?\b(\w+)\s*\(")
+# __global__, the return type, then any attributes (__launch_bounds__(...), __cluster_dims__(...)),
+# then the kernel's name before its parameter list or template arguments.
+_CUDA_GLOBAL = re.compile(r"__global__\s+(?:[\w:\*]+\s+)*?(?:__\w+__\s*\([^)]*\)\s*)*(?!__\w+__)(\w+)\s*[<(]")
 
 
 def own_kernel_names(source: str) -> set[str]:
