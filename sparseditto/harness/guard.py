@@ -47,7 +47,7 @@ from .static_checks import SPARSEDITTO_MODULES
 ALLOWED_TOOLS = frozenset({"ptxas", "nvdisasm", "cuobjdump", "nvcc", "nvlink", "fatbinary", "cc", "gcc",
                            "clang", "g++", "c++", "ldconfig", "ldconfig.real"})
 #: Libraries allowed to compile/exec code and start compiler processes while a candidate runs.
-CODEGEN_PACKAGES = ("triton", "cupy", "cupy_backends")
+CODEGEN_PACKAGES = ("triton", "cupy", "cupy_backends", "cuda.pathfinder", "cuda.bindings", "cuda.core")
 #: Modules candidate code may import itself (the static checks' allow-list, at run time).
 CANDIDATE_IMPORTS = frozenset({
     "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy", "typing", "functools",
@@ -265,7 +265,9 @@ def install(policy: Policy) -> Gate:
 
     def check_path(event: str, path, write: bool) -> None:
         if isinstance(path, int) or path is None:
-            if isinstance(path, int) and path > 2:
+            # A descriptor: the candidate may not reach the task pipes; Triton / CuPy reading their
+            # compiler's output pipes (subprocess with stdout=PIPE opens those descriptors) may.
+            if isinstance(path, int) and path > 2 and actor()[0] != "codegen":
                 refuse(event, f"opens inherited file descriptor {path} (the task pipes)")
             return
         real = _real(path)
@@ -306,6 +308,12 @@ def install(policy: Policy) -> Gate:
                 if i < len(args):
                     check_path(event, args[i], event in _PATH_EVENTS_WRITE)
             return
+        if event in ("os.posix_spawn", "os.posix_spawnp"):
+            # subprocess.Popen (already checked above for its caller and tool) starts the child this way
+            who, _ = actor()
+            tool = os.path.basename(os.fsdecode(args[0])) if args and args[0] else ""
+            if who == "codegen" and is_allowed_tool(tool):
+                return
         if event in _REFUSED_WHEN_ACTIVE or event.startswith(("os.exec", "os.spawn")):
             refuse(event, _REFUSED_WHEN_ACTIVE.get(event, "starts a process"))
         if event == "subprocess.Popen":
