@@ -256,3 +256,21 @@ def test_run_graph_with_a_worker_that_cannot_start_fails_loudly(tmp_path, capsys
     finally:
         sandbox.set_default_pool(previous)
         broken.close()
+
+
+def test_trusted_modules_and_dev_null_are_usable_inside_a_candidate_scope(pool, small):
+    """Found on the H200: tc_formats imported for the first time inside the scope ran the
+    dataclass code generation there (refused), and Triton's launcher build writes to /dev/null.
+    The worker pre-imports every trusted module, and /dev/null is writable."""
+    from sparseditto.harness.static_checks import SPARSEDITTO_MODULES
+
+    imports = "\n".join(f"    import {name}" for name in SPARSEDITTO_MODULES)
+    src = ("import torch\n\ndef prepare(A, dtype, device):\n    return {}\n\n"
+           f"def spmm(packed, B, out):\n{imports}\n"
+           "    with open(torch.os.devnull, 'w') as sink:\n        sink.write('x')\n"
+           "    out.zero_()\n")
+    # A zero result is wrong, so the verifier rejects it: the point is that the rejection is a
+    # verification failure, not a sandbox refusal.
+    result = run_and_verify(src, small, pool=pool, check_static=False, n_values=(1,), extra_ns=False)
+    assert result.status == "wrong_result", (result.status, result.message)
+    assert "sandbox" not in (result.message or ""), result.message

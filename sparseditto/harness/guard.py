@@ -164,7 +164,8 @@ class Policy:
         cuda |= {_real(p) for p in Path("/usr/local").glob("cuda*")} if Path("/usr/local").is_dir() else set()
         cache = _real(cache_dir)
         kernels = os.path.join(cache, "kernels")
-        writable = [_real(workdir)] + [_real(p) for p in cache_subdirs]
+        # /dev/null: Triton and CuPy send their compilers' output there (subprocess.DEVNULL).
+        writable = [_real(workdir), "/dev/null"] + [_real(p) for p in cache_subdirs]
         readable = sorted(prefixes | sites | path_dirs | cuda | {package_root, kernels}
                           | {_real(p) for p in SYSTEM_READ_DIRS} | set(SYSTEM_READ_FILES)) + writable
         # The cache root holds the memory database, checkpoints and matrices: closed, except the

@@ -142,8 +142,13 @@ def _preimport(backend: str) -> dict:
             triton.runtime.driver.active.get_current_device()
         except Exception:
             pass
-    import sparseditto.formats  # noqa: F401
-    import sparseditto.reorder  # noqa: F401
+    from .static_checks import SPARSEDITTO_MODULES
+
+    # The trusted modules a candidate may import: import them now, outside any scope. Their own
+    # import runs library code generation (dataclasses exec their __init__), which the audit hook
+    # refuses once a candidate scope is open (seen on the H200: tc_formats imported by tc_sp24).
+    for name in SPARSEDITTO_MODULES:
+        importlib.import_module(name)
 
     for target in TASKS.values():  # the task modules, by name (they import this module back)
         importlib.import_module(target.split(":")[0])
