@@ -9,6 +9,7 @@ import it like `sparseditto.formats`: it is trusted code on the static check's a
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -116,42 +117,99 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
 
 
 def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int) -> list:
-    """One geometry per n8-tile count: every kernel spmm can launch for this matrix (compiled once)."""
-    out = []
-    for nt in NT_CHOICES:
+    """Every geometry spmm can launch for this matrix, for any N (so prepare compiles them all).
+
+    N picks the n8-tile count, and past 8 * NT_CHOICES[-1] columns the number of n blocks (grid.z),
+    which moves the auto split: wider N means more CTAs and so fewer K splits. The split only falls
+    as grid.z grows and stops once grid.x * grid.z alone reaches the CTA target, so the walk below
+    is finite. (On the H200 a 4096x4096 matrix reached a split at N = 129 that N = 64 had not.)
+    """
+    seen: dict[tuple, dict] = {}
+
+    def add(n: int) -> dict | None:
         try:
-            out.append(plan_geometry(kind, tiles, nchunks, 8 * nt, params, sm_count))
+            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count)
         except ValueError:
-            continue   # that N class does not fit these params; spmm raises the clear error if asked
+            return None   # that N class does not fit these params; spmm raises the clear error if asked
+        seen.setdefault((geom["nt"], geom["split"], geom["smem"]), geom)
+        return geom
+
+    for nt in NT_CHOICES:
+        add(8 * nt)
+    wide = add(8 * NT_CHOICES[-1] + 1)
+    if wide is not None:
+        gx = wide["grid"][0]
+        for gz in range(1, -(-CTAS_PER_SM_TARGET * sm_count // gx) + 2):
+            add(8 * wide["nt"] * gz)
+    return sorted(seen.values(), key=lambda g: (g["nt"], g["split"]))
+
+
+def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
+    """The smallest RING_KB that holds every bulk copy tc_bitmap can issue for these blob offsets.
+
+    A copy is UNIT_CHUNKS consecutive blobs of one tile (or fewer at the end of a K slice), and the
+    ring must hold the largest one: near-dense tiles make 4 blobs of up to 4 * 2224 bytes, more than
+    the default 8 KiB (on the H200 a 90%-dense 4096x4096 matrix overran the ring and the launch
+    failed). Any window of UNIT_CHUNKS blobs bounds every slice start the split can choose.
+    """
+    offs = np.asarray(offsets, dtype=np.int64)
+    if offs.ndim != 2 or offs.shape[1] < 2:
+        raise ValueError(f"Expected blob offsets of shape [tiles, chunks + 1], got {offs.shape}.")
+    chunks = offs.shape[1] - 1
+    ends = np.minimum(np.arange(chunks) + UNIT_CHUNKS, chunks)
+    largest = int((offs[:, ends] - offs[:, :chunks]).max(initial=0)) * 16
+    return max(1, -(-largest // 1024))
+
+
+def launch_params(params: dict, ring_floor_kb: int = 0) -> dict:
+    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap)."""
+    out = dict(params)
+    if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
+        out["RING_KB"] = int(ring_floor_kb)
     return out
 
 
+#: Compiled kernels of this process, by (source digest, instantiation, device): a launch that needs
+#: an instantiation prepare did not compile (launch parameters changed after prepare, as a sweep
+#: does) compiles it here once, and the packed dict stays as prepare made it (the verifier
+#: rejects a spmm that changes its packed state between calls).
+_COMPILED: dict[tuple[str, str, int], object] = {}
+
+
 def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
-    """NVRTC-compile the named instantiations on `device`; {name: CuPy function}."""
+    """NVRTC-compile the named instantiations on `device` (once per process); {name: CuPy function}."""
     if cp is None:
         raise RuntimeError("The tensor-core templates need CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
     if cuda_src.startswith(_PLACEHOLDER):
         raise RuntimeError("CUDA_SRC is still the placeholder: instantiate the template through "
                            "sparseditto.kernel_templates.registry, which inlines tc_stream.cu.")
-    names = sorted(set(names))
-    if not names:
-        return {}
-    with cp.cuda.Device(device.index if device.index is not None else 0):
-        module = cp.RawModule(code=cuda_src, options=("-std=c++17",), name_expressions=names)
-        return {name: module.get_function(name) for name in names}
+    index = device.index if device.index is not None else 0
+    digest = hashlib.sha256(cuda_src.encode()).hexdigest()
+    missing = sorted({name for name in names if (digest, name, index) not in _COMPILED})
+    if missing:
+        with cp.cuda.Device(index):
+            module = cp.RawModule(code=cuda_src, options=("-std=c++17",), name_expressions=missing)
+            for name in missing:
+                _COMPILED[(digest, name, index)] = module.get_function(name)
+    return {name: _COMPILED[(digest, name, index)] for name in names}
 
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
-                   device: torch.device, params: dict, cuda_src: str) -> dict:
-    """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels."""
+                   device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0) -> dict:
+    """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
+
+    `ring_floor_kb` (tc_bitmap: `bitmap_ring_floor_kb` of the offsets) raises RING_KB wherever a
+    launch is planned, so no params choice can make a bulk copy overrun its warp's ring."""
     sms = runtime.sm_count(device)
     bf16 = DTYPE_FLAGS[dtype]
-    names = [kernel_name(kind, bf16, g) for g in reachable_geometries(kind, tiles, nchunks, params, sms)]
+    geoms = reachable_geometries(kind, tiles, nchunks, launch_params(params, ring_floor_kb), sms)
+    names = [kernel_name(kind, bf16, g) for g in geoms]
     kernels = compile_kernels(cuda_src, names, device) if device.type == "cuda" else {}
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "sm_count": sms, "kernels": kernels, "cuda_src": cuda_src, "scratch": {}}
+            "ring_floor_kb": int(ring_floor_kb), "sm_count": sms, "kernels": kernels, "cuda_src": cuda_src,
+            "scratch": {}}
 
 
 def _set_dynamic_smem(fn, nbytes: int) -> None:
@@ -165,12 +223,12 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
-    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, packed["params"], packed["sm_count"])
+    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0))
+    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"])
     name = kernel_name(kind, packed["bf16"], geom)
-    kernels = packed["kernels"]
-    if name not in kernels:   # params changed after prepare (a sweep): compile on first use
-        kernels.update(compile_kernels(packed["cuda_src"], [name], b.device))
-    fn = kernels[name]
+    fn = packed["kernels"].get(name)
+    if fn is None:   # params changed after prepare (a sweep): compile on first use, outside packed
+        fn = compile_kernels(packed["cuda_src"], [name], b.device)[name]
     _set_dynamic_smem(fn, geom["smem"])
     head = tuple(np.uint64(packed[k].data_ptr()) for k in packed["arrays"])
     m, k = packed["shape"]

@@ -99,6 +99,57 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
 
 
+@pytest.mark.parametrize("kind,params", [
+    ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
+    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}),
+    ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
+])
+@pytest.mark.parametrize("m,k,sms", [(4096, 4096, 132), (11008, 4096, 132), (300, 1000, 132), (16, 64, 8),
+                                     (4096, 11008, 114)])
+def test_prepare_compiles_every_kernel_any_n_can_launch(kind, params, m, k, sms):
+    """Found on the H200: N = 129 on 4096x4096 moved the auto split to one N = 64 had not, and the
+    launch compiled it into packed['kernels'], which the verifier rightly calls kept state."""
+    tiles, nchunks = -(-m // 16), -(-k // 64)
+    reachable = {tc_launch.kernel_name(kind, 0, g)
+                 for g in tc_launch.reachable_geometries(kind, tiles, nchunks, params, sms)}
+    for n in range(1, 1200):
+        g = tc_launch.plan_geometry(kind, tiles, nchunks, n, params, sms)
+        assert tc_launch.kernel_name(kind, 0, g) in reachable, (n, g["grid"])
+
+
+def _blob_sizes(fmt) -> np.ndarray:
+    """Each blob's byte count read from its own header (byte 168), independently of the offsets."""
+    tiles, chunks1 = fmt.offsets.shape
+    starts = fmt.offsets[:, :-1].astype(np.int64) * 16
+    raw = np.frombuffer(fmt.blobs.tobytes(), dtype=np.uint8)
+    size_at = starts[..., None] + 168 + np.arange(4)
+    return raw[size_at].astype(np.int64) @ (256 ** np.arange(4))
+
+
+@pytest.mark.parametrize("density", ["1.0", "0.9", "0.5", "0.1"])
+def test_bitmap_ring_holds_the_largest_bulk_copy(density, tmp_path):
+    """Found on the H200: a 90%-dense 4096x4096 matrix made 4-blob units larger than the default 8 KiB
+    ring and the launch failed; prepare now raises RING_KB to the largest unit."""
+    from sparseditto.harness.source_loader import load_module
+    from sparseditto.tc_formats import TCBitmap
+
+    A = _pruned(48, 1000, density)
+    fmt = TCBitmap.from_matrix(A, "float16")
+    sizes = _blob_sizes(fmt)
+    windows = [sizes[:, c:c + tc_launch.UNIT_CHUNKS].sum(axis=1).max() for c in range(sizes.shape[1])]
+    floor = tc_launch.bitmap_ring_floor_kb(fmt.offsets)
+    assert floor * 1024 >= max(windows) > (floor - 1) * 1024
+    mod = load_module(get_template("tc_bitmap").instantiate({}).source, cache_dir=tmp_path)
+    packed = mod.prepare(A, torch.float16, torch.device("cpu"))
+    assert packed["ring_floor_kb"] == floor
+    ring_kb = tc_launch.launch_params(packed["params"], floor)["RING_KB"]
+    assert ring_kb == max(8, floor) and ring_kb * 1024 >= max(windows)
+    if density == "1.0":
+        assert floor == 9   # 4 full blobs: 4 * (176 + 2 * 1024) bytes
+    with pytest.raises(ValueError, match="tiles, chunks"):
+        tc_launch.bitmap_ring_floor_kb(np.zeros(5, dtype=np.uint32))
+
+
 def test_explicit_split_that_cannot_fit_is_a_clear_error():
     with pytest.raises(ValueError, match="no split of K"):
         tc_launch.plan_geometry("bitmap", 688, 172, 64, {"WARPS": 8, "SPLIT": 1, "RING_KB": 16}, 132)

@@ -28,7 +28,8 @@ CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
 
 import torch
 
-from sparseditto.kernel_templates.tc_launch import dtype_name, launch, prepare_launch, torch_dtype
+from sparseditto.kernel_templates.tc_launch import (bitmap_ring_floor_kb, dtype_name, launch, prepare_launch,
+                                                    torch_dtype)
 from sparseditto.tc_formats import TCBitmap
 
 
@@ -39,7 +40,7 @@ def prepare(A, dtype, device) -> dict:
     tiles, chunks1 = fmt.offsets.shape
     arrays = {"blobs": fmt.blobs, "offsets": fmt.offsets.reshape(-1).view("int32")}
     return prepare_launch("bitmap", arrays, A.shape, tiles, chunks1 - 1, dt, torch.device(device),
-                                    PARAMS, CUDA_SRC)
+                          PARAMS, CUDA_SRC, ring_floor_kb=bitmap_ring_floor_kb(fmt.offsets))
 
 
 def spmm(packed: dict, B, out) -> None:

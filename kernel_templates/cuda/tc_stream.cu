@@ -595,6 +595,7 @@ tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_
         while (issued < nunits && issued - consumed < SD_SLOTS) {
             const int cb = issued * SD_UNIT, ce = min(cb + SD_UNIT, c1 - c0);
             const u32 lo = my_offs[cb], size = (my_offs[ce] - lo) * 16u;
+            if (size > RING) __trap();   // the host sizes RING_KB to the largest unit; never overrun
             u32 p;
             if (issued == consumed) {
                 p = 0;
