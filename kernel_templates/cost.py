@@ -198,6 +198,18 @@ def bitmap_bytes(m: int, k: int, nnz: int, vb: int, tile_k: int = 32, tile_offse
     return float(nnz * vb + m * tiles * (tile_k // 8 + (4 if tile_offsets else 0)) + (m + 1) * 4)
 
 
+#: Below this density one bit per element costs more than the values a bitmap indexes.
+BITMAP_MIN_DENSITY = 0.02
+
+
+def bitmap_applicable(stats: ReportStats, index_cost: str) -> tuple[bool, str]:
+    """Applicability of a bitmap format (bitmap_tiles, tc_bitmap): it pays for every element, so it
+    is only worth its bytes while the kept values outweigh the index (`index_cost` says how much)."""
+    if stats.density >= BITMAP_MIN_DENSITY:
+        return True, f"density {stats.density:.3f}: {index_cost}, values dominate"
+    return False, f"density {stats.density:.4f} < {BITMAP_MIN_DENSITY}: the bitmap's index bytes exceed the values'"
+
+
 def ell_bytes(m: int, width: int, vb: int) -> float:
     return float(m * width * (4 + vb))
 

@@ -6,7 +6,8 @@ per layout of B and C, launch through Triton's compiled kernel after the first c
 once here, a template file holds only what is its own: its kernels, its format, its launch rules.
 The static checks allow ``sparseditto.kernel_templates.runtime`` in candidate sources (beside
 ``sparseditto.formats`` and ``sparseditto.reorder``), so an LLM editing a template instance keeps
-the same plumbing. It imports torch only (no Triton, no CuPy), so CUDA C++ templates use it too.
+the same plumbing. It imports torch only (no Triton; CuPy only inside `cupy_stream`), so CUDA C++
+templates use it too.
 
 A launch plan is a dict: ``kernel`` (a Triton JIT function), ``grid`` (a 3-tuple), ``args`` (every
 kernel argument in signature order, B and C left as None), ``b_at`` / ``out_at`` (where B and C go;
@@ -72,6 +73,38 @@ def check_operands(packed: dict, B, out) -> int:
     if out.dim() != 2 or out.shape[0] != M or out.shape[1] != N:
         raise ValueError(f"Expected out of shape ({M}, {N}), got {tuple(out.shape)}.")
     return N
+
+
+def cuda_operands(packed: dict, B, out, dtype, who: str):
+    """(N, b, target) for a CUDA C++ template's spmm after checking shapes, dtypes and device.
+
+    b and target are B and out where their columns are unit-stride (or N == 1, where only
+    column 0 is touched), else contiguous stand-ins: the kernels walk columns with unit stride.
+    The caller copies target back into out when they differ. N == 0 gives (0, None, None)."""
+    n = check_operands(packed, B, out)
+    if B.dtype != dtype or out.dtype != B.dtype:
+        raise ValueError(f"Expected B and out in the prepared dtype {dtype}, got B {B.dtype} and out {out.dtype}.")
+    if not B.is_cuda or not packed["kernels"]:
+        raise ValueError(f"{who} runs on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    if n == 0:
+        return 0, None, None
+    m = packed["shape"][0]
+    b = B if B.stride(1) == 1 or n == 1 else B.contiguous()
+    target = out if out.stride(1) == 1 or n == 1 else torch.empty((m, n), dtype=out.dtype, device=out.device)
+    return n, b, target
+
+
+def cupy_stream(scratch: dict, device):
+    """(CuPy device, CuPy view of torch's current stream) for launching on ``device``, made once per
+    stream and kept in the packed dict's scratch (CuPy is imported only here, on first use)."""
+    import cupy as cp
+
+    stream = torch.cuda.current_stream(device).cuda_stream
+    key = ("stream", device.index, stream)
+    ctx = scratch.get(key)
+    if ctx is None:
+        ctx = scratch[key] = (cp.cuda.Device(device.index), cp.cuda.ExternalStream(stream))
+    return ctx
 
 
 def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:

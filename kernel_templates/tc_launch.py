@@ -212,6 +212,17 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
             "scratch": {}}
 
 
+def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str) -> dict:
+    """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class) in the
+    dtype's bits, move its kernel arrays to `device` and compile what the launches can reach."""
+    dt = torch_dtype(dtype)
+    fmt = fmt_cls.from_matrix(A, dtype_name(dt))
+    tiles, chunks, arrays = fmt.kernel_arrays()
+    floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
+    return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
+                          ring_floor_kb=floor)
+
+
 def _set_dynamic_smem(fn, nbytes: int) -> None:
     """Allow more than 48 KiB of dynamic shared memory (cudaFuncSetAttribute)."""
     try:
@@ -241,29 +252,18 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
 
 def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
     """out[M, N] = A @ B with one kernel launch on torch's current stream (plans cached)."""
-    m, _ = packed["shape"]
-    n = runtime.check_operands(packed, B, out)
-    if B.dtype != packed["dtype"] or out.dtype != B.dtype:
-        raise ValueError(f"Expected B and out in the prepared dtype {packed['dtype']}, got B {B.dtype} and out {out.dtype}.")
-    if not B.is_cuda or not packed["kernels"]:
-        raise ValueError(f"The tensor-core templates run on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    n, b, target = runtime.cuda_operands(packed, B, out, packed["dtype"], "The tensor-core templates")
     if n == 0:
         return
-    b = B if B.stride(1) == 1 or n == 1 else B.contiguous()
-    target = out if out.stride(1) == 1 or n == 1 else torch.empty((m, n), dtype=out.dtype, device=out.device)
     scratch = packed["scratch"]
     key = (n, b.device.index, b.stride(0), target.stride(0), b.data_ptr() % 16 == 0)
     plan = scratch.get(key)
     if plan is None:
         plan = _plan(packed, n, b, target)
         scratch[key] = plan
-    stream = torch.cuda.current_stream(b.device).cuda_stream
-    ctx = scratch.get(("stream", b.device.index, stream))
-    if ctx is None:
-        ctx = (cp.cuda.Device(b.device.index), cp.cuda.ExternalStream(stream))
-        scratch[("stream", b.device.index, stream)] = ctx
+    device, stream = runtime.cupy_stream(scratch, b.device)
     args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
-    with ctx[0], ctx[1]:
+    with device, stream:
         plan["fn"](plan["grid"], plan["block"], args, shared_mem=plan["smem"])
     if target is not out:
         out.copy_(target)

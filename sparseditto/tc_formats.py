@@ -116,6 +116,10 @@ class TCDense:
     def nbytes(self) -> int:
         return int(self.frag.nbytes)
 
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays tc_dense reads, flat, in its argument order)."""
+        return self.frag.shape[0], self.frag.shape[1], {"a": self.frag.reshape(-1).view("int16")}
+
 
 # ---- 2:4 on the sparse tensor cores -------------------------------------------------------------
 
@@ -171,6 +175,11 @@ class TCSparse24:
 
     def nbytes(self) -> int:
         return int(self.values.nbytes + self.meta.nbytes)
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays tc_sp24 reads, flat, in its argument order)."""
+        return self.meta.shape[0], self.meta.shape[1], {"values": self.values.reshape(-1).view("int16"),
+                                                        "meta": self.meta.reshape(-1).view("int32")}
 
     def to_dense(self) -> np.ndarray:
         """Decode through the mma.sp.m16n8k32 metadata layout, the way the tensor cores read it."""
@@ -269,6 +278,11 @@ class TCBitmap:
 
     def nbytes(self) -> int:
         return int(self.blobs.nbytes + self.offsets.nbytes)
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays tc_bitmap reads, flat, in its argument order)."""
+        tiles, chunks1 = self.offsets.shape
+        return tiles, chunks1 - 1, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
 
     def to_dense(self) -> np.ndarray:
         """Decode blob by blob through the header fields, exactly as tc_bitmap's lanes do."""

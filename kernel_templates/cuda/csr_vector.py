@@ -146,18 +146,9 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
 def spmm(packed: dict, B, out) -> None:
     """out[M, N] = A @ B (B [K, N] on the GPU, any strides), fp32 accumulation, out in B's dtype."""
     M = packed["shape"][0]
-    N = rt.check_operands(packed, B, out)
-    if B.dtype != packed["values"].dtype or out.dtype != B.dtype:
-        raise ValueError(f"Expected B and out in the prepared dtype {packed['values'].dtype}, "
-                         f"got B {B.dtype} and out {out.dtype}.")
-    if not B.is_cuda or not packed["kernels"]:
-        raise ValueError(f"csr_vector runs on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    N, b, target = rt.cuda_operands(packed, B, out, packed["values"].dtype, "csr_vector")
     if N == 0:
         return
-    # The kernels walk columns with unit stride; other layouts go through a contiguous copy.
-    # With N == 1 only column 0 is touched, so the column stride never matters.
-    b = B if B.stride(1) == 1 or N == 1 else B.contiguous()
-    target = out if out.stride(1) == 1 or N == 1 else torch.empty((M, N), dtype=out.dtype, device=out.device)
     scratch = packed["scratch"]
     key = (N, b.dtype, b.device, b.stride(0), target.stride(0), b.data_ptr() % 64)  # vec_ok: <= 64-byte vectors
     plan = scratch.get(key)
@@ -171,13 +162,9 @@ def spmm(packed: dict, B, out) -> None:
         plan["tail"] = (np.int32(M), np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)),
                         np.int32(plan["vec_ok"]))
         scratch[key] = plan
-    stream_ptr = torch.cuda.current_stream(b.device).cuda_stream
-    ctx = scratch.get(("stream", b.device.index, stream_ptr))
-    if ctx is None:  # CuPy's view of torch's stream (and the device), made once per stream
-        ctx = (cp.cuda.Device(b.device.index), cp.cuda.ExternalStream(torch.cuda.current_stream(b.device).cuda_stream))
-        scratch[("stream", b.device.index, stream_ptr)] = ctx
+    device, stream = rt.cupy_stream(scratch, b.device)
     args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
-    with ctx[0], ctx[1]:
+    with device, stream:
         plan["kernel"](plan["grid"], plan["block"], args)
     if target is not out:
         out.copy_(target)

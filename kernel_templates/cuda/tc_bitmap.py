@@ -26,21 +26,13 @@ PARAMS = dict(META["defaults"])
 
 CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
 
-import torch
-
-from sparseditto.kernel_templates.tc_launch import (bitmap_ring_floor_kb, dtype_name, launch, prepare_launch,
-                                                    torch_dtype)
+from sparseditto.kernel_templates.tc_launch import launch, prepare_format
 from sparseditto.tc_formats import TCBitmap
 
 
 def prepare(A, dtype, device) -> dict:
     """The fragment-order blobs and their offsets on `device`, and the compiled kernels."""
-    dt = torch_dtype(dtype)
-    fmt = TCBitmap.from_matrix(A, dtype_name(dt))
-    tiles, chunks1 = fmt.offsets.shape
-    arrays = {"blobs": fmt.blobs, "offsets": fmt.offsets.reshape(-1).view("int32")}
-    return prepare_launch("bitmap", arrays, A.shape, tiles, chunks1 - 1, dt, torch.device(device),
-                          PARAMS, CUDA_SRC, ring_floor_kb=bitmap_ring_floor_kb(fmt.offsets))
+    return prepare_format("bitmap", TCBitmap, A, dtype, device, PARAMS, CUDA_SRC)
 
 
 def spmm(packed: dict, B, out) -> None:

@@ -26,19 +26,13 @@ PARAMS = dict(META["defaults"])
 
 CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
 
-import torch
-
-from sparseditto.kernel_templates.tc_launch import dtype_name, launch, prepare_launch, torch_dtype
+from sparseditto.kernel_templates.tc_launch import launch, prepare_format
 from sparseditto.tc_formats import TCDense
 
 
 def prepare(A, dtype, device) -> dict:
     """The padded dense weight on `device` and the compiled kernels for every N tile count."""
-    dt = torch_dtype(dtype)
-    fmt = TCDense.from_matrix(A, dtype_name(dt))
-    tiles, chunks = fmt.frag.shape[:2]
-    arrays = {"a": fmt.frag.reshape(-1).view("int16")}
-    return prepare_launch("dense", arrays, A.shape, tiles, chunks, dt, torch.device(device), PARAMS, CUDA_SRC)
+    return prepare_format("dense", TCDense, A, dtype, device, PARAMS, CUDA_SRC)
 
 
 def spmm(packed: dict, B, out) -> None:

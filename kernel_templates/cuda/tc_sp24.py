@@ -28,19 +28,13 @@ PARAMS = dict(META["defaults"])
 
 CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
 
-import torch
-
-from sparseditto.kernel_templates.tc_launch import dtype_name, launch, prepare_launch, torch_dtype
+from sparseditto.kernel_templates.tc_launch import launch, prepare_format
 from sparseditto.tc_formats import TCSparse24
 
 
 def prepare(A, dtype, device) -> dict:
     """2:4 values and mma.sp metadata on `device`; ValueError when A is not 2:4 structured."""
-    dt = torch_dtype(dtype)
-    fmt = TCSparse24.from_matrix(A, dtype_name(dt))
-    tiles, chunks = fmt.meta.shape[:2]
-    arrays = {"values": fmt.values.reshape(-1).view("int16"), "meta": fmt.meta.reshape(-1).view("int32")}
-    return prepare_launch("sp24", arrays, A.shape, tiles, chunks, dt, torch.device(device), PARAMS, CUDA_SRC)
+    return prepare_format("sp24", TCSparse24, A, dtype, device, PARAMS, CUDA_SRC)
 
 
 def spmm(packed: dict, B, out) -> None:

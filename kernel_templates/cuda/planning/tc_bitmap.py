@@ -2,7 +2,7 @@
 beat per-value indices; its time is set by the register decode, not by its bytes (H200 fit)."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, round_up, tc_bytes
+from sparseditto.kernel_templates.cost import BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, round_up, tc_bytes
 
 # Measured calibration: a fit to the H200 sweep of benchmarks/llm_layers.py (--preset core, fp16,
 # N <= 16, CUDA-graph launch, cold L2, 2026-12-01) on 4096x4096 and 11008x4096; other GPUs get it
@@ -24,16 +24,14 @@ def decode_s(m: int, k: int, nnz: int, n: int, target) -> float:
     per_block = m * k * (ELEMENT_S + TILE_S * (n8 - 1)) + nnz * VALUE_S
     return blocks * per_block * H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
 
-MIN_DENSITY = 0.02
-APPLICABILITY = f"density >= {MIN_DENSITY} (one bit per element must cost less than the values it indexes); fp16/bf16"
+APPLICABILITY = (f"density >= {BITMAP_MIN_DENSITY} (one bit per element must cost less than the values it "
+                 "indexes); fp16/bf16")
 COST_MODEL = ("bytes = nnz*vb + tiles*chunks*184 + offsets + B + C; time = max(bytes / bandwidth, decode floor "
               "0.37 ns/element + 0.6 ns/value (+0.35 ns/element per extra n8 tile)) (H200 fit)")
 
 
 def applicable(stats, template) -> tuple[bool, str]:
-    if stats.density >= MIN_DENSITY:
-        return True, f"density {stats.density:.3f}: 1.375 bits per element of bitmap and headers"
-    return False, f"density {stats.density:.4f} < {MIN_DENSITY}: the bitmap would cost more than the values"
+    return bitmap_applicable(stats, "1.375 bits per element of bitmap and headers")
 
 
 def grid(stats, n: int, target, template) -> list[dict]:

@@ -1,19 +1,16 @@
 """bitmap_tiles's planning knowledge: it needs enough density that values outweigh one bit per element."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (TENSOR_TILE_N, VALUE_BYTES, CostTerms, bitmap_bytes, mma_unit, param,
-                                               round_up)
+from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, TENSOR_TILE_N, VALUE_BYTES, CostTerms,
+                                               bitmap_applicable, bitmap_bytes, mma_unit, param, round_up)
 
-BITMAP_MIN_DENSITY = 0.02
 APPLICABILITY = f"density >= {BITMAP_MIN_DENSITY} (below, one bit per element costs more than the values)"
 COST_MODEL = ("bytes = nnz*vb + M*ceil(K/tile_k)*(tile_k/8 + 4) + (M+1)*4 + B + C; flops 2*M*K*N16 on "
               "tensor cores")
 
 
 def applicable(stats, template) -> tuple[bool, str]:
-    if stats.density >= BITMAP_MIN_DENSITY:
-        return True, f"density {stats.density:.3f}: a bitmap costs 1/8 byte per element, values dominate"
-    return False, f"density {stats.density:.4f} < {BITMAP_MIN_DENSITY}: bitmap index bytes exceed the values'"
+    return bitmap_applicable(stats, "a bitmap costs 1/8 byte per element")
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
