@@ -108,6 +108,9 @@ class PatternReport(BaseModel):
         default_factory=dict, description="the numbers each class rule looked at (see sparseditto.pattern_classes)")
     signature: str
     analysis_seconds: float
+    explicit_zeros_dropped: int = Field(
+        default=0, description="stored entries whose value was 0 (scipy explicit zeros, zeros inside a BSR tensor's "
+                               "blocks): dropped before the analysis, so they count as zeros, not nonzeros")
 
     # ---- views ------------------------------------------------------------------------------
     def block_stat(self, shape) -> BlockStat | None:
@@ -154,6 +157,8 @@ class PatternReport(BaseModel):
             facts["diag_fraction"] = round(self.diag_fraction, 4)
         if self.powerlaw_alpha is not None and self.pattern == "power_law":
             facts["powerlaw"] = {"alpha": round(self.powerlaw_alpha, 3), "r2": round(self.powerlaw_r2 or 0.0, 3)}
+        if self.explicit_zeros_dropped:
+            facts["explicit_zeros_dropped"] = self.explicit_zeros_dropped
         facts["signature"] = self.signature
         text = json.dumps(facts, separators=(",", ":"), default=str)
         if len(text) > DESCRIBE_MAX_CHARS:   # params are the only open-ended part: keep them short
@@ -252,6 +257,7 @@ def analyze(matrix, *, name: str | None = None) -> PatternReport:
         from sparseditto.io import load_matrix  # lazy: io pulls in torch/safetensors readers
 
         matrix = load_matrix(matrix)
+    matrix = matrix.without_explicit_zeros()
     check_canonical(matrix)
     features = compute_features(matrix)
     result = classify(features)
@@ -287,6 +293,7 @@ def analyze(matrix, *, name: str | None = None) -> PatternReport:
         evidence=result.evidence,
         signature=features.signature,
         analysis_seconds=0.0,
+        explicit_zeros_dropped=int(matrix.meta.get("explicit_zeros_dropped", 0)),
     )
     report.analysis_seconds = time.perf_counter() - start
     return report

@@ -8,8 +8,10 @@ from. It is also the one place where bad input is caught, with a message that na
 and the offending value, before it can surface as an obscure failure inside a kernel.
 
 Conventions:
-- Stored entries are the pattern. Sparse sources keep every stored entry (explicit zeros too: a
-  stored zero in a pruned weight is still part of its pattern); dense sources store value != 0.
+- Nonzeros are the pattern. Stored zeros are dropped, whatever the source (scipy's explicit zeros,
+  the zeros inside a torch BSR tensor's stored blocks, a pruned entry kept as 0.0 in a file), and
+  counted in ``meta["explicit_zeros_dropped"]``; the pattern report says how many there were. So a
+  BSR tensor and its dense form load (and analyze) as the same matrix.
 - The value dtype *name* follows the source (float16/bfloat16/float32/float64); integer values
   load as float32; Matrix Market `real` text loads as float64 (what the text can represent).
   Pattern-only files (`.smtx`, Matrix Market `pattern`) get N(0, 1) values drawn with `seed`.
@@ -45,8 +47,8 @@ def load_matrix(source: Any, *, tensor: str | None = None, name: str | None = No
                 dtype: str | None = None) -> SparseMatrix:
     """Load `source` as a canonical `SparseMatrix`.
 
-    source: SparseMatrix (returned as is unless `name`/`dtype` override it), torch tensor (dense,
-    sparse COO/CSR/CSC/BSR/BSC; any device), scipy.sparse matrix or array (any format), 2-D numpy
+    source: SparseMatrix (returned as is unless `name`/`dtype` override it or it stores zeros), torch
+    tensor (dense, sparse COO/CSR/CSC/BSR/BSC; any device), scipy.sparse matrix or array (any format), 2-D numpy
     array, or a path to a `.mtx`, `.smtx`, `.npz`, `.pt`/`.pth` or `.safetensors` file (optionally
     gzipped). `tensor` picks one tensor from a file that holds several. `seed` draws the values of
     pattern-only files. `dtype` overrides the recorded value dtype name.
@@ -55,6 +57,10 @@ def load_matrix(source: Any, *, tensor: str | None = None, name: str | None = No
     if isinstance(source, SparseMatrix):
         if tensor is not None:
             raise ValueError(f"tensor={tensor!r} selects a tensor inside a file; the source is already a SparseMatrix.")
+        source = source.without_explicit_zeros()
+        if source.nnz == 0:
+            raise ValueError(f"Matrix '{source.name}' of shape {source.shape} has no nonzeros; there is no sparsity "
+                             f"pattern to build a kernel for.")
         changes = {k: v for k, v in (("name", name), ("dtype", override)) if v is not None}
         if override is not None and (override == "float64") != (source.data.dtype == np.float64):
             changes["data"] = source.data.astype(np.float64 if override == "float64" else np.float32)
@@ -324,4 +330,11 @@ def _canonicalize(mat, dtype_name: str, name: str, meta: dict) -> SparseMatrix:
         raise ValueError(f"Matrix '{name}' contains {bad.size} NaN/Inf value(s), e.g. {values[first]} at "
                          f"(row {row}, column {int(csr.indices[first])}); sparse kernels need finite weights.")
     csr.data = values
+    stored = csr.nnz
+    csr.eliminate_zeros()  # a stored 0.0 (a BSR block's padding, a pruned entry kept as 0) is no nonzero
+    if csr.nnz < stored:
+        meta["explicit_zeros_dropped"] = int(stored - csr.nnz)
+    if csr.nnz == 0:
+        raise ValueError(f"Matrix '{name}' of shape ({rows}, {cols}) has no nonzeros: all {stored} stored value(s) "
+                         f"are 0, so there is no sparsity pattern to build a kernel for.")
     return SparseMatrix.from_scipy(csr, dtype=dtype_name, name=name, meta=meta)

@@ -22,8 +22,9 @@ class SparseMatrix:
 
     Invariants (checked in ``__post_init__``): 2-D, non-empty shape, int64 ``indptr`` of length
     ``rows + 1``, int32 ``indices`` sorted within each row with no duplicates, finite ``data``.
-    Explicit zeros that the source stored are kept: a stored zero in a pruned weight is still part
-    of its pattern.
+    A SparseMatrix may store explicit zeros (the formats keep whatever is stored); the user-facing
+    entry points (`sparseditto.io.load_matrix`, `sparseditto.analysis.analyze`) drop them with
+    `without_explicit_zeros`, so a zero is never mistaken for a nonzero of the pattern.
     """
 
     indptr: np.ndarray
@@ -121,6 +122,28 @@ class SparseMatrix:
         if data.shape != self.data.shape:
             raise ValueError(f"Expected {self.nnz} values for this pattern, got {data.shape}.")
         return SparseMatrix(self.indptr, self.indices, data, self.shape, self.dtype, self.name, dict(self.meta))
+
+    def explicit_zeros(self) -> int:
+        """How many stored entries hold the value 0."""
+        return int(self.nnz - np.count_nonzero(self.data))
+
+    def without_explicit_zeros(self) -> "SparseMatrix":
+        """This matrix with its stored zeros removed (``self`` when there are none).
+
+        A stored zero is not a nonzero: a torch BSR tensor stores whole blocks, scipy keeps zeros it
+        was given, a pruned checkpoint may store the pruned entries as 0.0. Counting them would make
+        a 90%-sparse weight look dense to the analysis and the kernels. The count removed is added to
+        ``meta["explicit_zeros_dropped"]`` so reports can say how many there were.
+        """
+        zeros = self.explicit_zeros()
+        if zeros == 0:
+            return self
+        keep = self.data != 0
+        kept_per_row = np.bincount(self.row_ids()[keep], minlength=self.rows)
+        indptr = np.zeros(self.rows + 1, dtype=np.int64)
+        np.cumsum(kept_per_row, out=indptr[1:])
+        meta = dict(self.meta, explicit_zeros_dropped=int(self.meta.get("explicit_zeros_dropped", 0)) + zeros)
+        return SparseMatrix(indptr, self.indices[keep], self.data[keep], self.shape, self.dtype, self.name, meta)
 
     def to_torch(self, dtype=None, device="cpu", layout: str = "dense"):
         """Materialize as a torch tensor: ``layout`` is 'dense' or 'csr'."""

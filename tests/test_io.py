@@ -15,6 +15,7 @@ import scipy.io
 import scipy.sparse as sp
 import torch
 
+from sparseditto.analysis import analyze
 from sparseditto.io import list_tensors, load_matrix, save_matrix
 from sparseditto.matrix import SparseMatrix
 
@@ -63,13 +64,35 @@ def test_scipy_every_format(fmt):
     check_known(load_matrix(sp.csr_matrix(KNOWN.astype(np.float32)).asformat(fmt)), "float32")
 
 
-def test_scipy_keeps_explicit_zero_and_sums_duplicates():
+def test_scipy_drops_explicit_zero_and_sums_duplicates():
     coo = sp.coo_array((np.array([1.0, 0.0, 2.0, 3.0]), (np.array([0, 1, 2, 2]), np.array([0, 1, 2, 2]))),
                        shape=(3, 3))
     m = load_matrix(coo)
-    assert m.nnz == 3  # the stored zero at (1, 1) is part of the pattern; (2, 2) appears twice
-    assert m.mask()[1, 1] and m.to_dense()[2, 2] == 5.0
-    assert m.meta["duplicates_summed"] == 1
+    assert m.nnz == 2  # the stored zero at (1, 1) is no nonzero; (2, 2) appears twice and is summed
+    assert not m.mask()[1, 1] and m.to_dense()[2, 2] == 5.0
+    assert m.meta["duplicates_summed"] == 1 and m.meta["explicit_zeros_dropped"] == 1
+    assert analyze(coo).explicit_zeros_dropped == 1
+
+
+def test_duplicates_summing_to_zero_are_dropped_too():
+    coo = sp.coo_array((np.array([1.5, -1.5, 2.0]), (np.array([0, 0, 1]), np.array([0, 0, 1]))), shape=(2, 2))
+    m = load_matrix(coo)
+    assert m.nnz == 1 and m.meta["explicit_zeros_dropped"] == 1
+
+
+def test_only_stored_zeros_is_no_pattern():
+    with pytest.raises(ValueError, match="all 3 stored value"):
+        load_matrix(sp.csr_array((np.zeros(3), np.array([0, 1, 2]), np.array([0, 1, 2, 3])), shape=(3, 3)))
+
+
+def test_sparse_matrix_with_stored_zeros_is_cleaned_on_load_and_in_analysis():
+    stored = SparseMatrix.from_scipy(sp.coo_array((np.array([1.0, 0.0, 2.0]), ([0, 1, 2], [0, 1, 2])), shape=(3, 3)))
+    assert stored.nnz == 3 and stored.explicit_zeros() == 1   # SparseMatrix itself keeps what it is given
+    loaded = load_matrix(stored)
+    assert loaded.nnz == 2 and loaded.meta["explicit_zeros_dropped"] == 1
+    report = analyze(stored)
+    assert report.nnz == 2 and report.explicit_zeros_dropped == 1
+    assert report.signature == analyze(sp.csr_array(stored.to_dense())).signature
 
 
 def test_scipy_input_not_modified():
@@ -103,15 +126,32 @@ def test_torch_sparse_layouts(layout, tdtype):
 
 
 @pytest.mark.parametrize("layout", ["bsr", "bsc"])
-def test_torch_block_layouts_keep_whole_blocks(layout):
+def test_torch_block_layouts_drop_the_zeros_inside_blocks(layout):
     dense = torch.zeros(4, 6)
     dense[0:2, 2:4] = torch.tensor([[1.0, 0.0], [2.0, 3.0]])  # block with a stored zero
     dense[2:4, 4:6] = torch.tensor([[4.0, 5.0], [6.0, 7.0]])
     t = dense.to_sparse_bsr((2, 2)) if layout == "bsr" else dense.to_sparse_bsc((2, 2))
     m = load_matrix(t)
-    assert m.nnz == 8  # both 2x2 blocks, including the stored zero at (0, 3)
+    assert m.nnz == 7  # both 2x2 blocks, without the stored zero at (0, 3)
     np.testing.assert_array_equal(m.to_dense(), dense.numpy())
-    assert m.mask()[0, 3] and m.meta["block_size"] == [2, 2]
+    assert not m.mask()[0, 3] and m.meta["block_size"] == [2, 2] and m.meta["explicit_zeros_dropped"] == 1
+
+
+def test_bsr_tensor_of_a_90_percent_sparse_weight_analyzes_like_its_dense_form():
+    """A torch BSR tensor stores every entry of a kept block; an unstructured 90%-sparse weight
+    stored that way holds mostly zeros. Its analysis must be that of the dense weight."""
+    from sparseditto import generate
+
+    A = generate.unstructured(128, 96, 0.9, seed=3)
+    dense = A.to_torch(dtype=torch.float16)
+    bsr = dense.to_sparse_bsr((16, 16))
+    assert bsr.values().numel() > 5 * A.nnz          # what "analyzed as dense" looked like
+    from_bsr, from_dense = analyze(bsr), analyze(dense)
+    assert from_bsr.explicit_zeros_dropped == bsr.values().numel() - A.nnz
+    assert from_dense.explicit_zeros_dropped == 0
+    skip = {"analysis_seconds", "explicit_zeros_dropped"}
+    assert from_bsr.model_dump(exclude=skip) == from_dense.model_dump(exclude=skip)
+    assert from_bsr.pattern == "unstructured" and from_bsr.nnz == A.nnz
 
 
 def test_torch_sparse_int64_values_are_float32():
@@ -428,11 +468,16 @@ def test_every_suitesparse_file_loads_with_expanded_counts(shared_data):
             while line.startswith("%"):
                 line = fh.readline()
             rows, cols, nnz = (int(x) for x in line.split())
-            ij = np.loadtxt(fh, usecols=(0, 1), dtype=np.int64, ndmin=2)
-        assert len(ij) == nnz
-        expected = nnz if banner[4] == "general" else 2 * nnz - int((ij[:, 0] == ij[:, 1]).sum())
+            entries = np.loadtxt(fh, dtype=np.float64, ndmin=2)
+        assert len(entries) == nnz
+        if banner[3] != "pattern":   # stored zeros (zenios holds 25877 of them) are no nonzeros
+            entries = entries[entries[:, 2] != 0]
+        ij = entries[:, :2].astype(np.int64)
+        expected = len(ij) if banner[4] == "general" else 2 * len(ij) - int((ij[:, 0] == ij[:, 1]).sum())
         m = load_matrix(path)
         assert (m.shape, m.nnz) == ((rows, cols), expected), path
+        if banner[4] == "general":
+            assert m.meta.get("explicit_zeros_dropped", 0) == nnz - len(entries), path
         if banner[3] != "pattern":  # values agree with scipy's own reader
             with gzip.open(path) as fh:
                 ref = sp.csr_array(scipy.io.mmread(fh))
