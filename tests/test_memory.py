@@ -45,6 +45,7 @@ def test_wal_mode_and_default_path(tmp_path, monkeypatch, mem):
     assert mem.journal_mode == "wal"
     assert (tmp_path / "memory.sqlite").exists()
     monkeypatch.delenv("SPARSEDITTO_MEMORY", raising=False)
+    monkeypatch.delenv("SPARSEDITTO_CACHE_DIR", raising=False)   # it would win over XDG_CACHE_HOME
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert default_memory_path() == tmp_path / "cache" / "sparseditto" / "memory.sqlite"
     monkeypatch.setenv("SPARSEDITTO_MEMORY", str(tmp_path / "env.sqlite"))
