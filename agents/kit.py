@@ -18,7 +18,8 @@ import time
 from typing import Any
 
 from sparseditto.agents.records import TIMING_FIELDS, CandidateRecord
-from sparseditto.agents.state import (Context, main_n, resolved_backend, resolved_repeats, resolved_warmup)
+from sparseditto.agents.state import (Context, main_n, ready_object, resolved_backend, resolved_repeats,
+                                      resolved_warmup)
 
 # ---- per-run resources (policy, memory) --------------------------------------------------------
 
@@ -27,10 +28,12 @@ _LOCK = threading.Lock()
 
 
 def run_policy(ctx: Context, run_id: str):
-    """The policy deciding this run: ``ctx.policy``, else LLM (when ``ctx.llm``) or expert."""
-    if ctx.policy is not None:
-        return ctx.policy
-    key = ("policy", run_id, id(ctx.llm) if ctx.llm is not None and not isinstance(ctx.llm, str) else ctx.llm)
+    """The policy deciding this run: a ready ``policy``, else LLM (a chat model or ``ctx.llm``) or expert."""
+    ready = ready_object(ctx, "policy")
+    if ready is not None:
+        return ready
+    model = ready_object(ctx, "chat_model")
+    key = ("policy", run_id, id(model) if model is not None else ctx.llm)
     with _LOCK:
         pol = _RESOURCES.get(key)
         if pol is None:
@@ -44,7 +47,8 @@ def build_policy(ctx: Context):
     from sparseditto.llm import resolve_llm
 
     expert = ExpertPolicy(near_roofline=ctx.near_roofline, plateau=ctx.plateau, plateau_gain=ctx.plateau_gain)
-    model = resolve_llm(ctx.llm)  # None -> $SPARSEDITTO_LLM_MODEL when set, else no LLM
+    # a chat model object, else the name in ctx.llm; None -> $SPARSEDITTO_LLM_MODEL when set, else no LLM
+    model = resolve_llm(ready_object(ctx, "chat_model") or ctx.llm)
     if model is None:
         return expert
     from sparseditto.agents.llm_policy import LLMPolicy
@@ -56,8 +60,9 @@ def run_memory(ctx: Context):
     """The trajectory memory for this run, or None when disabled or unavailable."""
     if not ctx.use_memory:
         return None
-    if ctx.memory is not None:
-        return ctx.memory
+    ready = ready_object(ctx, "memory")
+    if ready is not None:
+        return ready
     key = ("memory", ctx.memory_path, threading.get_ident())  # one SQLite connection per thread
     with _LOCK:
         mem = _RESOURCES.get(key)
@@ -99,7 +104,7 @@ def decision(node: str, action: str, rationale: str, **extra) -> dict:
 
 def run_hook(ctx: Context, node: str, state: dict) -> None:
     """Call a test hook before a node body runs (used to simulate a crash mid-run)."""
-    hooks = ctx.hooks or {}
+    hooks = ready_object(ctx, "hooks") or {}
     fn = hooks.get("before_node") if isinstance(hooks, dict) else None
     if fn is not None:
         fn(node, state)

@@ -17,12 +17,17 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional, get_args
 
-from typing_extensions import TypedDict
+from pydantic import Field
+from typing_extensions import TypedDict  # pydantic reads TypedDict schemas from typing_extensions on 3.10/3.11
 
-DTYPES = ("float16", "bfloat16", "float32")
-BACKENDS = ("auto", "cuda", "interpret")
+# The settings with a fixed set of values: Literal types give Studio its dropdowns.
+Dtype = Literal["float16", "bfloat16", "float32"]
+Backend = Literal["auto", "cuda", "interpret"]
+NcuMode = Literal["all", "best", "off"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 def add_usage(left: Optional[dict], right: Optional[dict]) -> dict:
@@ -68,46 +73,92 @@ class State(TypedDict, total=False):
 class InputState(TypedDict, total=False):
     """What a person fills in in LangGraph Studio: a matrix file and the run's settings."""
 
-    matrix_path: str                # .mtx, .smtx, .npz, .pt, .safetensors (optionally .gz)
-    tensor: Optional[str]           # tensor name inside a .pt/.safetensors checkpoint
-    target: str                     # GPU to plan for (A100, H100, H200, ... or auto)
-    n: Any                          # N (int) or list of N values
-    dtype: str                      # float16 | bfloat16 | float32
-    backend: str                    # auto | cuda | interpret
-    budget: Optional[int]           # max candidates
+    matrix_path: Annotated[str, Field(description="the matrix file: .mtx, .smtx, .npz, .pt/.pth or .safetensors, "
+                                                  "optionally gzipped (a path on the server's machine)")]
+    tensor: Annotated[Optional[str], Field(description="the tensor's name inside a .pt/.safetensors/.npz file "
+                                                       "holding several")]
+    target: Annotated[str, Field(description="GPU to plan for: A100, H100, H200, ... or auto")]
+    n: Annotated[Any, Field(description="N, the columns of B: a number or a list (the first is benchmarked, "
+                                        "all are verified)")]
+    dtype: Annotated[Dtype, Field(description="value dtype of A, B and C")]
+    backend: Annotated[Backend, Field(description="cuda (a GPU), interpret (Triton interpreter on the CPU) "
+                                                  "or auto")]
+    budget: Annotated[Optional[int], Field(description="maximum number of candidate kernels (empty: 8 on a GPU, "
+                                                       "4 on the interpreter)")]
+
+
+def _setting(default: Any = dataclasses.MISSING, *, description: str, default_factory: Any = dataclasses.MISSING):
+    """A Context field with the description LangGraph Studio shows beside it (pydantic reads
+    ``metadata["description"]`` when it builds the context's JSON schema)."""
+    return field(default=default, default_factory=default_factory, metadata={"description": description})
 
 
 @dataclass
 class Context:
     """Run-time settings (LangGraph ``context_schema``): not checkpointed, supplied per invocation.
 
-    ``policy`` and ``memory`` may carry ready objects (run_graph builds them); when absent
-    (Studio) they are built from ``llm`` / ``memory_path`` once per run and cached.
+    This is exactly what LangGraph Studio shows under "Manage Assistants" -> context, so every field
+    is plain data with a description, and choices are ``Literal`` (Studio draws a dropdown). Ready
+    Python objects (a policy, an open memory, test hooks) never belong here: `RunContext` adds them
+    for `run_graph`.
     """
 
-    target: str = "A100"
-    n_values: list[int] = field(default_factory=lambda: [16])
-    dtype: str = "float16"
-    backend: str = "auto"            # resolved to 'cuda' or 'interpret' by `resolved_backend`
-    budget: Optional[int] = None     # max candidates; None -> 8 on GPU, 4 on the interpreter
-    max_debug_attempts: int = 2
-    time_budget_s: Optional[float] = None
-    llm: Any = None                  # LangChain chat model, a model name, or None (expert policy)
-    memory_path: Optional[str] = None
-    use_memory: bool = True
-    approve: bool = False            # interrupt() for human approval before finalizing
-    seed: int = 0
-    near_roofline: float = 0.8       # stop once the best reaches this fraction of the roofline
-    plateau: int = 2                 # stop after this many candidates without ...
-    plateau_gain: float = 0.03       # ... more than this relative improvement
-    verify_timeout_s: float = 300.0
-    bench_repeats: Optional[int] = None     # None -> 20 on a GPU, 1 on the interpreter (CPU timings)
-    bench_warmup: Optional[int] = None      # None -> 5 on a GPU, 0 on the interpreter
-    baselines: Optional[list[str]] = None   # None -> the harness default set
-    ncu: str = "best"                # Nsight Compute per candidate: "all", "best" (new best only), "off"
-    policy: Any = None               # a ready Policy object (overrides llm)
+    target: str = _setting("A100", description="GPU to plan for: A100, H100, H200, L40S, RTX4090, ... "
+                                                 "(`sparseditto targets`), or auto (the local GPU; A100 without one)")
+    n_values: list[int] = _setting(default_factory=lambda: [16], description="N values (columns of B in C = A @ B); "
+                                   "the first is benchmarked and costed, all are verified")
+    dtype: Dtype = _setting("float16", description="value dtype of A, B and C (accumulation is float32)")
+    backend: Backend = _setting("auto", description="where kernels run: cuda (a GPU), interpret (the Triton "
+                                "interpreter on the CPU: correctness only, the cost model ranks) or auto")
+    budget: Optional[int] = _setting(None, description="maximum number of candidate kernels to try "
+                                     "(empty: 8 on a GPU, 4 on the interpreter)")
+    max_debug_attempts: int = _setting(2, description="fix-and-retry attempts per candidate after a failed "
+                                       "verification, before switching template")
+    time_budget_s: Optional[float] = _setting(None, description="stop starting new candidates after this many "
+                                              "seconds of wall-clock time (empty: no limit)")
+    llm: Optional[str] = _setting(None, description="chat model name for the LLM policy, e.g. gpt-4o-mini "
+                                  "(OPENAI_BASE_URL / OPENAI_API_KEY from the server's .env); empty: "
+                                  "$SPARSEDITTO_LLM_MODEL, else the deterministic expert policy")
+    memory_path: Optional[str] = _setting(None, description="SQLite file of the optimization memory (empty: "
+                                          "$SPARSEDITTO_MEMORY, else memory.sqlite in the cache directory)")
+    use_memory: bool = _setting(True, description="reuse kernels of identical patterns and start from similar "
+                                "ones; record this run")
+    approve: bool = _setting(False, description="pause before accepting a kernel (an interrupt); resume with "
+                             "true to accept it or false to keep dense")
+    seed: int = _setting(0, description="seed of the values drawn for pattern-only files (.smtx, Matrix Market "
+                         "pattern)")
+    near_roofline: float = _setting(0.8, description="stop once the best kernel reaches this fraction of its "
+                                    "roofline (GPU timings only)")
+    plateau: int = _setting(2, description="stop after this many candidates in a row without more than "
+                            "plateau_gain relative improvement")
+    plateau_gain: float = _setting(0.03, description="the relative improvement that counts as progress for "
+                                   "plateau")
+    verify_timeout_s: float = _setting(300.0, description="seconds one candidate's verification may take before "
+                                       "it counts as a hang")
+    bench_repeats: Optional[int] = _setting(None, description="timed repeats per benchmark (empty: 20 on a GPU, "
+                                            "1 on the interpreter)")
+    bench_warmup: Optional[int] = _setting(None, description="untimed warm-up launches (empty: 5 on a GPU, "
+                                           "0 on the interpreter)")
+    baselines: Optional[list[str]] = _setting(None, description="vendor libraries timed beside each candidate "
+                                              "(empty: the harness's default set)")
+    ncu: NcuMode = _setting("best", description="Nsight Compute profile per candidate: all, best (each new best) "
+                            "or off")
+
+
+@dataclass
+class RunContext(Context):
+    """`Context` plus the ready Python objects `run_graph` hands over. Kept out of `Context` so they
+    never appear in Studio's schema (they are not data a person could type)."""
+
+    chat_model: Any = None           # a LangChain chat model object (overrides ``llm``)
+    policy: Any = None               # a ready Policy object (overrides llm / chat_model)
     memory: Any = None               # a ready Memory object (overrides memory_path)
     hooks: Any = None                # test hooks: {"before_node": callable(node, state)}
+
+
+def ready_object(ctx: Context, name: str) -> Any:
+    """``ctx.<name>`` for the objects only a `RunContext` carries (None on a plain Context)."""
+    return getattr(ctx, name, None)
 
 
 OVERRIDABLE = ("target", "n_values", "dtype", "backend", "budget", "max_debug_attempts",

@@ -404,13 +404,13 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     """
     t0 = time.time()
     from sparseditto.agents.kit import build_policy
-    from sparseditto.agents.state import Context, check_seed
+    from sparseditto.agents.state import RunContext, check_seed
 
     tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
     seed = check_seed(seed)
     # Context fields that run_graph's own arguments set may not come in again through **options.
-    extra = set(Context.__dataclass_fields__) - {"target", "n_values", "dtype", "backend", "budget", "llm", "seed",
-                                                 "approve", "use_memory", "memory_path", "memory"}
+    extra = set(RunContext.__dataclass_fields__) - {"target", "n_values", "dtype", "backend", "budget", "llm", "seed",
+                                                    "approve", "use_memory", "memory_path", "memory", "chat_model"}
     bad = sorted(set(options) - extra)
     if bad:
         raise ValueError(f"Unknown run_graph option(s) {bad}; accepted extra options: {sorted(extra)}.")
@@ -422,16 +422,17 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     from sparseditto.artifacts import put_matrix
     from sparseditto.io import load_matrix
 
-    A = matrix if isinstance(matrix, SparseMatrix) and tensor is None else load_matrix(matrix, tensor=tensor, seed=seed)
+    A = load_matrix(matrix, tensor=tensor, seed=seed)   # a SparseMatrix comes back as is (without stored zeros)
     if not isinstance(A, SparseMatrix):  # pragma: no cover - load_matrix's contract
         raise ValueError(f"load_matrix returned {type(A).__name__}, expected a SparseMatrix.")
     warn_float16_overflow(A, dtype)
     key = put_matrix(A)
 
     # A detected GPU may be missing from the table, so 'auto' travels as the Target object itself.
-    ctx = Context(target=tgt if str(target).strip().lower() == "auto" else tgt.name, n_values=n_values,
-                  dtype=dtype, backend=resolved, budget=budget, llm=llm, seed=seed,
-                  approve=bool(approve), **mem_settings, **options)
+    ctx = RunContext(target=tgt if str(target).strip().lower() == "auto" else tgt.name, n_values=n_values,
+                     dtype=dtype, backend=resolved, budget=budget, llm=llm if isinstance(llm, str) else None,
+                     chat_model=None if isinstance(llm, str) else llm, seed=seed,
+                     approve=bool(approve), **mem_settings, **options)
     policy = ctx.policy or build_policy(ctx)
     ctx.policy = policy
 
