@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Any
 
-from sparseditto.agents.kit import measured_target, plan_target, report_model
+from sparseditto.agents.kit import emit, measured_target, plan_target, report_model
 from sparseditto.agents.records import params_key
 from sparseditto.agents.state import Context, main_n, resolved_backend
 
@@ -28,7 +28,8 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     Returns (table, roofline_ms): roofline_ms is the best estimate of any applicable format,
     including dense, on the GPU that measures (the plan target when nothing measures). The dense
     entry carries ``builtin: True``. On the interpreter (``exec_backend='interpret'``) CUDA C++
-    templates are left out: they cannot run there. Cached per (signature, N, dtype, targets).
+    templates are left out: they cannot run there; nor where CuPy cannot be imported (said once, as a
+    progress line). Cached per (signature, N, dtype, targets).
     """
     key = (report.get("signature"), report.get("shape") and tuple(report["shape"]), n, dtype, target.name,
            measure_target.name if measure_target is not None else None, exec_backend)
@@ -36,13 +37,16 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
         hit = _TABLE_CACHE.get(key)
     if hit is not None:
         return json.loads(json.dumps(hit[0])), hit[1]
-    from sparseditto.kernel_templates.registry import list_templates
+    from sparseditto.kernel_templates.registry import backend_unavailable, list_templates
 
     rep = report_model(report)
     table: list[dict] = []
     roof_ms: float | None = None
+    missing = backend_unavailable("cuda") if exec_backend == "cuda" else None
+    if missing:
+        emit("planner", f"CUDA C++ templates left out: {missing}")
     for t in list_templates():
-        if t.backend == "cuda" and exec_backend != "cuda":
+        if t.backend == "cuda" and (exec_backend != "cuda" or missing):
             continue
         if t.meta.get("dtypes") and dtype not in t.meta["dtypes"]:
             continue   # e.g. the tensor-core decode tier runs fp16/bf16 only

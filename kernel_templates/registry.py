@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib
 import re
 import warnings
@@ -368,6 +369,22 @@ def list_templates() -> list[Template]:
     """Every template: the built-in dense entry, then triton/*.py and cuda/*.py with a valid META."""
     return [DENSE] + [_template(meta, path, f"{__package__}.{meta['backend']}.{PLANNING_DIR}.{meta['name']}")
                       for path, meta in _discover()]
+
+
+@functools.lru_cache(maxsize=None)
+def backend_unavailable(backend: str) -> str | None:
+    """Why templates of ``backend`` cannot run in this environment, or None when they can.
+
+    The CUDA C++ templates launch through CuPy, an optional extra: without it every such candidate
+    would fail to compile, so the planner leaves them out and says why instead."""
+    if backend != "cuda":
+        return None
+    try:
+        import cupy  # noqa: F401
+    except Exception as exc:  # ImportError, or a CuPy built for another CUDA version
+        return (f"CuPy cannot be imported ({type(exc).__name__}: {exc}); install the extra matching the driver: "
+                "pip install 'sparseditto[gpu]' (CUDA 13) or 'sparseditto[gpu-cuda12]'")
+    return None
 
 
 def get_template(name: str) -> Template:
