@@ -2,32 +2,29 @@
 #   make demo   set up .venv, then run SparseDitto on a bundled example (expert policy; Triton
 #               interpreter on a CPU-only machine)
 #   make test   set up .venv, then run the test suite (GPU tests skip without a GPU)
+# `make setup` runs scripts/install.py: the CPU build of torch where there is no NVIDIA GPU (from
+# PyTorch's CPU index, or the default index when that one cannot be reached), the CUDA build and the
+# matching CuPy extra (gpu-cuda12 / gpu for CUDA 13) where there is one. One line per step; pip's
+# output goes to .venv/install.log.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# CPU-only machines take the CPU build of torch first so the multi-GB CUDA build is never pulled.
-TORCH_CPU ?= torch==2.13.0
-TRITON ?= triton==3.6.0
+TORCH ?= 2.13.0
+TRITON ?= 3.6.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+EXTRAS ?= dev
 
-.PHONY: setup demo test test-gpu bench clean
+.PHONY: setup demo test test-gpu clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-		echo "GPU found: installing the default torch build"; \
-	else \
-		echo "No GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
-		$(BIN)/python -m pip install -q "$(TORCH_CPU)"; \
-	fi
-	$(BIN)/python -m pip install -q "$(TRITON)"
-	$(BIN)/python -m pip install -q -e ".[dev]"
-	touch $@
+$(VENV)/.installed: pyproject.toml scripts/install.py
+	@$(PY) -m venv $(VENV)
+	@$(BIN)/python scripts/install.py --torch $(TORCH) --triton $(TRITON) --cpu-index $(TORCH_CPU_INDEX) --extras $(EXTRAS)
+	@touch $@
 
 demo: setup
-	$(BIN)/sparseditto demo
+	@$(BIN)/sparseditto demo
 
 test: setup
 	$(BIN)/python -m pytest -q

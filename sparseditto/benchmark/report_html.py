@@ -88,7 +88,8 @@ def render_report_html(rows: list[BenchRow], summaries: list[SuiteSummary], *, c
     except ImportError as exc:  # e.g. a GPU machine without matplotlib: the rows are what matters
         plots = []
         parts.append(f"<p class='incomplete'>No plots: {html.escape(str(exc))}. Rewrite this page where "
-                     "matplotlib is installed: <code>sparseditto bench --report-only --out DIR</code>.</p>")
+                     "matplotlib is installed (<code>pip install 'sparseditto[report]'</code>): "
+                     "<code>sparseditto bench --report-only --out DIR</code>.</p>")
     for caption, png in plots:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
