@@ -38,6 +38,20 @@ from typing import Any, Literal
 EXEC_BACKENDS = ("cuda", "interpret")
 _WORKER_IDS = itertools.count()
 _CALL_IDS = itertools.count(1)
+# Set by `cancel_calls` (the Ctrl-C handler of run_graph): every wait for a worker gives up at
+# once. Graph nodes run in LangGraph's executor threads, where no KeyboardInterrupt arrives, and
+# the executor waits for them before the main thread's interrupt propagates; without this a
+# Ctrl-C would wait for the running verification to finish.
+_CANCEL = threading.Event()
+
+
+def cancel_calls() -> None:
+    """Make every pending and future wait for a worker raise KeyboardInterrupt (until `allow_calls`)."""
+    _CANCEL.set()
+
+
+def allow_calls() -> None:
+    _CANCEL.clear()
 _LOG_TAIL_CHARS = 6000
 _MAX_REPLY_BYTES = 512 << 20
 
@@ -177,6 +191,8 @@ class _Worker:
 
         start = time.monotonic()
         while True:
+            if _CANCEL.is_set():
+                raise KeyboardInterrupt(f"interrupted while waiting for the {self.backend} worker")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return WorkerReply(status="timeout", seconds=time.monotonic() - start,
@@ -337,8 +353,10 @@ class WorkerPool:
             worker = self._ready_worker(backend)
             try:
                 reply = worker.call(task, payload, timeout)
-            except BaseException:  # e.g. KeyboardInterrupt while waiting: don't leave it running
-                self._replace(backend)
+            except BaseException:  # e.g. KeyboardInterrupt while waiting: don't leave it running,
+                # and start no replacement: the caller is most likely on its way out (Ctrl-C), and
+                # the next call starts a fresh worker anyway
+                self._workers.pop(backend).kill()
                 raise
             if reply.status == "timeout":
                 reply.error = f"task '{task}' exceeded {timeout:.1f} s; worker killed and restarted"
