@@ -288,6 +288,8 @@ def finish_memory_run(ctx: Context, state: dict, final: dict) -> None:
             run_id, "ok", rec.get("memory_candidate_id") or None,
             best_template=final["template"],
             best_speedup_vs_dense=rec.get("speedup_vs_dense") if rec else None,
+            best_speedup_estimate=(final.get("speedups") or {}).get("dense") if final.get("speedups_are_estimates")
+            else None,
             wall_seconds=time.time() - float(state.get("started_at") or time.time()),
             token_usage=state.get("token_usage") or None)
     except Exception as exc:  # pragma: no cover

@@ -14,10 +14,12 @@ the decision trail, token usage and fallback events. ``result.kernel(B)`` runs t
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import signal
 import sqlite3
 import sys
 import threading
@@ -26,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field, PrivateAttr, computed_field
 
 from sparseditto.agents.records import CandidateRecord
 from sparseditto.matrix import SparseMatrix
@@ -96,6 +98,37 @@ class Result(BaseModel):
                                       backend=self.backend)
         return self._kernel
 
+    @computed_field
+    @property
+    def policy_label(self) -> str:
+        """The policy that decided, and how often it could not: 'llm (3 steps fell back to expert)'."""
+        fallbacks = [e for e in self.events if e.get("event") == "fallback"]
+        if not fallbacks:
+            return self.policy
+        to = fallbacks[0].get("fallback") or "expert"
+        return f"{self.policy} ({len(fallbacks)} step{'' if len(fallbacks) == 1 else 's'} fell back to {to})"
+
+    def memory_line(self) -> str:
+        """What the trajectory memory did for this run, in words."""
+        actions = {d.get("action") for d in self.decisions if d.get("node") == "analyzer"}
+        if "memory_off" in actions:
+            return "off for this run"
+        if any(e.get("event") == "memory_unavailable" for e in self.events):
+            return "unavailable (see events); planned from the cost model alone"
+        exact = next((h for h in self.memory_hits if h.get("kind") == "exact"), None)
+        if exact is not None:
+            run = str(exact.get("run_id") or "")[:8]
+            if exact.get("template") in (None, "dense"):
+                return f"exact hit: run {run} found dense best for this pattern"
+            reused = any(c.origin == "memory" and c.status == "verified" for c in self.candidates)
+            return (f"exact hit: run {run} had verified {exact['template']} for this pattern; "
+                    + ("re-verified and reused" if reused else "its kernel failed re-verification, so it searched"))
+        if self.memory_hits:
+            h = self.memory_hits[0]
+            return (f"{len(self.memory_hits)} similar past run(s); the nearest, {h.get('matrix_name')} "
+                    f"({h.get('pattern')}), was best with {h.get('template')}, so that was tried early")
+        return f"nothing similar yet; recorded as run {self.run_id[:8]} for the next matrix with this pattern"
+
     def summary(self) -> str:
         """A few lines for the CLI: the pattern, the answer and its speedups, the trail in brief."""
         r = self.report
@@ -108,18 +141,13 @@ class Result(BaseModel):
         else:
             lines.append(f"best: {b.template} {_fmt_params(b.params)} ({b.origin or 'template'}) - {b.reason}")
             if self.speedups:
-                label = "estimated speedup" if self.speedups_are_estimates else "speedup"
+                label = "estimated speedup (roofline model)" if self.speedups_are_estimates else "speedup"
                 lines.append(f"{label}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in self.speedups.items()))
             if b.bottleneck:
                 lines.append(f"profile: {b.bottleneck}")
-        statuses: dict[str, int] = {}
-        for c in self.candidates:
-            key = "verified" if c.status == "verified" else (c.failure_class or c.status)
-            statuses[key] = statuses.get(key, 0) + 1
-        tried = ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "none"
-        mem = "exact hit" if any(h.get("kind") == "exact" for h in self.memory_hits) else (
-            f"{len(self.memory_hits)} neighbour(s)" if self.memory_hits else "no hit")
-        lines.append(f"candidates: {tried}; memory: {mem}; policy: {self.policy}; {self.wall_seconds:.1f} s")
+        lines.append(f"candidates: {self.candidate_counts() or 'none'}; policy: {self.policy_label}; "
+                     f"{self.wall_seconds:.1f} s")
+        lines.append(f"memory: {self.memory_line()}")
         where = self.target.get("measured_on")
         if self.timings_are_gpu:
             lines.append(f"planned for {self.target.get('name')}, measured on {where}")
@@ -131,6 +159,14 @@ class Result(BaseModel):
         if self.events:
             lines.append(f"events: {len(self.events)} (e.g. {self.events[0].get('event') or self.events[0]})")
         return "\n".join(lines)
+
+    def candidate_counts(self) -> str:
+        """'2 verified, 1 wrong_result': each attempt by its outcome."""
+        statuses: dict[str, int] = {}
+        for c in self.candidates:
+            key = "verified" if c.status == "verified" else (c.failure_class or c.status)
+            statuses[key] = statuses.get(key, 0) + 1
+        return ", ".join(f"{v} {k}" for k, v in sorted(statuses.items()))
 
 
 def _fmt_params(params: dict) -> str:
@@ -355,13 +391,16 @@ def pick_thread(graph, base: str, explicit: bool) -> tuple[str, str]:
 # ---- progress display ---------------------------------------------------------------------------------
 
 class _Progress:
-    """Streams node messages to the terminal with rich (stderr), one line per message."""
+    """Streams node messages to the terminal with rich (stderr).
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    ``mode`` True or "all": one line per message under a spinner; "status": only the spinner, showing
+    the latest message (the demo, whose story is printed at the end); False: nothing."""
+
+    def __init__(self, mode: bool | str):
+        self.lines = mode is True or mode == "all"
         self.console = None
         self.status = None
-        if enabled:
+        if mode:
             from rich.console import Console
 
             self.console = Console(stderr=True)
@@ -380,9 +419,38 @@ class _Progress:
         if self.console is None or not isinstance(chunk, dict):
             return
         node, msg = chunk.get("node", "?"), chunk.get("msg", "")
-        self.console.print(f"[bold cyan]{node:>9}[/] {msg}", highlight=False, markup=True, soft_wrap=True)
+        if self.lines:
+            self.console.print(f"[bold cyan]{node:>9}[/] {msg}", highlight=False, markup=True, soft_wrap=True)
         if self.status is not None:
             self.status.update(f"{node}: {str(msg)[:80]}")
+
+
+@contextlib.contextmanager
+def _fast_interrupt():
+    """Ctrl-C during a run stops it within a fraction of a second: the SIGINT handler also tells the
+    sandbox to stop waiting for its workers (the running node's thread then unwinds, see
+    `sparseditto.harness.sandbox.cancel_calls`), then raises KeyboardInterrupt as usual. Every step
+    finished before it is checkpointed, so the same call resumes the run."""
+    from sparseditto.harness.sandbox import allow_calls, cancel_calls
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        cancel_calls()
+        if callable(previous) and previous is not signal.default_int_handler:
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        allow_calls()
 
 
 # ---- run_graph -----------------------------------------------------------------------------------------
@@ -391,7 +459,7 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
               backend: str = "auto", llm: Any = None, budget: int | None = None, memory: Any = None,
               tensor: str | None = None, seed: int = 0, approve: bool | Callable[[dict], Any] = False,
               thread_id: str | None = None, checkpoint: str | os.PathLike | None = None,
-              progress: bool = False, **options) -> Result:
+              progress: bool | str = False, **options) -> Result:
     """Find the fastest verified SpMM kernel for ``matrix`` (C = A @ B, B with N columns).
 
     ``matrix``: torch tensor, scipy.sparse, numpy array, SparseMatrix, or a file path (``tensor``
@@ -400,7 +468,9 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     (None: expert policy, or $SPARSEDITTO_LLM_MODEL). ``memory``: path, Memory, None (default file)
     or False. ``approve``: True asks on the terminal before accepting a kernel, or a callable
     ``approve(payload) -> bool``. ``thread_id``/``checkpoint``: resume control (see module doc).
-    Extra ``options`` set `Context` fields (max_debug_attempts, time_budget_s, near_roofline, ...).
+    ``progress``: True prints every agent's progress line on stderr, "status" only a spinner with
+    the latest one. Extra ``options`` set `Context` fields (max_debug_attempts, time_budget_s,
+    near_roofline, ...).
     """
     t0 = time.time()
     from sparseditto.agents.kit import build_policy
@@ -467,7 +537,7 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                    "iteration": 0}
         if state == "resume":
             _claim_memory_run(ctx, graph.get_state(config).values)
-        with _Progress(progress) as prog:
+        with _Progress(progress) as prog, _fast_interrupt():
             while True:
                 # durability="sync": each step's checkpoint is on disk before the next step starts, so
                 # a kill -9 anywhere loses at most the step that was running (LangGraph's default

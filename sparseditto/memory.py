@@ -56,7 +56,7 @@ import sqlite_utils
 
 from sparseditto.harness.source_loader import source_hash
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Run status values. A run starts "running"; it finishes with one of the others. "crashed": the
 #: process that owned it died without finishing (found when a later process opens the memory).
@@ -455,12 +455,13 @@ class Memory:
                 "n_bucket": str, "dtype": str, "gpu": str, "target": str, "backend": str,
                 "policy": str, "llm_model": str, "llm_settings": str, "versions": str,
                 "features": str, "report": str, "status": str, "best_candidate_id": str,
-                "best_template": str, "best_speedup_vs_dense": float, "wall_seconds": float,
-                "token_usage": str, "owner_host": str, "owner_pid": int, "owner_started": str,
+                "best_template": str, "best_speedup_vs_dense": float, "best_speedup_estimate": float,
+                "wall_seconds": float, "token_usage": str, "owner_host": str, "owner_pid": int, "owner_started": str,
             }, pk="id", not_null={"created", "signature", "status"}, if_not_exists=True)
             columns = {c.name for c in self.db["runs"].columns}
-            for name, kind in (("owner_host", str), ("owner_pid", int), ("owner_started", str)):
-                if name not in columns:  # files written by schema version 1
+            for name, kind in (("owner_host", str), ("owner_pid", int), ("owner_started", str),
+                               ("best_speedup_estimate", float)):
+                if name not in columns:  # files written by an older schema version
                     self.db["runs"].add_column(name, kind)
             self.db["kernels"].create({
                 "source_hash": str, "source": str, "template": str, "backend": str, "created": str,
@@ -624,9 +625,12 @@ class Memory:
 
     def finish_run(self, run_id: str, status: str, best_candidate_id: str | None = None, *,
                    best_template: str | None = None, best_speedup_vs_dense: float | None = None,
+                   best_speedup_estimate: float | None = None,
                    report: Any = None, wall_seconds: float | None = None, token_usage: Any = None) -> None:
         """Close a run with its outcome. ``best_template`` defaults to the best candidate's template
-        ('dense' is a legal answer: the run found nothing faster than cuBLAS)."""
+        ('dense' is a legal answer: the run found nothing faster than cuBLAS). ``best_speedup_vs_dense``
+        is measured on a GPU; ``best_speedup_estimate`` is the roofline model's figure of a run without
+        GPU timings (kept apart, so nothing ranks past runs by an estimate as if it were measured)."""
         if status not in RUN_STATUSES[1:]:
             raise ValueError(f"Unknown final run status '{status}'; expected one of {RUN_STATUSES[1:]}.")
         with self._writing():
@@ -641,6 +645,7 @@ class Memory:
                 "finished": _now(), "status": status, "best_candidate_id": best_candidate_id,
                 "best_template": best_template,
                 "best_speedup_vs_dense": None if best_speedup_vs_dense is None else float(best_speedup_vs_dense),
+                "best_speedup_estimate": None if best_speedup_estimate is None else float(best_speedup_estimate),
                 "wall_seconds": None if wall_seconds is None else float(wall_seconds),
                 "token_usage": _dumps(token_usage),
             }
@@ -843,32 +848,7 @@ class Memory:
                     break
             return out
 
-    # -- presentation and export --
-    def format_runs(self, limit: int = 50) -> str:
-        """A plain-text table of the most recent runs (for `sparseditto memory list`)."""
-        runs = self.list_runs(limit)
-        if not runs:
-            return f"No runs recorded yet in {self.path}. `sparseditto run MATRIX` records one."
-        header = ("id", "created (UTC)", "matrix", "shape", "nnz", "pattern", "N", "dtype", "gpu",
-                  "policy", "status", "best", "x dense", "cands")
-        rows = []
-        for r in runs:
-            shape = f"{r['shape_m']}x{r['shape_k']}" if r["shape_m"] is not None else "?"
-            speed = r["best_speedup_vs_dense"]
-            rows.append((
-                r["id"][:8], (r["created"] or "")[:16].replace("T", " "), _clip(r["matrix_name"], 28), shape,
-                "" if r["nnz"] is None else str(r["nnz"]), r["pattern"] or "", r["n_bucket"] or "",
-                r["dtype"] or "", _clip(r["gpu"] or "-", 18),
-                r["policy"] + (f":{r['llm_model']}" if r["llm_model"] else ""), r["status"],
-                r["best_template"] or "-", "-" if speed is None else f"{speed:.2f}", str(r["n_candidates"]),
-            ))
-        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-        lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
-                 "  ".join("-" * w for w in widths)]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        lines.append(f"{len(rows)} run(s) shown from {self.path}")
-        return "\n".join(lines)
-
+    # -- export (the CLI's tables are in sparseditto.cli.views) --
     def iter_export(self):
         """One dict per run, oldest first: settings, versions, report, candidates, ordered steps."""
         with self._lock:
@@ -906,8 +886,3 @@ class Memory:
             else:
                 stream.flush()
         return count
-
-
-def _clip(text: str | None, width: int) -> str:
-    text = text or ""
-    return text if len(text) <= width else text[: width - 1] + "…"
