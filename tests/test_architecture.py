@@ -63,6 +63,8 @@ def layer(module: str) -> str | None:
     head = module.split(".")[1]
     if head in ("agents", "graphs", "kernel_templates", "api", "benchmark", "cli"):
         return head
+    if head == "__main__":   # `python -m sparseditto` is the command line
+        return "cli"
     return "core"
 
 

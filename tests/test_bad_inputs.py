@@ -240,8 +240,8 @@ CASES = {
     "approve=True without a terminal": (run(approve=True), ["not interactive"]),
     "tensor= with an in-memory matrix": (run(tensor="w"), ["tensor='w'"]),
     # ---- CLI: output paths checked before the run ---------------------------------------------------
-    "cli --json is a directory": (cli_main("run", "{tmp}/m.mtx", "--json", "{tmp}", "--backend", "interpret"), ["exit 2"]),
-    "cli --json folder missing": (cli_main("analyze", "{tmp}/m.mtx", "--json", "{tmp}/no/such/r.json"), ["exit 2"]),
+    "cli --out is a directory": (cli_main("run", "{tmp}/m.mtx", "--out", "{tmp}", "--backend", "interpret"), ["exit 2"]),
+    "cli --out folder missing": (cli_main("analyze", "{tmp}/m.mtx", "--out", "{tmp}/no/such/r.json"), ["exit 2"]),
     "cli -n 0": (cli_main("run", "{tmp}/m.mtx", "-n", "0"), ["exit 2"]),
     "cli --budget 0": (cli_main("run", "{tmp}/m.mtx", "--budget", "0"), ["exit 2"]),
     "cli missing matrix": (cli_main("analyze", "{tmp}/missing.mtx"), ["exit 2"]),
@@ -341,12 +341,12 @@ def test_output_paths_are_checked_before_any_work(tmp_path, capsys, monkeypatch)
     import sparseditto.api as api
 
     def never(*a, **k):  # the run must not start when its output cannot be written
-        raise AssertionError("run_graph started despite an unusable --json path")
+        raise AssertionError("run_graph started despite an unusable --out path")
 
     monkeypatch.setattr(api, "run_graph", never)
-    assert cli.main(["run", str(tmp_path / "m.mtx"), "--json", str(tmp_path / "missing" / "r.json")]) == 2
+    assert cli.main(["run", str(tmp_path / "m.mtx"), "--out", str(tmp_path / "missing" / "r.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     out = tmp_path / "r.json"
     json.dumps({})  # a plain writable file path passes the check
-    assert cli.check_output_path(str(out), "--json") == out
+    assert cli.check_output_path(str(out), "--out") == out
     assert os.access(tmp_path, os.W_OK)

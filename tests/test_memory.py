@@ -287,14 +287,25 @@ def test_export_jsonl_with_ordered_steps(mem, tmp_path, capsys):
         mem.export(tmp_path / "x.csv", fmt="csv")
 
 
-def test_format_runs_and_lessons(mem):
-    assert "No runs recorded yet" in mem.format_runs()
+def test_memory_list_table_and_lessons(mem, tmp_path, capsys):
+    """`sparseditto memory list` renders the runs with rich, names whole, the speedup as the run's
+    summary printed it: measured, or the roofline estimate marked as one."""
+    from sparseditto.cli import main
+
+    assert main(["memory", "list", "--memory", str(mem.path)]) == 0
+    assert "No runs recorded yet" in capsys.readouterr().out
     run_id, _ = _run(mem, "a", template="bsr_dot")
-    text = mem.format_runs(limit=10)
-    lines = text.splitlines()
-    assert lines[0].split()[:3] == ["id", "created", "(UTC)"]
-    assert run_id[:8] in lines[2] and "bsr_dot" in lines[2] and "1.50" in lines[2] and "ok" in lines[2]
-    assert "1 run(s) shown" in lines[-1]
+    long_name = "model.layers.17.mlp.down_proj.weight_block_pruned_95pct"
+    estimated = mem.start_run(signature="e", matrix_name=long_name, shape=(64, 64), nnz=100, backend="interpret",
+                              gpu="interpret:A100-80GB", target="A100-80GB")
+    mem.finish_run(estimated, "ok", best_template="bsr_tc", best_speedup_estimate=2.4)
+    assert main(["memory", "list", "--memory", str(mem.path), "--limit", "10"]) == 0
+    out = capsys.readouterr().out
+    assert long_name in out                            # no ellipsis in a pipe, however long the name
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    assert "bsr_dot" in rows[run_id[:8]] and "1.50x" in rows[run_id[:8]] and "ok" in rows[run_id[:8]]
+    assert "~2.40x est." in rows[estimated[:8]] and "CPU (interpreter)" in rows[estimated[:8]]
+    assert "A100-80GB" in rows[estimated[:8]]
 
     mem.add_lesson("2:4", "expand with precomputed masks", signature="s1")
     mem.add_lesson("block", "more stages on Hopper")

@@ -1,0 +1,194 @@
+"""The `sparseditto` command line: its arguments, and how the process ends.
+
+Exit codes: 0 done; 1 the demo's kernel check failed; 2 bad input or usage (one `error:` line,
+no traceback); 3 the kernel sandbox could not start; 130 interrupted (Ctrl-C), with the way to
+resume; 141 the reader of stdout went away (`sparseditto analyze M --json | head`), quietly, as
+Unix tools do on SIGPIPE.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from sparseditto.cli import commands
+
+DESCRIPTION = """SparseDitto: find the fastest verified SpMM kernel (C = A @ B) for a sparse matrix,
+such as a pruned LLM weight, on the GPU you name; or say honestly that a library is best."""
+EPILOG = """examples:
+  sparseditto demo                                   the bundled block-pruned weight, as a story
+  sparseditto analyze layer.safetensors --tensor mlp.down_proj.weight
+  sparseditto run layer.mtx --target H100 -n 16      live progress of every agent, then a summary
+  sparseditto run layer.mtx --json > result.json     the full Result as JSON
+  sparseditto memory list                            what past runs found
+  sparseditto targets                                the GPU table the planner costs kernels on
+  langgraph dev --no-browser                         the same graph in LangGraph Studio (docs/studio.md)
+
+Without a GPU the kernels run in the Triton interpreter: correct but slow, and the roofline cost
+model (labelled "estimated") ranks them. Docs: README.md and docs/."""
+
+RESUME_RUN = ("every finished step is checkpointed: run the same command again to resume this run where it "
+              "stopped")
+RESUME_BENCH = "finished cases are kept in --out: run the same command with --resume to continue"
+
+MATRIX_HELP = ("the matrix: a .mtx, .smtx, .npz, .pt/.pth or .safetensors file, optionally gzipped "
+               "(pick a tensor of a checkpoint with --tensor)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sparseditto")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree that is not installed
+        return "unknown (not installed)"
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="auto", metavar="GPU",
+                   help="GPU to plan for: A100, H100, H200, ... (`sparseditto targets`), or auto: the local GPU, "
+                        "A100 without one (default: auto)")
+    p.add_argument("-n", type=int, action="append", metavar="N",
+                   help="columns of B (the batch of activations); repeat for several: the first is benchmarked, "
+                        "all are verified (default: 16)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="value dtype of A, B and C; accumulation is float32 (default: float16)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"],
+                   help="where kernels run: cuda (a GPU), interpret (the Triton interpreter on the CPU: "
+                        "correctness only) or auto (default)")
+    p.add_argument("--llm", default=None, metavar="MODEL",
+                   help="chat model for the LLM policy, e.g. gpt-4o-mini, through OPENAI_BASE_URL "
+                        "(default: $SPARSEDITTO_LLM_MODEL, else the deterministic expert policy; docs/llm.md)")
+    p.add_argument("--budget", type=int, default=None, metavar="K",
+                   help="most candidate kernels to try (default: 8 on a GPU, 4 on the interpreter)")
+    p.add_argument("--memory", default=None, metavar="FILE",
+                   help="SQLite file of the optimization memory (default: $SPARSEDITTO_MEMORY, else the cache "
+                        "directory)")
+    p.add_argument("--json", action="store_true", help="print the full Result as JSON instead of the summary")
+    p.add_argument("-o", "--out", default=None, metavar="FILE", help="also write the Result as JSON to FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress on stderr")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparseditto", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("demo", help="run on a bundled block-pruned weight and tell what happened",
+                       description="Run SparseDitto on a bundled 1024 x 4096 MLP weight, block-pruned to 95% "
+                                   "(64x64 tiles), and tell the story: the pattern and why, the kernels tried, "
+                                   "verified or rejected, the one chosen and its speedup (measured on a GPU, "
+                                   "estimated by the roofline model on the CPU), what the memory did, and "
+                                   "result.kernel(B) checked against the fp64 product.")
+    _add_run_options(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="print every agent's progress line")
+    p.set_defaults(func=commands.cmd_demo, resume_hint=RESUME_RUN)
+
+    p = sub.add_parser("analyze", help="print the pattern report of a matrix",
+                       description="Measure a matrix's sparsity pattern (class, confidence, N:M conformance, "
+                                   "block occupancy, row balance, bandwidth) and say why it is that class.")
+    p.add_argument("matrix", help=MATRIX_HELP)
+    p.add_argument("--tensor", metavar="NAME", help="tensor name inside a .pt/.safetensors/.npz file holding several")
+    p.add_argument("--seed", type=int, default=0, help="seed of the values drawn for pattern-only files (default: 0)")
+    p.add_argument("--json", action="store_true", help="print the full report as JSON instead of the readable one")
+    p.add_argument("--full", dest="json", action="store_true", help=argparse.SUPPRESS)   # old spelling of --json
+    p.add_argument("-o", "--out", default=None, metavar="FILE", help="also write the full report as JSON to FILE")
+    p.set_defaults(func=commands.cmd_analyze)
+
+    p = sub.add_parser("run", help="find the fastest verified kernel for a matrix",
+                       description="Analyze the matrix, then plan, write, compile, verify and profile kernels "
+                                   "for it until one beats dense cuBLAS and the vendor libraries on the target "
+                                   "(or dense stays). Progress streams to stderr; the summary goes to stdout.")
+    p.add_argument("matrix", help=MATRIX_HELP)
+    p.add_argument("--tensor", metavar="NAME", help="tensor name inside a .pt/.safetensors/.npz file holding several")
+    _add_run_options(p)
+    p.set_defaults(func=commands.cmd_run, resume_hint=RESUME_RUN)
+
+    p = sub.add_parser("targets", help="list the GPUs the planner knows (names, aliases, peaks)")
+    p.set_defaults(func=commands.cmd_targets)
+
+    p = sub.add_parser("bench", help="is the chosen kernel faster than what I would use? (suites, fast_p, report)",
+                       description="Run run_graph on every case of the suites, time the chosen kernel against "
+                                   "dense cuBLAS and every vendor path in one process, and write results.jsonl, "
+                                   "summary.md and report.html.")
+    p.add_argument("--suite", nargs="+", default=["llm"], metavar="SUITE|PATH",
+                   help="llm, dlmc, graphs, all, or matrix files / folders of them (default: llm)")
+    presets = p.add_mutually_exclusive_group()
+    presets.add_argument("--quick", dest="preset", action="store_const", const="quick",
+                         help="a few small cases for the CPU interpreter (CI; NOT GPU timings)")
+    presets.add_argument("--full", dest="preset", action="store_const", const="full",
+                         help="the whole cross product of each suite")
+    p.set_defaults(preset="core")
+    p.add_argument("-n", type=int, action="append", help="replace the suites' N values (repeatable)")
+    p.add_argument("--dtype", action="append", choices=["float16", "bfloat16", "float32"],
+                   help="replace the suites' dtypes (repeatable)")
+    p.add_argument("--target", default="auto", help="GPU run_graph plans for (default: the local one)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"],
+                   help="cuda, interpret (Triton interpreter on the CPU) or auto (default)")
+    p.add_argument("--out", default="sparseditto_bench", help="output folder (default: ./sparseditto_bench)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, skipping finished cases")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop before a case that would not finish within this many seconds (then --resume)")
+    p.add_argument("--memory-check", type=int, default=3, metavar="K",
+                   help="repeat run_graph with the memory on K cases spread over the run (default 3)")
+    p.add_argument("--candidates", type=int, default=4, help="run_graph budget: candidates per case (default 4)")
+    p.add_argument("--repeats", type=int, default=None, help="timing repeats (default 30 on a GPU, 1 on the CPU)")
+    p.add_argument("--ncu", default="off", choices=["off", "best", "all"], help="Nsight Compute inside run_graph")
+    p.add_argument("--data", default=None, help="folder holding dlmc/ and suitesparse/ (default: $SPARSEDITTO_DATA "
+                                                "or ../shared/data)")
+    p.add_argument("--templates", nargs="+", metavar="NAME", default=None,
+                   help="also time these templates (or 'all') on every case, beside run_graph's answer")
+    p.add_argument("--grid", type=int, default=1, help="parameter sets per template with --templates (default 1)")
+    p.add_argument("--list", action="store_true", help="print the cases that would run, run nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite summary.md / report.html of --out")
+    p.add_argument("--quiet", action="store_true", help="no live progress display")
+    p.set_defaults(func=commands.cmd_bench, resume_hint=RESUME_BENCH)
+
+    p = sub.add_parser("memory", help="inspect the optimization memory (list, show RUN_ID, export)",
+                       description="The SQLite memory of past runs: every candidate, step and outcome. The next "
+                                   "matrix with a known pattern reuses its kernel after re-verification.")
+    p.add_argument("action", choices=["list", "show", "export"],
+                   help="list: recent runs as a table; show: one run as JSON; export: every run as JSON Lines")
+    p.add_argument("id", nargs="?", help="run id (or a unique prefix) for `show`")
+    p.add_argument("--memory", default=None, metavar="FILE",
+                   help="SQLite memory file (default: $SPARSEDITTO_MEMORY, else the cache directory)")
+    p.add_argument("--limit", type=int, default=50, help="runs to list (default: 50)")
+    p.add_argument("--format", default="jsonl", choices=["jsonl", "json"], help="export format (default: jsonl)")
+    p.add_argument("--out", metavar="FILE", help="output file for export (default: stdout)")
+    p.set_defaults(func=commands.cmd_memory)
+    return parser
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: point stdout at /dev/null so the final flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    from sparseditto.harness.sandbox import WorkerStartError
+
+    try:
+        code = args.func(args)
+        sys.stdout.flush()   # inside the try: a closed pipe surfaces here, not at interpreter exit
+        return code
+    except ValueError as exc:  # bad input: one clear line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except WorkerStartError as exc:  # the environment, not the input: no result was produced
+        print(f"error: the kernel sandbox could not start, so no kernel was verified: {exc}", file=sys.stderr)
+        return 3
+    except BrokenPipeError:
+        _quiet_stdout()
+        return 141
+    except KeyboardInterrupt:
+        hint = getattr(args, "resume_hint", None)
+        print(f"\ninterrupted{': ' + hint if hint else ''}.", file=sys.stderr)
+        return 130
