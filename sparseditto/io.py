@@ -158,8 +158,9 @@ def _read_file(path: Path, kind: str, gz: bool, tensor: str | None, seed: int):
     if kind in ("mtx", "smtx"):
         if tensor is not None:
             raise ValueError(f"tensor={tensor!r} was given, but a .{kind} file holds a single matrix.")
-        text = _read_bytes(path, gz).decode("latin-1")
-        parsed = parse_matrix_market(text, seed=seed) if kind == "mtx" else parse_smtx(text, seed=seed)
+        data = _read_bytes(path, gz)
+        parsed = parse_matrix_market(data, seed=seed) if kind == "mtx" else parse_smtx(data.decode("latin-1"),
+                                                                                        seed=seed)
         return parsed, None, dict(parsed.meta)
     reader = {"npz": read_npz, "pt": read_torch, "safetensors": read_safetensors}[kind]
     return reader(_binary_source(path, kind, gz), tensor)
