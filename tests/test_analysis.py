@@ -299,3 +299,20 @@ def test_every_suitesparse_file_analyzes(shared_data):
         assert r.sparsity == 1.0 - structural / (coo.shape[0] * coo.shape[1])
         patterns[r.pattern] += 1
     assert patterns["banded"] >= 1   # olm1000 (Olmstead model) is tridiagonal-like
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: gen.block_sparse(512, 512, (32, 32), 0.1, seed=2), ["32x32 blocks", "% of the block grid holds a nonzero", "100% full"]),
+    (lambda: gen.nm_sparse(256, 256, n=2, m_group=4, seed=2), ["2:4 along rows", "100.0%", "random placement"]),
+    (lambda: gen.row_pruned(256, 128, 0.5, seed=2), ["128 of 256 rows are empty", "kept part is 100% dense"]),
+    (lambda: gen.column_pruned(128, 256, 0.5, seed=2), ["128 of 256 columns are empty"]),
+    (lambda: gen.banded(256, 256, 4, seed=2), ["|i - j| <= 4"]),
+    (lambda: gen.rmat(10, seed=2), ["heavy-tailed", "power-law exponent"]),
+    (lambda: gen.dense(64, 64, seed=2), ["no sparse format reads fewer bytes"]),
+    (lambda: gen.unstructured(256, 256, 0.9, seed=2), ["no structure beyond its density", "of the 0.5 it needs"]),
+])
+def test_explain_gives_the_reason_in_the_rule_s_numbers(make, words):
+    report = analyze(make())
+    text = report.explain()
+    for word in words:
+        assert word in text, f"{word!r} missing from {report.pattern}: {text}"

@@ -265,3 +265,30 @@ def test_bundled_example_is_the_documented_2of4_matrix():
     assert stored.shape == (256, 256) and stored.nnz == expected.nnz == 256 * 128
     assert np.array_equal(stored.toarray(), expected.to_dense())
     assert np.array_equal(stored.data.astype(np.float16).astype(np.float64), stored.data)
+
+
+def test_bundled_demo_weight_is_the_documented_block_pruned_matrix():
+    """The demo's weight: sparseditto.generate.block_sparse(1024, 4096, (64, 64), 0.05, seed=7,
+    dtype="float16") stored dense as the safetensors tensor 'mlp.down_proj.weight', gzipped (mtime=0).
+    It is the demo's because the roofline model honestly puts a sparse kernel (bsr_tc) well ahead of
+    dense cuBLAS on the default A100 target."""
+    from sparseditto.agents.costing import template_table
+    from sparseditto.analysis import analyze
+    from sparseditto.cli.commands import DEMO_EXAMPLE
+    from sparseditto.io import list_tensors, load_matrix
+    from sparseditto.targets import get_target
+
+    assert list_tensors(DEMO_EXAMPLE) == {"mlp.down_proj.weight": "(1024, 4096) float16"}
+    stored = load_matrix(DEMO_EXAMPLE)
+    expected = gen.block_sparse(1024, 4096, (64, 64), 0.05, seed=7, dtype="float16")
+    assert stored.dtype == "float16" and stored.nnz == expected.nnz
+    np.testing.assert_array_equal(stored.indptr, expected.indptr)
+    np.testing.assert_array_equal(stored.indices, expected.indices)
+    np.testing.assert_array_equal(stored.data, expected.data)
+    report = analyze(stored)
+    assert report.pattern == "block" and tuple(report.best_block_shape) == (64, 64)
+    table, _ = template_table(report.model_dump(mode="json"), 16, "float16", get_target("A100"),
+                              exec_backend="interpret")
+    best = min(table, key=lambda t: t["estimate_ms"])
+    dense = next(t for t in table if t["name"] == "dense")
+    assert best["name"] == "bsr_tc" and dense["estimate_ms"] / best["estimate_ms"] > 2.0

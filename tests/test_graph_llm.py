@@ -98,3 +98,9 @@ def test_unreachable_server_falls_back_to_the_expert(matrix, run):
     assert result.candidates and all(c.origin == "template" for c in result.candidates)
     assert any(c.status == "verified" for c in result.candidates)
     assert "events:" in result.summary()
+    # the summary and the Result say the LLM policy did not really decide
+    n = len(fallbacks)
+    assert result.policy == "llm"
+    assert result.policy_label == f"llm ({n} step{'' if n == 1 else 's'} fell back to expert)"
+    assert f"policy: {result.policy_label}" in result.summary()
+    assert result.model_dump()["policy_label"] == result.policy_label

@@ -89,3 +89,50 @@ def test_installed_triton_is_in_the_declared_supported_range():
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("triton is not installed")
     assert triton.specifier.contains(installed, prereleases=True), (installed, str(triton.specifier))
+
+
+# import name -> distribution(s) that may provide it, for optional modules this machine lacks
+OPTIONAL_PROVIDERS = {"cupy": ("cupy-cuda12x", "cupy-cuda13x"), "cupyx": ("cupy-cuda12x", "cupy-cuda13x")}
+
+
+def _requirement_names(requirements) -> set[str]:
+    import re
+
+    return {re.split(r"[\s\[<>=!~;]", r.strip(), maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def test_every_third_party_import_is_declared():
+    """What the package imports is in pyproject: core dependencies, or an extra for optional paths
+    (CuPy: gpu / gpu-cuda12; matplotlib: report). Nothing declared goes unused either."""
+    import ast
+    import importlib.metadata as md
+
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = _requirement_names(project["dependencies"])
+    extras = {name: _requirement_names(reqs) for name, reqs in project["optional-dependencies"].items()}
+    declared = core | set().union(*(v for k, v in extras.items() if k != "dev"))
+    providers = md.packages_distributions()
+    imported: dict[str, str] = {}
+    for folder in ("sparseditto", "agents", "graphs", "kernel_templates"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                    [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top not in sys.stdlib_module_names and top != "sparseditto":
+                        imported.setdefault(top, str(path.relative_to(ROOT)))
+    missing = []
+    used = set()
+    for top, where in sorted(imported.items()):
+        dists = {d.lower().replace("_", "-") for d in providers.get(top, OPTIONAL_PROVIDERS.get(top, ()))}
+        if not dists & declared:
+            missing.append(f"{top} (imported in {where}; provided by {sorted(dists) or 'nothing installed'})")
+        used |= dists & declared
+    assert not missing, "undeclared imports: " + "; ".join(missing)
+    # typing_extensions / langgraph-checkpoint-sqlite are imported under other names; all else is used
+    unused = core - used - {"langgraph-checkpoint-sqlite"}
+    assert not unused, f"declared but never imported: {sorted(unused)}"
+    assert extras["report"] == {"matplotlib"} and "ray" not in extras
+    assert {"cupy-cuda13x"} == extras["gpu"] == extras["gpu-cuda13"] and extras["gpu-cuda12"] == {"cupy-cuda12x"}

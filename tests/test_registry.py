@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import importlib
 import hashlib
 import json
 import sys
@@ -325,3 +326,31 @@ def test_describe_template_is_json():
         assert json.loads(text)["name"] == t.name
         assert desc["cost_model"] and desc["applicability"] and "params" in desc
         assert (desc["source_chars"] > 1000) == (t.backend != "builtin")
+
+
+def test_cuda_templates_are_planned_only_where_cupy_imports():
+    """The CUDA C++ templates launch through CuPy (an extra): without it the planner's table leaves
+    them out on a GPU too, and says how to install the extra."""
+    from sparseditto import generate
+    from sparseditto.agents.costing import template_table
+    from sparseditto.analysis import analyze
+    from sparseditto.kernel_templates.registry import backend_unavailable, list_templates
+    from sparseditto.targets import get_target
+
+    cuda = {t.name for t in list_templates() if t.backend == "cuda"}
+    assert "csr_vector" in cuda
+    assert backend_unavailable("triton") is None
+    report = analyze(generate.unstructured(128, 128, 0.9, seed=1)).model_dump(mode="json")
+    table, _ = template_table(report, 16, "float16", get_target("H100"), exec_backend="cuda")
+    planned = {t["name"] for t in table}
+    try:
+        importlib.import_module("cupy")
+        has_cupy = True
+    except Exception:
+        has_cupy = False
+    if has_cupy:
+        assert backend_unavailable("cuda") is None and "csr_vector" in planned
+    else:
+        why = backend_unavailable("cuda")
+        assert "CuPy cannot be imported" in why and "sparseditto[gpu]" in why and "gpu-cuda12" in why
+        assert not planned & cuda and {"csr_rowsplit", "dense"} <= planned

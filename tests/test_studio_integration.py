@@ -1,8 +1,10 @@
 """LangGraph Studio's server really serves the graph: `langgraph dev` + langgraph_sdk, end to end.
 
-Starts the real development server from the repository root (langgraph.json) on a free port, runs
-the `sparseditto` graph on a small matrix file through the SDK with stream_mode updates + custom,
-and checks that every agent node streamed its update. The server is always stopped.
+Starts the real development server from the repository root (langgraph.json) on a free port, reads
+the schemas Studio draws its forms from (the run context with a description for every field and
+dropdown choices, no internal objects), runs the `sparseditto` graph on a small matrix file through
+the SDK with stream_mode updates + custom, and checks that every agent node streamed its update.
+The server is always stopped.
 """
 from __future__ import annotations
 
@@ -44,8 +46,9 @@ def wait_ok(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     raise TimeoutError(f"langgraph dev did not answer {url}/ok within {timeout:.0f} s")
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("studio")
     if not LANGGRAPH.exists():
         pytest.skip(f"langgraph CLI not installed at {LANGGRAPH} (pip install -e '.[dev]')")
     port = free_port()
@@ -103,3 +106,28 @@ def test_langgraph_dev_streams_every_agent(server, tmp_path):
     state = client.threads.get_state(thread["thread_id"])["values"]
     assert state["done"] and state["report"]["pattern"] == "unstructured"
     assert any(c["status"] == "verified" for c in state["candidates"])
+
+
+def test_studio_reads_the_context_schema_with_descriptions(server):
+    """What Studio shows under "Manage Assistants" -> context, and in the input form."""
+    from langgraph_sdk import get_sync_client
+
+    from sparseditto.agents.state import Context
+
+    client = get_sync_client(url=server)
+    assistant = next(a for a in client.assistants.search() if a["graph_id"] == "sparseditto")
+    schemas = client.assistants.get_schemas(assistant["assistant_id"])
+    context = schemas["context_schema"]["properties"]
+    fields = {f.name: f for f in Context.__dataclass_fields__.values()}
+    assert set(context) == set(fields)                      # every setting, nothing else
+    assert not {"policy", "memory", "hooks", "chat_model"} & set(context)
+    for name, prop in context.items():
+        assert prop.get("description") == fields[name].metadata["description"], name
+    assert context["dtype"]["enum"] == ["float16", "bfloat16", "float32"]
+    assert context["backend"]["enum"] == ["auto", "cuda", "interpret"]
+    assert context["ncu"]["enum"] == ["all", "best", "off"]
+    assert context["target"]["default"] == "A100"
+    form = schemas["input_schema"]["properties"]
+    assert {"matrix_path", "tensor", "target", "n", "dtype", "backend", "budget"} <= set(form)
+    assert all(form[k].get("description") for k in form)
+    assert form["dtype"]["enum"] == ["float16", "bfloat16", "float32"]

@@ -60,15 +60,16 @@ def _plan_table(result) -> tuple[list[dict], list[str]]:
     table, _ = template_table(result.report, result.n_values[0], result.dtype, target, exec_backend=result.backend)
     listed = {t["name"] for t in table}
     report = report_model(result.report)
-    left_out = []
+    reasons: dict[str, list[str]] = {}
     for t in list_templates():
         if t.name in listed:
             continue
         if t.backend == "cuda":
-            why = backend_unavailable("cuda") if result.backend == "cuda" else "CUDA C++, needs a GPU"
+            why = backend_unavailable("cuda") if result.backend == "cuda" else "CUDA C++: they need a GPU"
         else:
             why = t.applicable(report)[1]
-        left_out.append(f"{t.name} ({why})")
+        reasons.setdefault(why, []).append(t.name)
+    left_out = [f"{', '.join(names)} ({why})" for why, names in reasons.items()]
     return sorted(table, key=lambda t: t["estimate_ms"]), left_out
 
 
