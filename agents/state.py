@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import Field
 from typing_extensions import TypedDict  # pydantic reads TypedDict schemas from typing_extensions on 3.10/3.11
@@ -78,8 +78,8 @@ class InputState(TypedDict, total=False):
     tensor: Annotated[Optional[str], Field(description="the tensor's name inside a .pt/.safetensors/.npz file "
                                                        "holding several")]
     target: Annotated[str, Field(description="GPU to plan for: A100, H100, H200, ... or auto")]
-    n: Annotated[Any, Field(description="N, the columns of B: a number or a list (the first is benchmarked, "
-                                        "all are verified)")]
+    n: Annotated[Union[int, list[int]], Field(description="N, the columns of B: a number or a list (the first is "
+                                                          "benchmarked, all are verified)")]
     dtype: Annotated[Dtype, Field(description="value dtype of A, B and C")]
     backend: Annotated[Backend, Field(description="cuda (a GPU), interpret (Triton interpreter on the CPU) "
                                                   "or auto")]

@@ -59,8 +59,10 @@ def build_index(wheels: Path, index: Path, torch_version: str) -> None:
     if not cpu:
         raise SystemExit(f"no torch-{torch_version}+cpu wheel in {wheels}")
     # torch's dependencies, as PyTorch's CPU index also serves them (fetched from the registry)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(files), "--find-links", str(wheels),
-                    "--only-binary", ":all:", str(cpu[-1])], check=True)
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(files), "--find-links",
+                              str(wheels), "--only-binary", ":all:", str(cpu[-1])], capture_output=True, text=True)
+    if fetched.returncode != 0:
+        raise SystemExit(f"pip download of torch's dependencies failed:\n{fetched.stderr[-3000:]}")
     by_project: dict[str, list[Path]] = {}
     for f in files.iterdir():
         by_project.setdefault(normalize(f.name.split("-")[0]), []).append(f)
@@ -71,9 +73,13 @@ def build_index(wheels: Path, index: Path, torch_version: str) -> None:
         (page / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:   # one line per request would bury the check's own output
+        pass
+
+
 def serve(folder: Path) -> tuple[str, http.server.ThreadingHTTPServer]:
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *a, **k: None
+    handler = functools.partial(_QuietHandler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/simple", server
