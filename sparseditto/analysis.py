@@ -181,7 +181,8 @@ class PatternReport(BaseModel):
             return (f"{n}:{m} along {p['axis']}s: {p['conformance']:.1%} of the {m}-entry groups hold at most {n} "
                     f"nonzeros{chance}: values plus 2-bit positions, as sparse tensor cores read them")
         if self.pattern in ("row_pruned", "column_pruned"):
-            axis, kept = ("rows", p.get("kept_rows")) if self.pattern == "row_pruned" else ("columns", p.get("kept_cols"))
+            rows = self.pattern == "row_pruned"
+            axis, kept = ("rows", p.get("kept_rows")) if rows else ("columns", p.get("kept_cols"))
             total = self.shape[0] if axis == "rows" else self.shape[1]
             density = p.get("kept_density")
             inside = f"; the kept part is {density:.0%} dense" if density is not None else ""

@@ -143,7 +143,7 @@ class Result(BaseModel):
             if self.speedups:
                 label = "estimated speedup (roofline model)" if self.speedups_are_estimates else "speedup"
                 lines.append(f"{label}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in self.speedups.items()))
-            if b.bottleneck:
+            if b.bottleneck and self.timings_are_gpu:   # on the interpreter it only repeats "not a GPU timing"
                 lines.append(f"profile: {b.bottleneck}")
         lines.append(f"candidates: {self.candidate_counts() or 'none'}; policy: {self.policy_label}; "
                      f"{self.wall_seconds:.1f} s")
