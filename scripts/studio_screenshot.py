@@ -18,22 +18,15 @@ import html
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from langgraph_server import langgraph_dev  # noqa: E402
 
 
 def http(url: str, body: dict | None = None):
@@ -103,27 +96,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="sparseditto-studio-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, LANGGRAPH_CLI_NO_ANALYTICS="1", LANGSMITH_TRACING="false",
-               SPARSEDITTO_CACHE_DIR=str(work / "cache"))
-    langgraph = Path(sys.executable).with_name("langgraph")
-    log = open(work / "server.log", "w")
-    server = subprocess.Popen([str(langgraph), "dev", "--no-browser", "--no-reload", "--port", str(port)], cwd=ROOT,
-                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(os.environ, SPARSEDITTO_CACHE_DIR=str(work / "cache"))
     try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                http(url + "/ok")
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise SystemExit(f"langgraph dev did not start: {(work / 'server.log').read_text()[-2000:]}")
-                time.sleep(0.5)
-        assistant = next(a for a in http(url + "/assistants/search", {}) if a["graph_id"] == "sparseditto")
-        graph = http(f"{url}/assistants/{assistant['assistant_id']}/graph")
-        schemas = http(f"{url}/assistants/{assistant['assistant_id']}/schemas")
+        with langgraph_dev(env, work / "server.log", timeout=180) as url:
+            assistant = next(a for a in http(url + "/assistants/search", {}) if a["graph_id"] == "sparseditto")
+            graph = http(f"{url}/assistants/{assistant['assistant_id']}/graph")
+            schemas = http(f"{url}/assistants/{assistant['assistant_id']}/schemas")
         html_path = work / "served.html"
         html_path.write_text(page(url, assistant, graph, schemas, Path(args.mermaid) if args.mermaid else None))
         out = Path(args.out).resolve()
@@ -135,13 +113,6 @@ def main(argv=None) -> int:
             raise SystemExit(f"chromium failed: {shot.stderr[-2000:]}")
         print(f"wrote {out} ({out.stat().st_size} bytes) from {url}")
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-        log.close()
         shutil.rmtree(work, ignore_errors=True)
     return 0
 

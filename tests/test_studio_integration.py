@@ -9,12 +9,7 @@ The server is always stopped.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,27 +18,8 @@ import scipy.io
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-LANGGRAPH = Path(sys.executable).parent / "langgraph"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ok(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"langgraph dev exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/ok", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError(f"langgraph dev did not answer {url}/ok within {timeout:.0f} s")
+sys.path.insert(0, str(ROOT / "scripts"))
+from langgraph_server import LANGGRAPH, langgraph_dev  # noqa: E402  (the same server the screenshot uses)
 
 
 @pytest.fixture(scope="module")
@@ -51,31 +27,11 @@ def server(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("studio")
     if not LANGGRAPH.exists():
         pytest.skip(f"langgraph CLI not installed at {LANGGRAPH} (pip install -e '.[dev]')")
-    port = free_port()
-    env = dict(os.environ, LANGGRAPH_CLI_NO_ANALYTICS="1", LANGSMITH_TRACING="false", LANGCHAIN_TRACING_V2="false",
-               SPARSEDITTO_CACHE_DIR=str(tmp_path / "cache"), SPARSEDITTO_MEMORY=str(tmp_path / "memory.sqlite"))
+    env = dict(os.environ, SPARSEDITTO_CACHE_DIR=str(tmp_path / "cache"),
+               SPARSEDITTO_MEMORY=str(tmp_path / "memory.sqlite"))
     env.pop("SPARSEDITTO_LLM_MODEL", None)
-    log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([str(LANGGRAPH), "dev", "--no-browser", "--no-reload", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ok(url, proc)
+    with langgraph_dev(env, tmp_path / "server.log") as url:
         yield url
-    except Exception:
-        log.flush()
-        print((tmp_path / "server.log").read_text()[-4000:])
-        raise
-    finally:
-        # The server runs in its own session: stop it and the kernel workers it spawned, by group.
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        log.close()
 
 
 def test_langgraph_dev_streams_every_agent(server, tmp_path):
