@@ -2,7 +2,7 @@
 # Run SparseDitto's GPU stages on the lent GPU machine (it has torch, triton, cupy, ncu, nvcc but not
 # langgraph/pydantic/sqlite-utils...). From the repo root, with `.whl` (../shared/tools/device-wheels.sh)
 # and `.gpu/data` (a copy of the shared matrices) carried:
-#   bash benchmarks/device_run.sh env tests bench graph
+#   bash benchmarks/device_run.sh env tests bench graph demo
 # Everything worth keeping is written under $OUT (default ./out).
 # Stage `bench` runs `sparseditto bench --out $OUT/bench${BENCH_NAME:+-$BENCH_NAME} $BENCH_ARGS`; to continue an
 # earlier call's run, carry its returned folder (e.g. .gpu/bench/llm) and set BENCH_FROM to it: its files are
@@ -35,6 +35,10 @@ for stage in "$@"; do
       python3 -m sparseditto.cli bench --out "$BOUT" --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
     templates)
       python3 benchmarks/templates.py --out "$OUT/templates" --quiet ${TEMPLATES_ARGS:-} 2>&1 | tee "$OUT/templates.log" | tail -80 ;;
+    demo)
+      # `make demo`'s run (measured on this GPU), then the driver's CUDA major and the CuPy extra make setup would pick
+      python3 -m sparseditto demo -v 2>&1 | tee "$OUT/demo.log" | tail -40
+      python3 -c 'import sys; sys.path.insert(0, "scripts"); import install; c = install.gpu_cuda_major(); print("CUDA driver major", c, "-> extras", install.extras_for(c, ["dev"]))' ;;
     graph)
       python3 benchmarks/graph_runs.py --out "$OUT/graph_runs" --quiet ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
     *) echo "unknown stage $stage" ;;
