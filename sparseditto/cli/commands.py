@@ -97,7 +97,7 @@ def _write_result(result, args, out: Path | None) -> None:
 
 def cmd_run(args) -> int:
     out = check_output_path(args.out, "--out")
-    result = _run(args, progress=not args.quiet and not args.json)
+    result = _run(args, progress=not args.quiet)   # progress is on stderr: stdout stays the summary or JSON
     _write_result(result, args, out)
     if not args.json:
         print(result.summary())
@@ -111,7 +111,7 @@ def cmd_demo(args) -> int:
 
     out = check_output_path(args.out, "--out")
     args.matrix, args.tensor = str(DEMO_EXAMPLE), None
-    result = _run(args, progress=False if (args.quiet or args.json) else ("all" if args.verbose else "status"))
+    result = _run(args, progress=False if args.quiet else ("all" if args.verbose else "status"))
     _write_result(result, args, out)
     if args.json:
         return 0
