@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SUBPACKAGES = ("sparseditto.agents", "sparseditto.graphs", "sparseditto.kernel_templates",
                "sparseditto.kernel_templates.triton", "sparseditto.kernel_templates.cuda",
                "sparseditto.kernel_templates.triton.planning", "sparseditto.kernel_templates.cuda.planning",
-               "sparseditto.kernel_templates.runtime", "sparseditto.harness")
+               "sparseditto.kernel_templates.runtime", "sparseditto.harness", "sparseditto.cli.app")
 
 
 def test_editable_install_maps_top_level_dirs():
@@ -55,6 +55,8 @@ def test_wheel_has_only_the_sparseditto_namespace(wheel):
     # data files the package needs at run time travel with it
     assert any(n.startswith("sparseditto/kernel_templates/triton/") and n.endswith(".py") for n in names)
     assert "sparseditto/agents/policy.py" in names
+    assert "sparseditto/examples/block_pruned_mlp_1024x4096.safetensors.gz" in names   # the demo's weight
+    assert "sparseditto/__main__.py" in names and "sparseditto/cli/story.py" in names
 
 
 def test_wheel_imports_outside_the_checkout(wheel, tmp_path):
