@@ -28,8 +28,8 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     Returns (table, roofline_ms): roofline_ms is the best estimate of any applicable format,
     including dense, on the GPU that measures (the plan target when nothing measures). The dense
     entry carries ``builtin: True``. On the interpreter (``exec_backend='interpret'``) CUDA C++
-    templates are left out: they cannot run there; nor where CuPy cannot be imported (said once, as a
-    progress line). Cached per (signature, N, dtype, targets).
+    templates are left out: they cannot run there (`runnable_templates` also leaves them out where
+    CuPy cannot be imported). Cached per (signature, N, dtype, targets).
     """
     key = (report.get("signature"), report.get("shape") and tuple(report["shape"]), n, dtype, target.name,
            measure_target.name if measure_target is not None else None, exec_backend)
@@ -37,16 +37,13 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
         hit = _TABLE_CACHE.get(key)
     if hit is not None:
         return json.loads(json.dumps(hit[0])), hit[1]
-    from sparseditto.kernel_templates.registry import backend_unavailable, list_templates
+    from sparseditto.kernel_templates.registry import list_templates
 
     rep = report_model(report)
     table: list[dict] = []
     roof_ms: float | None = None
-    missing = backend_unavailable("cuda") if exec_backend == "cuda" else None
-    if missing:
-        emit("planner", f"CUDA C++ templates left out: {missing}")
     for t in list_templates():
-        if t.backend == "cuda" and (exec_backend != "cuda" or missing):
+        if t.backend == "cuda" and exec_backend != "cuda":
             continue
         if t.meta.get("dtypes") and dtype not in t.meta["dtypes"]:
             continue   # e.g. the tensor-core decode tier runs fp16/bf16 only
@@ -78,6 +75,21 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     with _TABLE_LOCK:
         _TABLE_CACHE[key] = (json.loads(json.dumps(table)), roof_ms)
     return table, roof_ms
+
+
+def runnable_templates(table: list[dict], exec_backend: str, *, announce: bool = False) -> list[dict]:
+    """The table without the templates this environment cannot run: the CUDA C++ ones launch through
+    CuPy, an optional extra, and would all fail to compile without it. ``announce`` says so as a
+    progress line (the planner's first visit). The table itself stays what the cost model says, so
+    planning for a GPU can be studied on any machine."""
+    from sparseditto.kernel_templates.registry import backend_unavailable
+
+    missing = backend_unavailable("cuda") if exec_backend == "cuda" else None
+    if not missing or not any(t["backend"] == "cuda" for t in table):
+        return table
+    if announce:
+        emit("planner", f"CUDA C++ templates left out: {missing}")
+    return [t for t in table if t["backend"] != "cuda"]
 
 
 def template_estimate(table: list[dict], template: str, params: dict) -> float | None:

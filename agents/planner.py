@@ -15,7 +15,7 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.agents.costing import template_table
+from sparseditto.agents.costing import runnable_templates, template_table
 from sparseditto.agents.kit import (call_policy, decision, emit, measured_target, plan_target, policy_events,
                                     policy_for_step, record_step, run_hook)
 from sparseditto.agents.policy import PlanningInput
@@ -28,6 +28,7 @@ def planning_input(state: dict, ctx: Context) -> PlanningInput:
     target, note = plan_target(ctx)
     backend = resolved_backend(ctx)
     table, roof_ms = template_table(state["report"], main_n(ctx), ctx.dtype, target, measured_target(ctx), backend)
+    table = runnable_templates(table, backend, announce=not state.get("candidates"))
     tdict = target.model_dump(mode="json")
     tdict.update(backend=backend, timings_are_gpu=backend == "cuda", note=note)
     best = state.get("best")

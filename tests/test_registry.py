@@ -329,10 +329,11 @@ def test_describe_template_is_json():
 
 
 def test_cuda_templates_are_planned_only_where_cupy_imports():
-    """The CUDA C++ templates launch through CuPy (an extra): without it the planner's table leaves
-    them out on a GPU too, and says how to install the extra."""
+    """The CUDA C++ templates launch through CuPy (an extra): without it the planner leaves them out
+    of what it may try on a GPU too, and says how to install the extra. The cost model's table
+    itself keeps them (planning for a GPU can be studied anywhere)."""
     from sparseditto import generate
-    from sparseditto.agents.costing import template_table
+    from sparseditto.agents.costing import runnable_templates, template_table
     from sparseditto.analysis import analyze
     from sparseditto.kernel_templates.registry import backend_unavailable, list_templates
     from sparseditto.targets import get_target
@@ -342,7 +343,9 @@ def test_cuda_templates_are_planned_only_where_cupy_imports():
     assert backend_unavailable("triton") is None
     report = analyze(generate.unstructured(128, 128, 0.9, seed=1)).model_dump(mode="json")
     table, _ = template_table(report, 16, "float16", get_target("H100"), exec_backend="cuda")
-    planned = {t["name"] for t in table}
+    assert "csr_vector" in {t["name"] for t in table}
+    planned = {t["name"] for t in runnable_templates(table, "cuda")}
+    assert runnable_templates(table, "interpret") == table
     try:
         importlib.import_module("cupy")
         has_cupy = True
