@@ -55,6 +55,7 @@ import numpy as np
 import sqlite_utils
 
 from sparseditto.harness.source_loader import source_hash
+from sparseditto.transcripts import TranscriptStore, create_table as create_transcript_table
 
 SCHEMA_VERSION = 3
 
@@ -342,8 +343,9 @@ def environment_fingerprint() -> dict[str, Any]:
 
 
 # ---- the memory --------------------------------------------------------------------------------
-class Memory:
-    """One SQLite file of runs, candidates, kernel sources, lessons and trajectory steps.
+class Memory(TranscriptStore):
+    """One SQLite file of runs, candidates, kernel sources, lessons, trajectory steps and LLM
+    transcripts (`sparseditto.transcripts`).
 
     ``path=None`` uses :func:`default_memory_path`; ``":memory:"`` keeps everything in RAM (tests).
     The object is safe to share between the threads of one process (LangGraph runs nodes in a
@@ -481,6 +483,7 @@ class Memory:
                 "created": str,
             }, pk="id", not_null={"run_id", "idx", "kind"}, foreign_keys=[("run_id", "runs", "id")],
                 if_not_exists=True)
+            create_transcript_table(self.db)
             self.db["runs"].create_index(["signature"], if_not_exists=True)
             self.db["runs"].create_index(["signature", "n_bucket", "dtype", "gpu"], if_not_exists=True)
             self.db["candidates"].create_index(["run_id"], if_not_exists=True)
@@ -488,6 +491,8 @@ class Memory:
             self.db["lessons"].create_index(["pattern"], if_not_exists=True)
             self.db["runs"].create_index(["status", "owner_host"], if_not_exists=True)
             self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    _now = staticmethod(_now)
 
     # -- runs whose process died --
     def mark_stale_runs(self) -> list[str]:
@@ -686,12 +691,14 @@ class Memory:
         return [_decode(r, ("payload",)) for r in rows]
 
     def get_run(self, run_id: str) -> dict:
-        """A run with its candidates (sources included) and ordered steps. Accepts a unique prefix."""
+        """A run with its candidates (sources included), ordered steps and LLM transcript. Accepts a
+        unique prefix."""
         with self._lock:
             run_id = self._resolve_run_id(run_id)
             run = _decode(self.db["runs"].get(run_id), _RUN_JSON)
             run["candidates"] = self._candidates(run_id)
             run["steps"] = self._steps(run_id)
+            run["llm_calls"] = self.llm_calls(run_id)
             return run
 
     def list_runs(self, limit: int = 50) -> list[dict]:
