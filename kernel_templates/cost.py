@@ -33,12 +33,15 @@ Row-split kernels also declare a critical path: one program streams its rows alo
     critical_s = critical_bytes * sm_count / (2*bandwidth) + launches * LAUNCH_S
 and seconds = max(roofline seconds, critical_s). These are lower bounds, not predictions:
 irregular gathers rarely reach peak bandwidth; the measured time decides.
+
+A kernel that is not a template instance (an LLM's edit) is costed with the model of the template it
+adapts, its A bytes replaced by the bytes of the tensors its prepare() returns (`with_a_bytes`).
 """
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -68,6 +71,7 @@ class CostEstimate(BaseModel):
     bound: str
     unit: str
     notes: str = ""
+    a_bytes: float | None = None   # the part of ``bytes`` that is A in its format
 
 
 @dataclass
@@ -353,7 +357,18 @@ def estimate(cost_terms, report: Any, n: int, dtype: Any, target: Any, params: d
             notes.append(f"{terms.critical_what} bounds one program: {critical * 1e6:.2f} us")
     notes.append(f"{terms.launches} launch(es) on {tgt.name}")
     return CostEstimate(bytes=total, flops=terms.flops, memory_s=roof.memory_s, compute_s=roof.compute_s,
-                        seconds=seconds, bound=bound, unit=terms.unit, notes="; ".join(notes))
+                        seconds=seconds, bound=bound, unit=terms.unit, notes="; ".join(notes),
+                        a_bytes=float(terms.a_bytes))
+
+
+def with_a_bytes(cost_terms, a_bytes: float):
+    """``cost_terms`` with A's bytes replaced by ``a_bytes``: the template's model of a kernel that
+    packs A its own way (an LLM's edit, measured from the tensors its prepare() returns)."""
+    def terms(stats, n, dtype, target, params) -> CostTerms:
+        base = cost_terms(stats, n, dtype, target, params)
+        return replace(base, a_bytes=float(a_bytes),
+                       notes=list(base.notes) + [f"A: {a_bytes:.0f} bytes as the kernel packs it (measured)"])
+    return terms
 
 
 def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:

@@ -45,7 +45,7 @@ from pydantic import BaseModel, model_validator
 
 from sparseditto.harness.source_loader import source_hash
 
-from .cost import CostEstimate, ReportStats, estimate, format_name
+from .cost import CostEstimate, ReportStats, estimate, format_name, with_a_bytes
 
 __all__ = ["Candidate", "CostEstimate", "Template", "list_templates", "get_template", "describe_template",
            "discovery_problems", "TEMPLATE_ROOT"]
@@ -324,10 +324,13 @@ class Template:
                 break
         return grid
 
-    def cost(self, report: Any, n: int, dtype: Any, target: Any, params: dict | None = None) -> CostEstimate:
-        """Roofline estimate (kernel_templates.cost) for these params at N = n on `target`."""
+    def cost(self, report: Any, n: int, dtype: Any, target: Any, params: dict | None = None, *,
+             a_bytes: float | None = None) -> CostEstimate:
+        """Roofline estimate (kernel_templates.cost) for these params at N = n on `target`;
+        ``a_bytes``: A's bytes as a kernel adapted from this template packs them (measured)."""
         merged = self.validate_params(params)
-        return estimate(self.planning().cost, report, n, dtype, target, merged)
+        terms = self.planning().cost if a_bytes is None else with_a_bytes(self.planning().cost, a_bytes)
+        return estimate(terms, report, n, dtype, target, merged)
 
     def describe(self) -> dict:
         planning = self.planning()

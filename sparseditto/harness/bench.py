@@ -170,8 +170,8 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     import torch
 
     from .baselines import BASELINE_NAMES, FreshInputs, measure_baselines
-    from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, run_candidate, \
-        synchronize
+    from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, packed_nbytes, \
+        run_candidate, synchronize
     from .numerics import Reference, compare, draw_dense, round_to_dtype, torch_dtype, with_values
     from .timing import flush_buffer, time_cuda_graph, time_fn
 
@@ -191,6 +191,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     packed = call_prepare(module, a, dtype, device, wctx)
     conversion_ms = (time.perf_counter() - t0) * 1e3
     snapshot = run_candidate(wctx, "state snapshot", Snapshot.take, packed, candidate_module)
+    a_bytes = run_candidate(wctx, "packed bytes", packed_nbytes, packed)
 
     m, k = matrix.shape
     b64 = draw_dense(rng, (k, n), dtype)
@@ -272,7 +273,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     gpu_name = torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter; not GPU timings)"
     return BenchResult(
         n=n, dtype=dtype, backend=backend, gpu_name=gpu_name, timings_are_gpu=on_gpu,
-        candidate=candidate, candidate_graph=candidate_graph, conversion_ms=conversion_ms,
+        candidate=candidate, candidate_graph=candidate_graph, conversion_ms=conversion_ms, packed_bytes=a_bytes,
         dense=dense, dense_graph=dense_graph, baselines=baseline_results,
         speedup_vs_dense=_ratio(dense.median_ms, candidate.median_ms),
         speedup_vs_dense_graph=(_ratio(dense_graph.median_ms, candidate_graph.median_ms)

@@ -250,6 +250,27 @@ def is_scratch_key(key) -> bool:
     return isinstance(key, str) and key.startswith("scratch")
 
 
+def packed_nbytes(packed: dict) -> int:
+    """Bytes of every array reachable from the packed dict outside ``scratch`` keys, each storage
+    counted once: what the kernel can read of A as it packed it (the measured side of a byte
+    roofline; an LLM's kernel is costed with it)."""
+    import numpy as np
+    import torch
+
+    arrays: dict = {}
+    _describe(packed, "packed", {}, arrays, clone=False)
+    storages: dict = {}
+    for arr in arrays.values():
+        if isinstance(arr, torch.Tensor):
+            storage = arr.untyped_storage()
+            key, size = (str(arr.device), storage.data_ptr()), storage.nbytes()
+        else:
+            base = arr if arr.base is None else arr.base
+            key, size = ("numpy", np.asarray(base).__array_interface__["data"][0]), np.asarray(base).nbytes
+        storages[key] = max(storages.get(key, 0), int(size))
+    return int(sum(storages.values()))
+
+
 def _clone_tree(obj):
     import numpy as np
     import torch

@@ -124,6 +124,7 @@ class BenchResult(BaseModel):
     ``speedup_vs_dense`` = dense.median / candidate.median (eager vs eager, like for like);
     ``speedup_vs_best_baseline`` uses the fastest ok baseline (dense included).
     ``conversion_ms`` is one prepare() call (format build + upload), never hidden in the kernel time.
+    ``packed_bytes``: what the candidate keeps of A (each storage once), for its byte roofline.
     """
 
     n: int
@@ -134,6 +135,7 @@ class BenchResult(BaseModel):
     candidate: Timing
     candidate_graph: Timing | None = None
     conversion_ms: float
+    packed_bytes: int | None = None      # bytes of the arrays prepare() returned (outside "scratch")
     dense: Timing
     dense_graph: Timing | None = None
     baselines: list[BaselineTiming] = Field(default_factory=list)
