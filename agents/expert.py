@@ -28,6 +28,7 @@ from typing import Any
 
 from sparseditto.agents.policy import (
     CandidateSpec,
+    CodingBrief,
     CodeProposal,
     Diagnosis,
     FailureReport,
@@ -382,7 +383,8 @@ class ExpertPolicy:
         return out
 
     # ---- code ---------------------------------------------------------------------------------
-    def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None) -> CodeProposal:
+    def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None,
+             brief: CodingBrief | None = None) -> CodeProposal:
         if spec.source:
             return CodeProposal(source=spec.source, origin=spec.origin,
                                 rationale=f"reuse the given {spec.template} source ({spec.origin})")
@@ -397,6 +399,10 @@ class ExpertPolicy:
     def diagnose(self, failure: FailureReport, source: str) -> Diagnosis:
         status = (failure.status or "").lower()
         text = f"{failure.message}\n{failure.log}".lower()
+        if failure.failure_class == "backend_unavailable":
+            return Diagnosis(failure_class="backend_unavailable", action="give_up",
+                             rationale=f"this machine cannot run it ({_first_line(failure.message)}); "
+                                       "a fact of the execution backend, not a bug of the source")
         if status in ("static_rejected", "cheating") or "static check" in text:
             return Diagnosis(failure_class="static_rejected", action="give_up",
                              rationale=f"static checks rejected the source ({_first_line(failure.message)}); "

@@ -41,6 +41,35 @@ class TriedCandidate(BaseModel):
     bottleneck: str | None = None
 
 
+class KernelProfile(BaseModel):
+    """The current best kernel as the planner and the coder see it: its source, where its time
+    goes and how far it is from its format's byte roofline (what "faster" has to beat)."""
+
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    origin: str | None = None
+    source: str | None = None
+    median_ms: float | None = None        # measured (GPU) or CPU time (interpreter: not a GPU timing)
+    timings_are_gpu: bool | None = None
+    expected_ms: float | None = None      # the cost model's estimate on the target (what ranks on the interpreter)
+    a_bytes: float | None = None          # bytes of A as this kernel packs it
+    a_bytes_measured: bool = False        # True: counted from prepare()'s tensors; False: the format formula
+    bytes_per_nnz: float | None = None
+    roofline_ms: float | None = None      # byte roofline: (A + B + C) / bandwidth on the measuring GPU
+    pct_of_roofline: float | None = None  # roofline / measured time (GPU timings only)
+    bottleneck: str | None = None         # the profiler's one line
+    ncu: dict[str, float] = Field(default_factory=dict)   # Nsight Compute metrics (GPU with ncu only)
+
+
+class CodingBrief(BaseModel):
+    """What the graph knows beyond the candidate spec when the coder writes a kernel."""
+
+    best: KernelProfile | None = None
+    lessons: list[str] = Field(default_factory=list)    # the memory's lessons for similar patterns
+    target: str | None = None                           # the GPU planned for
+    backend: str | None = None                          # execution backend: cuda | interpret
+
+
 class PlanningInput(BaseModel):
     """Everything a planning decision may use; built by the planner node from state + context."""
 
@@ -55,6 +84,8 @@ class PlanningInput(BaseModel):
     roofline_ms: float | None = None
     budget_left: int = 0
     templates: list[dict[str, Any]] = Field(default_factory=list, description="applicable templates with cost estimates")
+    best_kernel: KernelProfile | None = None
+    lessons: list[str] = Field(default_factory=list)
 
 
 class PlanDecision(BaseModel):
@@ -79,6 +110,7 @@ class FailureReport(BaseModel):
     template: str
     params: dict[str, Any] = Field(default_factory=dict)
     status: str
+    failure_class: str | None = None      # the harness's classification (e.g. backend_unavailable)
     message: str = ""
     log: str = ""
     attempt: int = 1
@@ -104,6 +136,7 @@ class Policy(Protocol):
 
     def plan(self, inp: PlanningInput) -> PlanDecision: ...
 
-    def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None) -> CodeProposal: ...
+    def code(self, spec: CandidateSpec, template_source: str, feedback: str | None = None,
+             brief: CodingBrief | None = None) -> CodeProposal: ...
 
     def diagnose(self, failure: FailureReport, source: str) -> Diagnosis: ...
