@@ -15,10 +15,11 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.agents.kit import call_policy, decision, emit, policy_events, policy_for_step, record_step, run_hook
-from sparseditto.agents.policy import CandidateSpec
-from sparseditto.agents.records import build_record, make_candidate
-from sparseditto.agents.state import Context, State, effective_context
+from sparseditto.agents.kit import (ask_policy, decision, emit, plan_target, policy_name, record_step, run_hook,
+                                    run_lessons)
+from sparseditto.agents.policy import CandidateSpec, CodingBrief
+from sparseditto.agents.records import build_record, kernel_profile, make_candidate
+from sparseditto.agents.state import Context, State, effective_context, resolved_backend
 
 
 def template_source(name: str) -> str:
@@ -48,13 +49,20 @@ def format_feedback(failure: dict | None) -> str | None:
     return "\n".join(parts)
 
 
+def coding_brief(ctx: Context, state: dict) -> CodingBrief:
+    """What the coder is told beyond the spec: the current best kernel and its profile, the
+    memory's lessons for this pattern, the target and the execution backend."""
+    target, _ = plan_target(ctx)
+    return CodingBrief(best=kernel_profile(state.get("best"), (state.get("report") or {}).get("nnz")),
+                       lessons=run_lessons(ctx, state), target=target.name, backend=resolved_backend(ctx))
+
+
 def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger", "planner"]]:
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "coder", state)
     current = dict(state["current"])
     spec = dict(current["spec"])
-    events: list[dict] = []
-    usage: dict = {}
+    llm: dict = {}   # what asking the policy added: events, llm_calls, token_usage
     origin = spec.get("origin") or "template"
     try:
         if current.get("fixed_source"):
@@ -62,19 +70,17 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
         elif spec.get("source") and current.get("attempt", 1) == 1:
             source, why = spec["source"], f"use the ready {origin} source"
         else:
-            policy = policy_for_step(ctx, state)
-            proposal, events, usage = call_policy(
-                policy, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
-                format_feedback(current.get("last_failure")), node="coder")
-            events = policy_events(ctx, state, "coder", events)
-            source, why = proposal.source, proposal.rationale or f"{policy.name} wrote {spec['template']}"
-            if proposal.origin == "llm":
-                origin = "llm"
+            proposal, llm = ask_policy(
+                ctx, state, "code", CandidateSpec.model_validate(spec), template_source(spec["template"]),
+                format_feedback(current.get("last_failure")), coding_brief(ctx, state), node="coder")
+            why = proposal.rationale or f"{policy_name(ctx, state)} wrote {spec['template']}"
+            source = proposal.source
+            origin = proposal.origin   # "template" when the fallback instantiated the template instead
         candidate = make_candidate(spec, source, origin)
     except (ValueError, LookupError) as exc:
         # No source could be made: an unknown template or illegal parameters (from a plan or a
         # debugger's retry). A failed candidate, not a crashed graph: back to the planner.
-        return _codegen_failed(ctx, state, {**current, "origin": origin}, exc, events, usage)
+        return _codegen_failed(ctx, state, {**current, "origin": origin}, exc, llm)
     current.update(source=source, source_hash=candidate.source_hash, backend=candidate.backend, origin=origin,
                    fixed_source=None, format=candidate.format)
     d = decision("coder", "code", why, template=spec["template"], attempt=current.get("attempt", 1),
@@ -82,11 +88,10 @@ def coder(state: State, runtime: Runtime[Context]) -> Command[Literal["debugger"
     emit("coder", f"{spec['template']} attempt {current.get('attempt', 1)}: {why} "
                   f"({len(source.splitlines())} lines, {candidate.source_hash[:10]})")
     record_step(ctx, state, "coder", "code", {**d, "origin": origin, "params": spec.get("params") or {}})
-    return Command(goto="debugger", update={"current": current, "decisions": [d], "events": events,
-                                            "token_usage": usage})
+    return Command(goto="debugger", update={"current": current, "decisions": [d], **llm})
 
 
-def _codegen_failed(ctx: Context, state: dict, current: dict, exc: Exception, events: list, usage: dict) -> Command:
+def _codegen_failed(ctx: Context, state: dict, current: dict, exc: Exception, llm: dict) -> Command:
     spec = current["spec"]
     why = f"{spec['template']} {spec.get('params') or {}}: no source could be generated ({exc})"
     # no source came out of this attempt (a retry's `current` may still carry the previous one's)
@@ -96,4 +101,4 @@ def _codegen_failed(ctx: Context, state: dict, current: dict, exc: Exception, ev
     emit("coder", why)
     record_step(ctx, state, "coder", "feedback", {**d, "status": "codegen_error"})
     return Command(goto="planner", update={"candidates": [record.model_dump(mode="json")], "current": None,
-                                           "decisions": [d], "events": events, "token_usage": usage})
+                                           "decisions": [d], **llm})

@@ -112,25 +112,47 @@ def dense_estimate_ms(state: dict, ctx: Context) -> float | None:
     return next((t["estimate_ms"] for t in table if t["name"] == "dense"), None)
 
 
-def roofline_for(state: dict, ctx: Context, template: str, params: dict) -> dict | None:
-    """Estimate of this template instance: on the plan target (ranking) and on the measuring GPU.
-    None for dense and for a template the registry does not know (an LLM's own kernel)."""
+def roofline_for(state: dict, ctx: Context, template: str, params: dict, a_bytes: float | None = None) -> dict | None:
+    """Estimate of this candidate: on the plan target (ranking) and on the measuring GPU.
+
+    A template instance is costed by its template's model. A kernel an LLM wrote passes
+    ``a_bytes`` (the bytes its prepare() returned): the model of the template it adapts with A's
+    bytes replaced, or, for a name the registry does not know, a plain CSR-like memory model of
+    those bytes. None for dense, and without ``a_bytes`` for an unknown template or parameters the
+    template does not allow."""
     from sparseditto.kernel_templates.registry import get_template
 
-    try:
-        t = get_template(template)
-    except ValueError:
-        return None
-    if t.backend == "builtin":
-        return None
     target, _ = plan_target(ctx)
     rep = report_model(state["report"])
     n = main_n(ctx)
     try:
-        est = t.cost(rep, n, ctx.dtype, target, params)
-        gpu_target = measured_target(ctx)
-        est_gpu = t.cost(rep, n, ctx.dtype, gpu_target, params) if gpu_target is not None else est
-    except ValueError:   # parameters of an LLM's edit that the template does not allow
+        t = get_template(template)
+    except ValueError:
+        t = None
+    if t is not None and t.backend == "builtin":
         return None
+
+    def cost_on(tgt):
+        if t is not None:
+            try:
+                return t.cost(rep, n, ctx.dtype, tgt, params, a_bytes=a_bytes)
+            except ValueError:   # parameters of an LLM's edit that the template does not allow
+                pass
+        return None if a_bytes is None else _measured_bytes_model(rep, n, ctx.dtype, tgt, a_bytes)
+
+    est = cost_on(target)
+    if est is None:
+        return None
+    gpu_target = measured_target(ctx)
+    est_gpu = cost_on(gpu_target) if gpu_target is not None else est
     return {"estimate_ms": est.seconds * 1e3, "measured_ms": est_gpu.seconds * 1e3, "bound": est_gpu.bound,
-            "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops)}
+            "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops), "a_bytes": est_gpu.a_bytes,
+            "a_bytes_measured": a_bytes is not None}
+
+
+def _measured_bytes_model(report, n: int, dtype: str, target, a_bytes: float):
+    """The roofline of a kernel known only by the bytes it keeps of A: one launch, CUDA cores."""
+    from sparseditto.kernel_templates.cost import CostTerms, estimate
+
+    return estimate(lambda s, n_, dt, tgt, p: CostTerms(a_bytes=float(a_bytes), flops=2.0 * s.nnz * n_, unit="cuda_core"),
+                    report, n, dtype, target, {})

@@ -19,8 +19,7 @@ from typing import Any, Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.agents.kit import (call_policy, decision, emit, policy_events, policy_for_step, record_step,
-                                    remember_candidate, run_hook)
+from sparseditto.agents.kit import ask_policy, decision, emit, record_step, remember_candidate, run_hook
 from sparseditto.agents.policy import FailureReport
 from sparseditto.agents.records import build_record, candidate_of
 from sparseditto.agents.state import Context, State, effective_context, resolved_backend
@@ -105,17 +104,16 @@ def debugger(state: State, runtime: Runtime[Context]) -> Command[Literal["coder"
 
     # ---- failure: classify, record, route ---------------------------------------------------------
     failure = FailureReport(template=spec["template"], params=spec.get("params") or {}, status=outcome["status"],
-                            message=outcome.get("message") or "", log=outcome.get("log") or "", attempt=attempt)
-    policy = policy_for_step(ctx, state)
-    diag, events, usage = call_policy(policy, "diagnose", failure, current["source"], node="debugger")
-    events = policy_events(ctx, state, "debugger", events)
+                            failure_class=outcome.get("failure_class"), message=outcome.get("message") or "",
+                            log=outcome.get("log") or "", attempt=attempt)
+    diag, llm = ask_policy(ctx, state, "diagnose", failure, current["source"], node="debugger")
     failure_class = diag.failure_class or outcome.get("failure_class") or outcome["status"]
     record = build_record(current, outcome["status"], failure_class=failure_class,
                           message=(outcome.get("message") or "")[:4000], diagnosis=diag.rationale)
     remember_candidate(ctx, state, record, "debugger")
 
     can_retry = attempt <= ctx.max_debug_attempts
-    update: dict[str, Any] = {"candidates": [record.model_dump(mode="json")], "events": events, "token_usage": usage}
+    update: dict[str, Any] = {"candidates": [record.model_dump(mode="json")], **llm}
     last_failure = {"status": outcome["status"], "failure_class": failure_class,
                     "message": record.message, "log": outcome.get("log", "")[-LOG_TAIL:],
                     "diagnosis": diag.rationale}

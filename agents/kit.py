@@ -3,7 +3,8 @@
 * per-run resources: the policy deciding this run and the trajectory memory, built once per run
   (Studio hands over no ready objects) and cached here, never in state;
 * progress lines (``emit``), one-line decisions, the test hook;
-* asking the policy (``call_policy``, ``policy_for_step``) and keeping what it logged;
+* asking the policy (``ask_policy``: its tool context and LLM budget set, its events, transcript
+  and token usage kept), the memory's lessons for the prompts;
 * the target a plan is for and the GPU that measures;
 * the trajectory memory, written only from here during a run: the run's start and end, its steps,
   and each candidate record;
@@ -12,7 +13,7 @@
 """
 from __future__ import annotations
 
-import dataclasses
+import json
 import threading
 import time
 from typing import Any
@@ -112,16 +113,6 @@ def run_hook(ctx: Context, node: str, state: dict) -> None:
 
 # ---- asking the policy ---------------------------------------------------------------------------
 
-def _usage_dict(usage) -> dict:
-    if usage is None:
-        return {}
-    if hasattr(usage, "model_dump"):
-        usage = usage.model_dump()
-    elif dataclasses.is_dataclass(usage):
-        usage = dataclasses.asdict(usage)
-    return {k: v for k, v in dict(usage).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
 def _event_dict(event) -> dict:
     if hasattr(event, "model_dump"):
         return event.model_dump(mode="json")
@@ -130,29 +121,20 @@ def _event_dict(event) -> dict:
     return {"event": str(event)}
 
 
-def call_policy(policy, method: str, *args, node: str = ""):
-    """Call ``policy.<method>(*args)`` and collect what it logged while deciding.
+def llm_budget(ctx: Context, state: dict):
+    """The run's LLM budget (`Context.max_llm_tokens` / `max_llm_cost` / `llm_price`) with what
+    the run spent so far (the state's token usage: it survives checkpoints and resumes)."""
+    from sparseditto.agents.llm_transport import LLMBudget
+    from sparseditto.llm import check_price
 
-    Returns ``(answer, new_events, usage_delta)``: an LLM policy appends fallback events and
-    accumulates token usage on itself (the expert has neither); the graph state records only what
-    this call added, so the totals stay right across checkpoints and resumes.
-    """
-    events = getattr(policy, "events", None)
-    n_before = len(events) if events is not None else 0
-    usage_before = _usage_dict(getattr(policy, "usage", None))
-    answer = getattr(policy, method)(*args)
-    events = getattr(policy, "events", None)
-    new_events = [dict(_event_dict(e), node=node) for e in (events[n_before:] if events is not None else [])]
-    usage_after = _usage_dict(getattr(policy, "usage", None))
-    delta = {k: v - usage_before.get(k, 0) for k, v in usage_after.items() if v != usage_before.get(k, 0)}
-    return answer, new_events, delta
+    spent = state.get("token_usage") or {}
+    return LLMBudget(max_tokens=ctx.max_llm_tokens, max_cost=ctx.max_llm_cost, price=check_price(ctx.llm_price),
+                     spent_tokens=int(spent.get("total_tokens") or 0), spent_cost=float(spent.get("cost_usd") or 0.0))
 
 
 def policy_for_step(ctx: Context, state: dict):
-    """The run's policy, with its tool context (matrix, dtype, backend, ...) set for this step.
-
-    The LLM policy's coder tools compile and verify drafts on the run's matrix; the expert has no
-    tools and no ``set_context``."""
+    """The run's policy, with its tool context (matrix, dtype, backend, ...) and its LLM budget
+    set for this step. The expert has neither ``set_context`` nor ``set_budget``."""
     policy = run_policy(ctx, state.get("run_id", ""))
     setter = getattr(policy, "set_context", None)
     if setter is not None:
@@ -167,19 +149,56 @@ def policy_for_step(ctx: Context, state: dict):
         context = getattr(policy, "context", None)
         fields = {k: v for k, v in fields.items() if context is None or hasattr(context, k)}
         setter(**fields)
+    budget_setter = getattr(policy, "set_budget", None)
+    if budget_setter is not None:
+        budget_setter(llm_budget(ctx, state))
     return policy
 
 
-def policy_events(ctx: Context, state: dict, node: str, events: list[dict]) -> list[dict]:
-    """Record a policy's new events in memory (prompts as 'prompt' steps, the rest as 'event')
-    and return the ones the graph state keeps: fallbacks and notes, not full prompts."""
-    kept = []
-    for event in events:
-        kind = "prompt" if event.get("kind") == "prompt" or event.get("event") == "llm_call" else "event"
-        record_step(ctx, state, node, kind, event)
-        if kind == "event":
-            kept.append(event)
-    return kept
+def ask_policy(ctx: Context, state: dict, method: str, *args, node: str):
+    """Ask the run's policy ``method(*args)`` and keep what it logged while deciding.
+
+    Returns ``(answer, update)``: ``update`` holds the state keys this step adds (``events``:
+    fallbacks and notes; ``llm_calls``: a summary of every model request; ``token_usage``: their
+    tokens, in total and per role). The full transcript goes to the memory (``llm_calls`` table,
+    with a ``prompt`` step pointing at each row), events to the trajectory. Only what this call
+    added is reported, so the totals stay right across checkpoints and resumes.
+    """
+    from sparseditto.llm import RunTokenUsage
+
+    policy = policy_for_step(ctx, state)
+    events, calls = getattr(policy, "events", None), getattr(policy, "calls", None)
+    n_events = len(events) if events is not None else 0
+    n_calls = len(calls) if calls is not None else 0
+    answer = getattr(policy, method)(*args)
+    new_events = [dict(_event_dict(e), node=node) for e in (policy.events[n_events:] if events is not None else [])]
+    new_calls = list(policy.calls[n_calls:]) if calls is not None else []
+    summaries = []
+    for call in new_calls:
+        idx = record_llm_call(ctx, state, node, call)
+        record_step(ctx, state, node, "prompt", {"role": call.role, "call_idx": idx, "prompt_hash": call.prompt_hash,
+                                                 "outcome": call.outcome, "total_tokens": call.total_tokens})
+        summaries.append({**call.summary(), "node": node, "call_idx": idx})   # an LLMCall without the text
+    for event in new_events:
+        record_step(ctx, state, node, "event", event)
+    usage = RunTokenUsage.of_calls(new_calls).as_update() if new_calls else {}
+    return answer, {"events": new_events, "llm_calls": summaries, "token_usage": usage}
+
+
+def policy_name(ctx: Context, state: dict) -> str:
+    return run_policy(ctx, state.get("run_id", "")).name
+
+
+def run_lessons(ctx: Context, state: dict, limit: int = 5) -> list[str]:
+    """The memory's lessons for this matrix's pattern class (most recent first); [] without memory."""
+    mem = run_memory(ctx)
+    pattern = (state.get("report") or {}).get("pattern")
+    if mem is None or not pattern:
+        return []
+    try:
+        return [row["text"] for row in mem.lessons(pattern, limit=limit)]
+    except Exception:  # pragma: no cover - a locked or corrupt memory file
+        return []
 
 
 # ---- targets and the report ----------------------------------------------------------------------
@@ -254,6 +273,19 @@ def record_step(ctx: Context, state: dict, node: str, kind: str, payload: Any) -
         emit(node, f"memory: could not record {kind} step ({exc})")
 
 
+def record_llm_call(ctx: Context, state: dict, node: str, call) -> int | None:
+    """Store one model request in the run's transcript; its index (None when memory is off)."""
+    mem = run_memory(ctx)
+    run_id = state.get("memory_run_id")
+    if mem is None or not run_id:
+        return None
+    try:
+        return mem.record_llm_call(run_id, node, call)
+    except Exception as exc:  # pragma: no cover - a locked or corrupt memory file
+        emit(node, f"memory: could not record an LLM call ({exc})")
+        return None
+
+
 def remember_candidate(ctx: Context, state: dict, record: CandidateRecord, node: str) -> str | None:
     """Store a candidate record (source once per content hash, timings, metrics); its memory id."""
     mem = run_memory(ctx)
@@ -276,14 +308,39 @@ def remember_candidate(ctx: Context, state: dict, record: CandidateRecord, node:
         return None
 
 
+def run_lesson(ctx: Context, state: dict, final: dict) -> str:
+    """One line a later run on a similar pattern should read: what won here, by how much, what
+    failed (the prompts show the latest few of the pattern)."""
+    report = state.get("report") or {}
+    shape = "x".join(str(v) for v in report.get("shape") or []) or "?"
+    rec = final.get("candidate") or {}
+    answer = final["template"] if not rec else (
+        f"{rec['template']} {json.dumps(rec.get('params') or {}, separators=(',', ':'), default=str)} "
+        f"({rec.get('origin') or 'template'})")
+    gains = final.get("speedups") or {}
+    gain = f"{gains['dense']:.2f}x dense{' (estimated)' if final.get('speedups_are_estimates') else ''}" \
+        if gains.get("dense") else final.get("selection", "")
+    failed: dict[str, int] = {}
+    for c in state.get("candidates") or []:
+        if c.get("status") != "verified":
+            key = f"{c.get('failure_class') or c.get('status')} ({c.get('origin') or 'template'})"
+            failed[key] = failed.get(key, 0) + 1
+    fails = ", ".join(f"{v} {k}" for k, v in sorted(failed.items())) or "none"
+    return (f"{shape} {report.get('pattern', '?')} (density {float(report.get('density') or 0):.3f}), "
+            f"N={list(ctx.n_values)} {ctx.dtype} on {memory_gpu_key(ctx)}: {answer}, {gain}; failures: {fails}")
+
+
 def finish_memory_run(ctx: Context, state: dict, final: dict) -> None:
-    """Close the run in memory with the chosen kernel (a memory failure never stops the run)."""
+    """Close the run in memory with the chosen kernel and its lesson (a memory failure never
+    stops the run)."""
     mem = run_memory(ctx)
     run_id = state.get("memory_run_id")
     if mem is None or not run_id:
         return
     rec = final.get("candidate") or {}
+    report = state.get("report") or {}
     try:
+        mem.add_lesson(report.get("pattern"), run_lesson(ctx, state, final), signature=report.get("signature"))
         mem.finish_run(
             run_id, "ok", rec.get("memory_candidate_id") or None,
             best_template=final["template"],

@@ -16,10 +16,10 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from sparseditto.agents.costing import runnable_templates, template_table
-from sparseditto.agents.kit import (call_policy, decision, emit, measured_target, plan_target, policy_events,
-                                    policy_for_step, record_step, run_hook)
+from sparseditto.agents.kit import (ask_policy, decision, emit, measured_target, plan_target, policy_name,
+                                    record_step, run_hook, run_lessons)
 from sparseditto.agents.policy import PlanningInput
-from sparseditto.agents.records import record_key, spec_key, tried
+from sparseditto.agents.records import kernel_profile, record_key, spec_key, tried
 from sparseditto.agents.state import (Context, State, effective_context, main_n, resolved_backend,
                                       resolved_budget)
 
@@ -38,7 +38,8 @@ def planning_input(state: dict, ctx: Context) -> PlanningInput:
         memory_hits=list(state.get("memory_hits") or []), tried=tried(list(state.get("candidates") or [])),
         best=tried([best])[0] if best else None, dense_ms=dense.get("median_ms"),
         roofline_ms=roof_ms, budget_left=resolved_budget(ctx) - int(state.get("iteration") or 0),
-        templates=table)
+        templates=table, best_kernel=kernel_profile(best, (state.get("report") or {}).get("nnz")),
+        lessons=run_lessons(ctx, state))
 
 
 def _compact_report(report: dict) -> dict:
@@ -71,8 +72,7 @@ def planner(state: State, runtime: Runtime[Context]) -> Command[Literal["analyze
 
     done = {record_key(r) for r in state.get("candidates") or []}
     queue = [q for q in (state.get("queue") or []) if spec_key(q) not in done]
-    events: list[dict] = []
-    usage: dict = {}
+    llm: dict = {}   # what asking the policy added: events, llm_calls, token_usage
     pinned = [q for q in queue if q.get("pinned")]
     if pinned:
         spec = pinned[0]
@@ -80,36 +80,31 @@ def planner(state: State, runtime: Runtime[Context]) -> Command[Literal["analyze
         d = decision("planner", "try", spec.get("rationale") or f"pinned candidate {spec['template']}",
                      template=spec["template"], params=spec.get("params") or {}, origin=spec.get("origin"))
     else:
-        inp = planning_input(state, ctx)
-        policy = policy_for_step(ctx, state)
-        plan, events, usage = call_policy(policy, "plan", inp, node="planner")
-        events = policy_events(ctx, state, "planner", events)
+        plan, llm = ask_policy(ctx, state, "plan", planning_input(state, ctx), node="planner")
         if plan.action == "stop":
-            return _stop(state, ctx, plan.rationale, events=events, usage=usage)
+            return _stop(state, ctx, plan.rationale, llm)
         fresh = [c.model_dump(mode="json") for c in plan.candidates]
         if fresh and all(c["template"] == "dense" for c in fresh):
-            return _stop(state, ctx, f"the policy chose dense ({plan.rationale})", events=events, usage=usage)
+            return _stop(state, ctx, f"the policy chose dense ({plan.rationale})", llm)
         # dense is measured with every benchmark already; it is never a candidate to code
         fresh = [c for c in fresh if spec_key(c) not in done and c["template"] != "dense"]
         if not fresh:
-            return _stop(state, ctx, f"the policy proposed only candidates already tried ({plan.rationale})",
-                         events=events, usage=usage)
+            return _stop(state, ctx, f"the policy proposed only candidates already tried ({plan.rationale})", llm)
         spec, rest = fresh[0], fresh[1:]
         d = decision("planner", "try", plan.rationale, template=spec["template"], params=spec.get("params") or {},
-                     origin=spec.get("origin"), policy=policy.name)
+                     origin=spec.get("origin"), policy=policy_name(ctx, state))
     spec = {k: v for k, v in spec.items() if k != "pinned"}
     emit("planner", f"candidate {iteration + 1}/{budget}: {spec['template']} {spec.get('params') or {}} "
                     f"- {d['rationale']}")
     record_step(ctx, state, "planner", "decision", d)
     current = {"spec": spec, "attempt": 1, "last_failure": None, "index": iteration + 1}
     return Command(goto="coder", update={
-        "current": current, "queue": rest, "iteration": iteration + 1, "decisions": [d],
-        "events": events, "token_usage": usage})
+        "current": current, "queue": rest, "iteration": iteration + 1, "decisions": [d], **llm})
 
 
-def _stop(state: dict, ctx: Context, why: str, events=None, usage=None) -> Command:
+def _stop(state: dict, ctx: Context, why: str, llm: dict | None = None) -> Command:
     d = decision("planner", "stop", why)
     emit("planner", f"stop: {why}")
     record_step(ctx, state, "planner", "decision", d)
     return Command(goto="finalize", update={"decisions": [d], "stop_reason": d["rationale"], "queue": [],
-                                            "current": None, "events": events or [], "token_usage": usage or {}})
+                                            "current": None, **(llm or {})})

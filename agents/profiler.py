@@ -25,14 +25,24 @@ from sparseditto.agents.state import (Context, State, effective_context, main_n,
 LAUNCH_BOUND_US = 8.0     # below this a kernel is dominated by launch + tail, not by its bytes
 
 
+def bytes_note(est: dict | None, nnz: int | None) -> str:
+    """Where A's bytes stand: "A: 3608 bytes (4.31 per nonzero, measured)"; '' without a model."""
+    if not est or est.get("a_bytes") is None:
+        return ""
+    per = f"{est['a_bytes'] / nnz:.2f} per nonzero, " if nnz else ""
+    how = "measured from prepare()" if est.get("a_bytes_measured") else "format formula"
+    return f"A: {est['a_bytes']:.0f} bytes ({per}{how})"
+
+
 def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float | None,
-                       metrics: dict | None, gpu_name: str) -> str:
+                       metrics: dict | None, gpu_name: str, nnz: int | None = None) -> str:
     """One line: what limits this kernel (the planner reads it, the user sees it)."""
+    note = bytes_note(est, nnz)
     if not gpu:
         line = f"interpreter run on the CPU: {median_ms:.2f} ms is not a GPU timing"
         if est:
-            line += f"; roofline estimate {est['estimate_ms'] * 1e3:.1f} us ({est['bound']}-bound) on the target"
-        return line
+            line += f"; roofline estimate {est['estimate_ms'] * 1e3:.2f} us ({est['bound']}-bound) on the target"
+        return line + (f"; {note}" if note else "")
     us = median_ms * 1e3
     if est is None or pct is None:
         line = f"{us:.1f} us on {gpu_name}; no roofline model for this source"
@@ -44,6 +54,8 @@ def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float
         line = (f"memory-bound at {pct:.0f}% of roofline ({est['bytes'] / 1e6:.2f} MB at {achieved:.0f} GB/s)")
     else:
         line = f"compute-bound at {pct:.0f}% of the roofline peak"
+    if note:
+        line += f"; {note}"
     if metrics:
         bits = []
         for key, label in (("dram_throughput_pct", "DRAM"), ("sm_throughput_pct", "SM"),
@@ -118,12 +130,14 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
         return Command(goto="planner", update={"candidates": [record.model_dump(mode="json")], "current": None,
                                                "decisions": [d]})
 
-    est = roofline_for(state, ctx, spec["template"], spec.get("params") or {})
+    # An LLM's kernel packs A its own way: it is costed with the bytes its prepare() returned.
+    measured_bytes = res.packed_bytes if current.get("origin") == "llm" else None
+    est = roofline_for(state, ctx, spec["template"], spec.get("params") or {}, a_bytes=measured_bytes)
     median_ms, dense_ms, basis = kernel_timings(res, gpu)
     pct = 100.0 * est["measured_ms"] / median_ms if (gpu and est and median_ms > 0) else None
     best = state.get("best")
     metrics, ncu_note = _ncu(ctx, candidate, matrix, n, best is None or median_ms < (best.get("median_ms") or float("inf")))
-    summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name)
+    summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name, (state.get("report") or {}).get("nnz"))
     record = build_record(
         current, "verified", median_ms=median_ms, timing_basis=basis, eager_ms=res.candidate.median_ms,
         p10_ms=res.candidate.p10_ms, p90_ms=res.candidate.p90_ms,
@@ -137,6 +151,8 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
         baseline_notes={b.name: (b.error or b.note) for b in res.baselines if not b.ok or b.note},
         expected_ms=est["estimate_ms"] if est else spec.get("expected_ms"),
         pct_of_roofline=pct, bottleneck=summary, metrics=metrics, ncu_note=ncu_note,
+        a_bytes=est.get("a_bytes") if est else None, a_bytes_measured=est.get("a_bytes_measured") if est else None,
+        roofline_ms=est["measured_ms"] if est else None,
         timings_are_gpu=res.timings_are_gpu, gpu_name=res.gpu_name, n=n, notes=list(res.notes))
     record.memory_candidate_id = remember_candidate(ctx, state, record, "profiler")
     improved = best is None or _better(record.model_dump(), best, gpu)

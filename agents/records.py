@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparseditto.agents.policy import TriedCandidate
+from sparseditto.agents.policy import KernelProfile, TriedCandidate
 
 
 class CandidateRecord(BaseModel):
@@ -60,6 +60,9 @@ class CandidateRecord(BaseModel):
     baselines: dict[str, float | None] = Field(default_factory=dict)   # vendor library -> eager ms
     baseline_notes: dict[str, str | None] = Field(default_factory=dict)
     pct_of_roofline: float | None = None
+    a_bytes: float | None = None         # bytes of A in the cost model (measured from prepare() for LLM code)
+    a_bytes_measured: bool | None = None
+    roofline_ms: float | None = None     # the cost model's bound on the measuring GPU (the % above is against it)
     bottleneck: str | None = None
     metrics: dict[str, Any] = Field(default_factory=dict)              # Nsight Compute
     ncu_note: str | None = None
@@ -117,6 +120,22 @@ def tried(records: list[dict]) -> list[TriedCandidate]:
                            bottleneck=r.get("bottleneck")) for r in records]
 
 
+def kernel_profile(record: dict | None, nnz: int | None) -> KernelProfile | None:
+    """The prompts' view of a verified candidate record (the current best): source, times, bytes
+    of A and its byte roofline, bottleneck, Nsight Compute metrics."""
+    if not record:
+        return None
+    a_bytes = record.get("a_bytes")
+    metrics = {k: float(v) for k, v in (record.get("metrics") or {}).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return KernelProfile(
+        template=record.get("template", "?"), params=record.get("params") or {}, origin=record.get("origin"),
+        source=record.get("source"), median_ms=record.get("median_ms"), timings_are_gpu=record.get("timings_are_gpu"),
+        expected_ms=record.get("expected_ms"), a_bytes=a_bytes, a_bytes_measured=bool(record.get("a_bytes_measured")),
+        bytes_per_nnz=a_bytes / nnz if a_bytes is not None and nnz else None, roofline_ms=record.get("roofline_ms"),
+        pct_of_roofline=record.get("pct_of_roofline"), bottleneck=record.get("bottleneck"), ncu=metrics)
+
+
 def make_candidate(spec: dict, source: str, origin: str):
     """The harness `Candidate` for this source: the registry's own instance when the source is the
     plain template instance, else a candidate built around the given source (an LLM's, memory's).
@@ -135,7 +154,9 @@ def make_candidate(spec: dict, source: str, origin: str):
             inst = None   # e.g. a memory source whose parameters this template version no longer allows
         if inst is not None and inst.source == source:
             return inst.model_copy(update={"origin": origin})
-    backend = template.backend if template is not None else None
+    # An LLM's source is in whatever language it was written in (a Triton template's adaptation
+    # may come back as CUDA C++ through CuPy): read it from the source, not from the template.
+    backend = template.backend if template is not None and origin != "llm" else None
     if backend in (None, "builtin"):
         backend = source_backend(source)
     return Candidate(template=spec["template"], params=spec.get("params") or {}, source=source, backend=backend,

@@ -31,11 +31,14 @@ BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 def add_usage(left: Optional[dict], right: Optional[dict]) -> dict:
-    """Reducer for token usage: sum numeric fields, so each node reports only its delta."""
+    """Reducer for token usage: sum numeric fields (nested ones too: the per-role totals), so each
+    node reports only its delta."""
     out = dict(left or {})
     for key, value in (right or {}).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = out.get(key, 0) + value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = add_usage(out[key], value)
         else:
             out[key] = value
     return out
@@ -64,7 +67,8 @@ class State(TypedDict, total=False):
     dense: Optional[dict]           # dense (cuBLAS / CPU torch.matmul) timing record at the main N
     decisions: Annotated[list[dict], operator.add]    # {node, action, rationale, iteration}
     events: Annotated[list[dict], operator.add]       # fallbacks, skipped tools, notes
-    token_usage: Annotated[dict, add_usage]
+    llm_calls: Annotated[list[dict], operator.add]    # LLMCall.summary() of every model request (the text is in memory)
+    token_usage: Annotated[dict, add_usage]           # RunTokenUsage dump: totals + by_role
     done: bool
     stop_reason: str
     final: dict                     # finalize's verdict: chosen kernel, selection basis, reason, speedups
@@ -119,6 +123,16 @@ class Context:
     llm: Optional[str] = _setting(None, description="chat model name for the LLM policy, e.g. gpt-4o-mini "
                                   "(OPENAI_BASE_URL / OPENAI_API_KEY from the server's .env); empty: "
                                   "$SPARSEDITTO_LLM_MODEL, else the deterministic expert policy")
+    max_llm_tokens: Optional[int] = _setting(None, description="LLM token budget of the run (prompt + completion "
+                                             "tokens of every request); once the next request would pass it, the "
+                                             "expert policy answers the remaining steps (empty: no limit)")
+    max_llm_cost: Optional[float] = _setting(None, description="LLM cost budget of the run in US dollars, priced "
+                                             "with llm_price; once the next request would pass it, the expert "
+                                             "policy answers the remaining steps (empty: no limit)")
+    llm_price: Optional[tuple[float, float]] = _setting(None, description="price of the model: [US dollars per "
+                                                        "million prompt tokens, per million completion tokens]; "
+                                                        "needed by max_llm_cost, and shown as cost_usd in the "
+                                                        "token usage")
     memory_path: Optional[str] = _setting(None, description="SQLite file of the optimization memory (empty: "
                                           "$SPARSEDITTO_MEMORY, else memory.sqlite in the cache directory)")
     use_memory: bool = _setting(True, description="reuse kernels of identical patterns and start from similar "
@@ -217,6 +231,25 @@ def parse_n_values(n, *, text: bool = False) -> list[int]:
             raise ValueError(f"N = {v} is larger than the supported maximum of {MAX_N} columns of B (n={n!r}).")
         out.append(v)
     return list(dict.fromkeys(out))
+
+
+def check_llm_budget(max_llm_tokens, max_llm_cost, llm_price) -> tuple[Optional[int], Optional[float], Optional[tuple]]:
+    """The run's LLM budget settings, checked: a positive token count, a non-negative dollar
+    amount that comes with a price."""
+    from sparseditto.llm import check_price
+
+    if max_llm_tokens is not None and (isinstance(max_llm_tokens, bool) or not isinstance(max_llm_tokens, int)
+                                       or max_llm_tokens <= 0):
+        raise ValueError(f"Expected max_llm_tokens to be a positive number of tokens, got {max_llm_tokens!r}.")
+    price = check_price(llm_price)
+    if max_llm_cost is not None:
+        if isinstance(max_llm_cost, bool) or not isinstance(max_llm_cost, (int, float)) or not max_llm_cost >= 0:
+            raise ValueError(f"Expected max_llm_cost to be a non-negative number of US dollars, got {max_llm_cost!r}.")
+        if price is None:
+            raise ValueError("max_llm_cost needs llm_price=(USD per million prompt tokens, USD per million "
+                             "completion tokens) to turn tokens into dollars.")
+        max_llm_cost = float(max_llm_cost)
+    return max_llm_tokens, max_llm_cost, price
 
 
 def check_budget(budget, *, text: bool = False) -> int:
