@@ -31,6 +31,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, Field, PrivateAttr, computed_field
 
 from sparseditto.agents.records import CandidateRecord
+from sparseditto.llm import LLMCall, RunTokenUsage
 from sparseditto.matrix import SparseMatrix
 
 # ---- result models --------------------------------------------------------------------------------
@@ -77,7 +78,8 @@ class Result(BaseModel):
     speedups_are_estimates: bool = False
     memory_hits: list[dict[str, Any]] = Field(default_factory=list)
     decisions: list[dict[str, Any]] = Field(default_factory=list)
-    token_usage: dict[str, Any] = Field(default_factory=dict)
+    token_usage: RunTokenUsage = Field(default_factory=RunTokenUsage)   # LLM tokens: totals + by_role
+    llm_calls: list[LLMCall] = Field(default_factory=list)     # every model request (text: memory show --llm)
     events: list[dict[str, Any]] = Field(default_factory=list)
     stop_reason: str | None = None
     resumed: bool = False
@@ -156,6 +158,11 @@ class Result(BaseModel):
                          "the choice comes from the roofline cost model")
         if self.target.get("note"):
             lines.append(f"note: {self.target['note']}")
+        if self.llm_calls:
+            u = self.token_usage
+            roles = ", ".join(f"{role} {r.total_tokens}" for role, r in sorted(u.by_role.items()))
+            lines.append(f"llm: {len(self.llm_calls)} request(s), {u.prompt_tokens} prompt + {u.completion_tokens} "
+                         f"completion tokens ({roles})" + (f", ${u.cost_usd:.4f}" if u.cost_usd else ""))
         if self.events:
             lines.append(f"events: {len(self.events)} (e.g. {self.events[0].get('event') or self.events[0]})")
         return "\n".join(lines)
@@ -474,10 +481,13 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
     """
     t0 = time.time()
     from sparseditto.agents.kit import build_policy
-    from sparseditto.agents.state import RunContext, check_seed
+    from sparseditto.agents.state import RunContext, check_llm_budget, check_seed
 
     tgt, note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
     seed = check_seed(seed)
+    if any(k in options for k in ("max_llm_tokens", "max_llm_cost", "llm_price")):
+        (options["max_llm_tokens"], options["max_llm_cost"], options["llm_price"]) = check_llm_budget(
+            options.get("max_llm_tokens"), options.get("max_llm_cost"), options.get("llm_price"))
     # Context fields that run_graph's own arguments set may not come in again through **options.
     extra = set(RunContext.__dataclass_fields__) - {"target", "n_values", "dtype", "backend", "budget", "llm", "seed",
                                                     "approve", "use_memory", "memory_path", "memory", "chat_model"}
@@ -647,7 +657,9 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         best=best, dense=dense, speedups=dict(final.get("speedups") or {}),
         speedups_are_estimates=bool(final.get("speedups_are_estimates", not gpu)),
         memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
-        decisions=list(values.get("decisions") or []), token_usage=dict(values.get("token_usage") or {}),
+        decisions=list(values.get("decisions") or []),
+        token_usage=RunTokenUsage.model_validate(values.get("token_usage") or {}),
+        llm_calls=[LLMCall.model_validate(c) for c in values.get("llm_calls") or []],
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
         wall_seconds=round(wall, 3), verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
 

@@ -61,6 +61,14 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "(default: $SPARSEDITTO_LLM_MODEL, else the deterministic expert policy; docs/llm.md)")
     p.add_argument("--budget", type=int, default=None, metavar="K",
                    help="most candidate kernels to try (default: 8 on a GPU, 4 on the interpreter)")
+    p.add_argument("--max-llm-tokens", type=int, default=None, metavar="TOKENS",
+                   help="LLM token budget of the run (prompt + completion tokens); once the next request would "
+                        "pass it, the expert policy answers the remaining steps (default: no limit)")
+    p.add_argument("--max-llm-cost", type=float, default=None, metavar="USD",
+                   help="LLM cost budget of the run in US dollars, priced with --llm-price (default: no limit)")
+    p.add_argument("--llm-price", default=None, metavar="IN,OUT",
+                   help="model price: USD per million prompt tokens, per million completion tokens (for "
+                        "--max-llm-cost and the cost in the token usage)")
     p.add_argument("--memory", default=None, metavar="FILE",
                    help="SQLite file of the optimization memory (default: $SPARSEDITTO_MEMORY, else the cache "
                         "directory)")
@@ -151,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "show", "export"],
                    help="list: recent runs as a table; show: one run as JSON; export: every run as JSON Lines")
     p.add_argument("id", nargs="?", help="run id (or a unique prefix) for `show`")
+    p.add_argument("--llm", action="store_true",
+                   help="`show`: print the run's LLM transcript (every model request) instead of its JSON")
+    p.add_argument("--text-chars", type=int, default=None, metavar="N",
+                   help="`show --llm`: clip each prompt and answer to N characters (default: whole)")
     p.add_argument("--memory", default=None, metavar="FILE",
                    help="SQLite memory file (default: $SPARSEDITTO_MEMORY, else the cache directory)")
     p.add_argument("--limit", type=int, default=50, help="runs to list (default: 50)")

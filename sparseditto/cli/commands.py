@@ -85,7 +85,14 @@ def _run(args, progress):
     check_positive(args.budget, "--budget")
     return api.run_graph(args.matrix, target=args.target, n=args.n, dtype=args.dtype, backend=args.backend,
                          llm=args.llm, budget=args.budget, memory=args.memory, tensor=args.tensor,
-                         progress=progress)
+                         progress=progress, **_llm_budget_options(args))
+
+
+def _llm_budget_options(args) -> dict:
+    """--max-llm-tokens / --max-llm-cost / --llm-price as run_graph options (only those given;
+    run_graph checks them before any work)."""
+    names = ("max_llm_tokens", "max_llm_cost", "llm_price")
+    return {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
 
 
 def _write_result(result, args, out: Path | None) -> None:
@@ -144,7 +151,10 @@ def cmd_memory(args) -> int:
     elif args.action == "show":
         if args.id is None:
             raise ValueError("memory show needs a run id (see `sparseditto memory list`).")
-        _print_json(mem.get_run(args.id))
+        if args.llm:
+            print(mem.format_transcript(args.id, text_chars=args.text_chars))
+        else:
+            _print_json(mem.get_run(args.id))
     elif args.action == "export":
         count = mem.export(out, fmt=args.format)
         print(f"exported {count} records" + (f" to {out}" if out else ""), file=sys.stderr)
