@@ -49,7 +49,10 @@ def test_good_llm_kernel_is_verified_and_recorded(matrix, run):
     assert (first.origin, first.status) == ("llm", "verified")
     assert first.source.strip() == GOOD_KERNEL.strip()
     assert {"planner", "coder"} <= set(model.roles_called)
-    assert result.token_usage and sum(v for v in result.token_usage.values() if isinstance(v, (int, float))) > 0
+    usage = result.token_usage
+    assert usage.total_tokens > 0 and {"planner", "coder"} <= set(usage.by_role)
+    assert usage.total_tokens == sum(r.total_tokens for r in usage.by_role.values())
+    assert [c.role for c in result.llm_calls] == model.roles_called   # every request, in order
     B = torch.randn(64, 3, dtype=torch.float16)
     C = SpMMKernel(matrix, first.source)(B)
     ref = torch.from_numpy(matrix.to_dense()) @ B.double()
@@ -60,8 +63,11 @@ def test_good_llm_kernel_is_verified_and_recorded(matrix, run):
     kinds = {s["kind"] for s in steps}
     assert {"decision", "prompt", "code", "feedback", "outcome"} <= kinds
     prompts = [s["payload"] for s in steps if s["kind"] == "prompt"]
-    assert {"plan", "code"} <= {p["decision"] for p in prompts}
-    assert all(p["prompt"] and p["reply"] for p in prompts)
+    assert {"planner", "coder"} <= {p["role"] for p in prompts}
+    with Memory(run.memory_path) as mem:
+        transcript = mem.llm_calls(result.run_id)
+    assert [p["call_idx"] for p in prompts] == [c["idx"] for c in transcript]
+    assert all(c["prompt"] and c["reply"] and c["prompt_tokens"] > 0 for c in transcript)
 
 
 def test_kernel_that_does_not_compile_is_fixed_by_the_debugger_loop(matrix, run):

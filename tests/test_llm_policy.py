@@ -10,14 +10,9 @@ import pytest
 import scipy.sparse as sp
 from langchain_core.messages import AIMessage, ToolMessage
 
-from sparseditto.agents.llm_policy import (
-    LLMPolicy,
-    compact_json,
-    extract_json,
-    extract_python,
-    load_prompt,
-    plan_prompt,
-)
+from sparseditto.agents.llm_answers import extract_json, extract_python
+from sparseditto.agents.llm_policy import LLMPolicy
+from sparseditto.agents.llm_prompts import compact_json, load_prompt, plan_prompt
 from sparseditto.agents.policy import (
     CandidateSpec,
     CodeProposal,
@@ -28,7 +23,7 @@ from sparseditto.agents.policy import (
     TriedCandidate,
 )
 from sparseditto.agents.tools import ToolContext, past_kernels_text, triton_language_api_text
-from sparseditto.llm import TokenUsage, describe_llm, resolve_llm
+from sparseditto.llm import RunTokenUsage, TokenUsage, describe_llm, resolve_llm
 from sparseditto.matrix import SparseMatrix
 from sparseditto.memory import STEP_KINDS, Memory
 from sparseditto.testing_llm import (
@@ -70,7 +65,7 @@ class RecordingFallback:
         self.asked.append("plan")
         return PlanDecision(action="stop", rationale="fallback plan")
 
-    def code(self, spec, template_source, feedback=None):
+    def code(self, spec, template_source, feedback=None, brief=None):
         self.asked.append("code")
         return CodeProposal(source=spec.source or "# fallback source", origin=spec.origin)
 
@@ -112,8 +107,11 @@ def test_plan_parsed_and_validated():
     assert [(c.template, c.params, c.origin) for c in decision.candidates] == [
         ("csr_rowsplit", {"BLOCK_N": 32}, "template"), ("bitmap_tiles", {}, "llm")]
     assert fallback.asked == [] and model.structured_schemas == ["PlanDecision"]
-    assert [e["event"] for e in policy.events] == ["llm_call"]
-    assert policy.events[0]["kind"] in STEP_KINDS and "csr_rowsplit" in policy.events[0]["reply"]
+    assert policy.events == [] and [c.role for c in policy.calls] == ["planner"]
+    call = policy.calls[0]
+    assert call.outcome == "ok" and "csr_rowsplit" in call.reply and call.fallback_reason is None
+    assert call.prompt.startswith("## Matrix pattern report") and len(call.prompt_hash) == 64
+    assert call.prompt_chars > len(call.prompt) and call.total_tokens == call.prompt_tokens + call.completion_tokens
     assert model.roles_called == ["planner"]
 
 
@@ -136,7 +134,8 @@ def test_server_without_structured_output_switches_to_json_in_text():
     assert policy.plan(planning_input()).candidates[0].template == "csr_rowsplit"
     assert fallback.asked == [] and policy.structured_output == "json"
     assert model.structured_schemas == ["PlanDecision"]  # asked natively once, then text
-    assert [e["event"] for e in policy.events] == ["structured_output_switch", "llm_call", "llm_call"]
+    assert [e["event"] for e in policy.events] == ["structured_output_switch"]
+    assert [c.outcome for c in policy.calls] == ["error", "ok", "ok"]   # the refused request is in the transcript
 
 
 def test_plan_is_trimmed_to_budget_and_stop_drops_candidates():
@@ -193,7 +192,9 @@ def test_unreachable_server_falls_back_for_every_decision():
     fallbacks = [e for e in policy.events if e["event"] == "fallback"]
     assert [e["decision"] for e in fallbacks] == ["plan", "code", "diagnose"]
     assert {e["error_type"] for e in fallbacks} == {"ConnectionError"}
-    assert len(model.calls) == 3 and policy.usage.calls == 0
+    assert len(model.calls) == 3 and policy.usage.calls == 0   # a refused connection is not retried
+    assert [(c.outcome, c.error_type, c.attempts) for c in policy.calls] == [("error", "ConnectionError", 1)] * 3
+    assert all("Connection refused" in c.fallback_reason for c in policy.calls)
 
 
 def test_real_openai_client_against_a_closed_port_falls_back(monkeypatch):
@@ -292,8 +293,10 @@ def test_tool_loop_runs_triton_language_api_and_returns_real_names():
     assert "tl.dot(input, other" in tool_msgs[0].content
     assert "tl.load(pointer" in tool_msgs[1].content
     assert "unknown tool 'no_such_tool'" in tool_msgs[2].content
-    calls = policy.events[-1]["tool_calls"]
+    assert [c.round for c in policy.calls] == [0, 1, 2]   # one transcript entry per request
+    calls = [t for c in policy.calls for t in c.tool_calls]
     assert [c["name"] for c in calls] == ["triton_language_api", "triton_language_api", "no_such_tool"]
+    assert "[tool triton_language_api]" in policy.calls[2].prompt   # round 2 sent the tool results
     assert policy.usage.calls == 3
 
 
@@ -381,7 +384,9 @@ def test_token_usage_is_accumulated_from_every_reply():
     policy.plan(planning_input())
     policy.code(CandidateSpec(template="csr_rowsplit", origin="llm"), "src")
     assert policy.usage == TokenUsage(prompt_tokens=250, completion_tokens=45, total_tokens=295, calls=3)
-    assert policy.events[-1]["usage"] == {"prompt_tokens": 150, "completion_tokens": 25, "total_tokens": 175, "calls": 2}
+    run = RunTokenUsage.of_calls(policy.calls)
+    assert run.by_role["coder"] == TokenUsage(prompt_tokens=150, completion_tokens=25, total_tokens=175, calls=2)
+    assert run.by_role["planner"].total_tokens == 120 and run.total_tokens == 295
     # the fake estimates usage when a script item carries none
     policy2, _, _ = policy_with([GOOD_PLAN])
     policy2.plan(planning_input())
@@ -395,7 +400,7 @@ def test_token_usage_add_variants():
     assert u == TokenUsage(prompt_tokens=3, completion_tokens=4, total_tokens=7, calls=2)
 
 
-def test_events_can_be_recorded_in_the_trajectory(tmp_path):
+def test_events_and_calls_can_be_recorded_in_the_memory(tmp_path):
     policy, _, _ = policy_with([GOOD_PLAN, ConnectionError("down")])
     policy.plan(planning_input())
     policy.plan(planning_input())
@@ -403,8 +408,13 @@ def test_events_can_be_recorded_in_the_trajectory(tmp_path):
         run = mem.start_run(signature="s", versions={})
         for event in policy.events:
             mem.record_step(run, "planner", event["kind"], event)
-        steps = mem.get_run(run)["steps"]
-    assert [s["payload"]["event"] for s in steps] == ["llm_call", "fallback"]
+        for call in policy.calls:
+            mem.record_llm_call(run, "planner", call)
+        stored = mem.get_run(run)
+    assert [s["payload"]["event"] for s in stored["steps"]] == ["fallback"]
+    assert [(c["idx"], c["outcome"], c["error_type"]) for c in stored["llm_calls"]] == [
+        (0, "ok", None), (1, "error", "ConnectionError")]
+    assert "down" in stored["llm_calls"][1]["fallback_reason"]
 
 
 # ---- configuration -----------------------------------------------------------------------------
@@ -419,7 +429,7 @@ def test_resolve_llm(monkeypatch):
     model = resolve_llm()
     info = describe_llm(model)
     assert info["model"] == "qwen2.5-coder:7b" and info["base_url"] == "http://127.0.0.1:11434/v1"
-    assert info["temperature"] == 0 and info["max_retries"] == 1
+    assert info["temperature"] == 0 and info["max_retries"] == 0   # the policy retries, within its bounds
     assert "not-needed" not in json.dumps(info)  # never the key
     with pytest.raises(ValueError, match="Expected a LangChain chat model, a model name or None"):
         resolve_llm(42)
