@@ -235,12 +235,22 @@ def code_prompt(spec: CandidateSpec, template_source: str, feedback: str | None,
     if brief is not None and brief.target:
         lines.append(f"Target GPU: {brief.target}.")
     lines.append(_language_note(spec_backend, ctx.backend))
-    lines += ["", "## Source to adapt (a working, verified template instance)", "```python",
-              clip(template_source or "# (no template source given: write the module from scratch)",
-                   limits.source_chars), "```"]
-    if brief is not None and brief.best is not None:
-        same = brief.best.source is not None and brief.best.source.strip() == (template_source or "").strip()
-        lines += [""] + profile_lines(brief.best, limits, with_source=not same)
+    best = brief.best if brief is not None else None
+    # Improving the LLM's own best kernel for the same template: that kernel is the source to
+    # adapt (the template instance stays one instantiate_template call away), so the prompt
+    # carries one source, not two.
+    own_best = best is not None and best.origin == "llm" and best.template == spec.template and bool(best.source)
+    if own_best:
+        lines += ["", "## Source to adapt (the current best kernel, verified; the template instance is "
+                      f"instantiate_template('{spec.template}'))", "```python", clip(best.source, limits.source_chars),
+                  "```"]
+    else:
+        lines += ["", "## Source to adapt (a working, verified template instance)", "```python",
+                  clip(template_source or "# (no template source given: write the module from scratch)",
+                       limits.source_chars), "```"]
+    if best is not None:
+        same = own_best or (best.source is not None and best.source.strip() == (template_source or "").strip())
+        lines += [""] + profile_lines(best, limits, with_source=not same)
     if brief is not None and brief.lessons:
         lines += [""] + lesson_lines(brief.lessons, limits)
     if feedback:

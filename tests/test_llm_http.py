@@ -320,8 +320,14 @@ def test_llm_improves_its_kernel_from_the_profile(http, capsys):
     assert srv.roles_called() == ["planner", "coder", "planner", "coder", "planner"]
     plan2 = message_text(srv.requests_of("planner")[1])
     assert "## Current best kernel" in plan2 and "measured from prepare()" in plan2
+    coder2 = message_text(srv.requests_of("coder")[1])
+    assert "## Source to adapt (the current best kernel" in coder2 and "BLOCK_NNZ" not in coder2   # one source
     text = transcript_text(http.memory_path, result.run_id, capsys)
     assert text.count("coder [coder]") == 2 and "halve it" in text and "int16 ids" in text
     with Memory(http.memory_path) as mem:          # the run left a lesson for similar patterns
         lesson = mem.lessons(result.report["pattern"])[0]["text"]
     assert "csr_rowsplit" in lesson and "(llm)" in lesson
+    # prompt sizes per role stay bounded (tokens as the server counted them)
+    sizes = {role: [c.prompt_tokens for c in result.llm_calls if c.role == role] for role in ("planner", "coder")}
+    print("prompt tokens per role:", sizes)
+    assert max(sizes["planner"]) < 4000 and max(sizes["coder"]) < 8000, sizes

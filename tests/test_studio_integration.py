@@ -3,8 +3,9 @@
 Starts the real development server from the repository root (langgraph.json) on a free port, reads
 the schemas Studio draws its forms from (the run context with a description for every field and
 dropdown choices, no internal objects), runs the `sparseditto` graph on a small matrix file through
-the SDK with stream_mode updates + custom, and checks that every agent node streamed its update.
-The server is always stopped.
+the SDK with stream_mode updates + custom, and checks that every agent node streamed its update;
+a run whose context names a model talks to a scripted OpenAI-compatible server on the loopback
+and shows its LLM calls and token usage in the state. The server is always stopped.
 """
 from __future__ import annotations
 
@@ -22,14 +23,33 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from langgraph_server import LANGGRAPH, langgraph_dev  # noqa: E402  (the same server the screenshot uses)
 
 
+PLAN_LLM = {"action": "try", "rationale": "adapt the CSR template",
+            "candidates": [{"template": "csr_rowsplit", "params": {}, "origin": "llm", "rationale": "LLM kernel"}]}
+STOP = {"action": "stop", "candidates": [], "rationale": "scripted: enough"}
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def llm_server():
+    """The scripted OpenAI-compatible server a run of the Studio server may talk to (context llm)."""
+    from openai_server import ScriptedOpenAIServer
+
+    from sparseditto.testing_llm import GOOD_KERNEL, python_reply
+
+    with ScriptedOpenAIServer(roles={"planner": [PLAN_LLM, STOP], "coder": [python_reply(GOOD_KERNEL)]}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, llm_server):
+    """One `langgraph dev` for the module's runs (starting it is most of a test's time)."""
     tmp_path = tmp_path_factory.mktemp("studio")
     if not LANGGRAPH.exists():
         pytest.skip(f"langgraph CLI not installed at {LANGGRAPH} (pip install -e '.[dev]')")
     env = dict(os.environ, SPARSEDITTO_CACHE_DIR=str(tmp_path / "cache"),
-               SPARSEDITTO_MEMORY=str(tmp_path / "memory.sqlite"))
-    env.pop("SPARSEDITTO_LLM_MODEL", None)
+               SPARSEDITTO_MEMORY=str(tmp_path / "memory.sqlite"), OPENAI_BASE_URL=llm_server.base_url,
+               OPENAI_API_KEY="sk-test-not-a-key", NO_PROXY="127.0.0.1,localhost", SPARSEDITTO_LLM_TIMEOUT="20")
+    for name in ("SPARSEDITTO_LLM_MODEL", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        env.pop(name, None)
     with langgraph_dev(env, tmp_path / "server.log") as url:
         yield url
 
@@ -62,6 +82,33 @@ def test_langgraph_dev_streams_every_agent(server, tmp_path):
     state = client.threads.get_state(thread["thread_id"])["values"]
     assert state["done"] and state["report"]["pattern"] == "unstructured"
     assert any(c["status"] == "verified" for c in state["candidates"])
+    assert not state.get("llm_calls")   # the expert made no LLM call
+
+
+def test_studio_run_with_an_llm_shows_its_calls_in_the_state(server, llm_server, tmp_path):
+    """A run whose context names a model (what Studio's configuration panel sets): the LLM policy
+    talks to the scripted OpenAI-compatible server, and the thread's state carries every request
+    (role, tokens, latency, outcome; the text is in the memory) and the per-role token usage."""
+    from langgraph_sdk import get_sync_client
+
+    from sparseditto import generate
+
+    A = generate.unstructured(48, 48, 0.8, dtype="float16", seed=5)
+    path = tmp_path / "weight.mtx"
+    scipy.io.mmwrite(str(path), A.to_scipy())
+    client = get_sync_client(url=server)
+    thread = client.threads.create()
+    for part in client.runs.stream(thread["thread_id"], "sparseditto", context={"llm": "scripted-gpt"},
+                                   input={"matrix_path": str(path), "n": 1, "backend": "interpret", "budget": 1},
+                                   stream_mode=["updates"]):
+        if part.event == "error":
+            pytest.fail(f"run failed in the server: {part.data}")
+    state = client.threads.get_state(thread["thread_id"])["values"]
+    assert [c["role"] for c in state["llm_calls"]] == llm_server.roles_called() == ["planner", "coder"]
+    assert all(c["outcome"] == "ok" and c["prompt_tokens"] > 0 and "prompt" not in c for c in state["llm_calls"])
+    assert set(state["token_usage"]["by_role"]) == {"planner", "coder"}
+    first = state["candidates"][0]
+    assert (first["origin"], first["status"]) == ("llm", "verified")
 
 
 def test_studio_reads_the_context_schema_with_descriptions(server):
