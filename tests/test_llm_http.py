@@ -264,6 +264,24 @@ def test_cuda_candidate_is_routed_as_cuda_and_refused_by_the_interpreter(http, m
     assert "backend 'interpret'" in coder_prompt and "CUDA C++ (CuPy) candidate cannot run here" in coder_prompt
 
 
+def test_cuda_candidate_is_accepted_by_the_sandboxed_worker(pool, matrix):
+    """The sandboxed worker (audit hook, allow-listed imports) imports the CUDA candidate and runs
+    its prepare() on the CPU (CuPy absent: the module's guarded import); only its launch needs a GPU."""
+    from sparseditto.harness import check_source
+    from sparseditto.harness.candidate_spec import as_spec
+
+    assert check_source(CUDA_KERNEL).ok
+    spec = as_spec(CUDA_KERNEL)
+    assert spec.backend == "cuda"
+    reply = pool.call("compile", {"spec": spec, "matrix": matrix, "dtype": "float16", "backend": "interpret"},
+                      backend="interpret", timeout=120)
+    assert reply.status == "ok", reply.error
+    value = reply.value
+    assert "import: ok" in value["log"] and "prepare on (48, 48)" in value["log"], value["log"]
+    assert not value["ok"] and "runs on a CUDA device" in value["log"]   # the launch, not the sandbox, says no
+    assert value["failure_class"] not in ("refused", "static_violation")
+
+
 @pytest.mark.gpu
 def test_cuda_candidate_written_by_the_llm_is_verified_and_profiled_on_the_gpu(http):
     """On a GPU (the H200): the coder sees the CUDA template csr_vector as the example and answers a
