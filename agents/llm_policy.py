@@ -39,7 +39,7 @@ from typing import Any, Callable, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from sparseditto.llm import LLMCall, TokenUsage, describe_llm
+from sparseditto.llm import LLMCall, TokenUsage, describe_llm, seconds_from_env
 
 from .llm_answers import (InvalidAnswer, extract_json, extract_python, first_prose_line, is_complete_source,
                           message_text, validate_diagnosis, validate_plan)
@@ -351,16 +351,8 @@ def _template_backend(name: str) -> str | None:
 
 
 def _retry_from_env() -> RetryPolicy:
-    raw = os.environ.get("SPARSEDITTO_LLM_MAX_RETRY_WAIT")
-    if not raw:
-        return RetryPolicy()
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"SPARSEDITTO_LLM_MAX_RETRY_WAIT must be a number of seconds, got {raw!r}.") from None
-    if value < 0:
-        raise ValueError(f"SPARSEDITTO_LLM_MAX_RETRY_WAIT must be >= 0, got {value}.")
-    return RetryPolicy(max_wait_s=value)
+    return RetryPolicy(max_wait_s=seconds_from_env("SPARSEDITTO_LLM_MAX_RETRY_WAIT", RetryPolicy.max_wait_s,
+                                                   allow_zero=True))
 
 
 def _as_jsonable(obj: Any) -> Any:

@@ -24,17 +24,23 @@ NO_LLM_NAMES = ("", "expert", "none", "off")
 DEFAULT_TIMEOUT_S = 120.0
 
 
-def _timeout_from_env() -> float:
-    raw = os.environ.get("SPARSEDITTO_LLM_TIMEOUT")
+def seconds_from_env(name: str, default: float, *, allow_zero: bool = False) -> float:
+    """A number of seconds from the environment variable ``name`` (``default`` when unset);
+    ValueError naming the variable when it is not a positive (or, ``allow_zero``, >= 0) number."""
+    raw = os.environ.get(name)
     if not raw:
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"SPARSEDITTO_LLM_TIMEOUT must be a number of seconds, got {raw!r}.") from None
-    if value <= 0:
-        raise ValueError(f"SPARSEDITTO_LLM_TIMEOUT must be positive, got {value}.")
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}.") from None
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value}.")
     return value
+
+
+def _timeout_from_env() -> float:
+    return seconds_from_env("SPARSEDITTO_LLM_TIMEOUT", DEFAULT_TIMEOUT_S)
 
 
 def resolve_llm(llm: Any = None, *, timeout: float | None = None):

@@ -200,6 +200,17 @@ assert "def _value_dtype(dtype):\n    return dtype\n" in ELL_KERNEL_COMPACT and 
 
 
 # ---- a CUDA C++ kernel through CuPy ----------------------------------------------------------
+def _example_dtype_traits() -> str:
+    """The fp32/fp16/bf16 storage traits of the CUDA template the coder is shown as its example
+    (kernel_templates/cuda/csr_vector.cu: header-free conversions through inline PTX), copied the
+    way a model adapting that example copies them."""
+    from importlib.resources import files
+
+    text = (files("sparseditto.kernel_templates") / "cuda" / "csr_vector.cu").read_text(encoding="utf-8")
+    start = text.index("typedef unsigned short u16;")
+    return text[start: text.index("};", text.index("struct BF16")) + 2]
+
+
 # The CUDA candidate contract, as the CUDA templates follow it (kernel_templates/cuda/csr_vector):
 # CUDA_SRC holds the whole CUDA C++ text, prepare() builds the format and compiles it with
 # cupy.RawModule once (on a GPU only; the tensors are built anywhere), spmm() makes one launch on
@@ -219,39 +230,7 @@ except ImportError:
 META = {"name": "llm_csr_scalar_cuda", "backend": "cuda", "format": "csr"}
 
 CUDA_SRC = r"""
-typedef unsigned short u16;
-
-struct F32 {
-    typedef float storage;
-    static __device__ __forceinline__ float to_float(float x) { return x; }
-    static __device__ __forceinline__ float from_float(float x) { return x; }
-};
-
-struct F16 {
-    typedef u16 storage;
-    static __device__ __forceinline__ float to_float(u16 x) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-        return f;
-    }
-    static __device__ __forceinline__ u16 from_float(float f) {
-        u16 h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        return h;
-    }
-};
-
-struct BF16 {
-    typedef u16 storage;
-    static __device__ __forceinline__ float to_float(u16 x) {
-        return __uint_as_float(static_cast<unsigned int>(x) << 16);
-    }
-    static __device__ __forceinline__ u16 from_float(float f) {
-        u16 h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        return h;
-    }
-};
+@DTYPE_TRAITS@
 
 template <typename T>
 __global__ void csr_scalar(const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -304,4 +283,4 @@ def spmm(packed: dict, B, out) -> None:
             np.int64(out.stride(0)), np.int64(out.stride(1)))
     with cp.cuda.ExternalStream(torch.cuda.current_stream(B.device).cuda_stream):
         packed["kernel"](grid, _BLOCK, args)
-'''
+'''.replace("@DTYPE_TRAITS@", _example_dtype_traits())

@@ -42,6 +42,10 @@ Typical use::
     result = run_graph(matrix, llm=model, backend="interpret")
     assert any("[sparseditto-role: coder]" in p for p in model.prompts)
 
+The kernel sources the scenarios write live in `sparseditto.testing_kernels`; `RoleScript` (how a
+script is consumed, per role) is shared with the scripted OpenAI-compatible HTTP server of the
+project's tests.
+
 Inspection: ``model.calls`` (the message lists received), ``model.prompts`` (their text),
 ``model.roles_called`` (the role of each call), ``model.bound_tools`` (names given to
 ``bind_tools``), ``model.remaining()`` (items left per script).
@@ -114,6 +118,33 @@ def _as_text(item: Any) -> str:
     return str(item)
 
 
+class RoleScript:
+    """Scripted answers consumed in order: one list per role and/or one list for every call
+    (``"*"``); with ``repeat_last`` a list that ran out repeats its last item. Shared by the fake
+    chat model here and the tests' scripted HTTP server, so both read a script the same way."""
+
+    def __init__(self, responses: list | tuple = (), roles: dict[str, list] | None = None, repeat_last: bool = False):
+        self._queues = {"*": list(responses), **{role: list(items) for role, items in (roles or {}).items()}}
+        self._last: dict[str, Any] = {}
+        self.repeat_last = repeat_last
+
+    def next(self, role: str | None, call_no: int) -> Any:
+        """The next item for ``role`` (ScriptExhausted when there is none)."""
+        key = role if role in self._queues and role != "*" else "*"
+        queue = self._queues[key]
+        if queue:
+            item = queue.pop(0)
+            self._last[key] = item
+            return item
+        if self.repeat_last and key in self._last:
+            return self._last[key]
+        where = f"role '{role}'" if key != "*" else "the script"
+        raise ScriptExhausted(f"no response left for {where} (call #{call_no}).")
+
+    def remaining(self) -> dict[str, int]:
+        return self._script.remaining()
+
+
 class ScriptedChatModel(BaseChatModel):
     """A chat model that answers from a script (see the module docstring)."""
 
@@ -124,15 +155,14 @@ class ScriptedChatModel(BaseChatModel):
     repeat_last: bool = False
     model_name: str = "scripted-chat-model"
 
-    _queues: dict[str, list[Any]] = PrivateAttr(default_factory=dict)
-    _last: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _script: RoleScript = PrivateAttr(default_factory=RoleScript)
     _calls: list[list[BaseMessage]] = PrivateAttr(default_factory=list)
     _roles_called: list[str | None] = PrivateAttr(default_factory=list)
     _bound_tools: list[str] = PrivateAttr(default_factory=list)
     _structured_schemas: list[str] = PrivateAttr(default_factory=list)
 
     def model_post_init(self, __context: Any) -> None:
-        self._queues = {"*": list(self.responses), **{role: list(items) for role, items in self.roles.items()}}
+        self._script = RoleScript(self.responses, self.roles, self.repeat_last)
 
     # -- what tests inspect --
     @property
@@ -163,16 +193,10 @@ class ScriptedChatModel(BaseChatModel):
         role = role_of(messages)
         self._calls.append(list(messages))
         self._roles_called.append(role)
-        key = role if role in self._queues and role != "*" else "*"
-        queue = self._queues[key]
-        if queue:
-            item = queue.pop(0)
-            self._last[key] = item
-        elif self.repeat_last and key in self._last:
-            item = self._last[key]
-        else:
-            where = f"role '{role}'" if key != "*" else "the script"
-            raise ScriptExhausted(f"ScriptedChatModel: no response left for {where} (call #{len(self._calls)}).")
+        try:
+            item = self._script.next(role, len(self._calls))
+        except ScriptExhausted as exc:
+            raise ScriptExhausted(f"ScriptedChatModel: {exc}") from None
         if callable(item) and not isinstance(item, (BaseModel, type)) and not isinstance(item, BaseException):
             item = item(list(messages))
         if isinstance(item, type) and issubclass(item, BaseException):

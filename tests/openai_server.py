@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sparseditto.testing_llm import RoleScript, ScriptExhausted
+
 ROLE_RE = re.compile(r"\[sparseditto-role: (\w+)\]")
 CHUNK_CHARS = 48   # streamed text is cut into pieces of this many characters
 
@@ -129,9 +131,7 @@ class ScriptedOpenAIServer:
 
     def __init__(self, roles: dict[str, list] | None = None, responses: list | None = None, *,
                  repeat_last: bool = True, json_schema: bool = True, model: str = "scripted-gpt"):
-        self._queues = {"*": list(responses or []), **{k: list(v) for k, v in (roles or {}).items()}}
-        self._last: dict[str, Any] = {}
-        self.repeat_last = repeat_last
+        self._script = RoleScript(responses or [], roles, repeat_last)
         self.json_schema = json_schema
         self.model = model
         self.requests: list[dict] = []
@@ -183,17 +183,11 @@ class ScriptedOpenAIServer:
         entry = {"role": role, "body": body, "t": time.time(), "status": None, "usage": None}
         with self._lock:
             self.requests.append(entry)
-            key = role if role in self._queues and role != "*" else "*"
-            queue = self._queues[key]
-            if queue:
-                item = queue.pop(0)
-                self._last[key] = item
-            elif self.repeat_last and key in self._last:
-                item = self._last[key]
-            else:
-                message = f"no scripted answer left for role {role!r} (request #{len(self.requests)})"
-                self.errors.append(message)
-                return entry, Reply(status=599, error=message, error_type="script_exhausted")
+            try:
+                item = self._script.next(role, len(self.requests))
+            except ScriptExhausted as exc:
+                self.errors.append(str(exc))
+                return entry, Reply(status=599, error=str(exc), error_type="script_exhausted")
         while callable(item) and not isinstance(item, Reply):
             item = item(body)
         return entry, item
