@@ -91,7 +91,7 @@ def test_good_kernel_through_planner_and_coder_with_tool_rounds(http, matrix, ca
              "coder": [tool_call("triton_language_api", query="sum"),
                        tool_call("compile_kernel", source=GOOD_KERNEL),
                        python_reply(GOOD_KERNEL, "A row-wise CSR kernel; tl.sum exists and the draft compiles.")]}
-    result, srv = http(roles, matrix, budget=2)
+    result, srv = http(roles, matrix, budget=2, llm_price=(2.0, 8.0))
     first = result.candidates[0]
     assert (first.origin, first.status, first.source) == ("llm", "verified", GOOD_KERNEL)
     assert srv.roles_called() == ["planner", "coder", "coder", "coder", "planner"]
@@ -118,6 +118,9 @@ def test_good_kernel_through_planner_and_coder_with_tool_rounds(http, matrix, ca
         assert usage.by_role[role].prompt_tokens == sum(u["prompt_tokens"] for u in served)
         assert usage.by_role[role].completion_tokens == sum(u["completion_tokens"] for u in served)
     assert usage.total_tokens == sum(r["usage"]["total_tokens"] for r in srv.requests)
+    served = [r["usage"] for r in srv.requests]
+    assert usage.cost_usd == pytest.approx(sum(u["prompt_tokens"] * 2.0 + u["completion_tokens"] * 8.0
+                                               for u in served) / 1e6)   # priced with llm_price
     assert "llm: 5 request(s)" in result.summary()
 
     text = transcript_text(http.memory_path, result.run_id, capsys)
@@ -223,24 +226,18 @@ def test_server_without_json_schema_gets_json_in_the_text(http, matrix):
 
 
 # ---- budgets -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("limit", ["tokens", "cost"])
-def test_llm_budget_hands_the_remaining_steps_to_the_expert(http, matrix, limit):
+def test_llm_token_budget_hands_the_remaining_steps_to_the_expert(http, matrix):
     roles = {"planner": [PLAN_LLM], "coder": [python_reply(GOOD_KERNEL)]}
-    # the planner's request fits; the coder's (it carries a whole template source) does not
-    options = {"max_llm_tokens": 4500} if limit == "tokens" else {"max_llm_cost": 0.009, "llm_price": (2.0, 8.0)}
-    result, srv = http(roles, matrix, **options)
+    # the planner's request (~1.9k tokens) fits; the coder's (it carries a whole template source,
+    # ~5k tokens) would pass the budget, so it is not made (the cost budget works the same way:
+    # tests/test_llm_transport.py)
+    result, srv = http(roles, matrix, max_llm_tokens=4500)
     assert srv.roles_called() == ["planner"]
     [reached] = [e for e in result.events if e["event"] == "llm_budget_reached"]
-    assert reached["decision"] == "code" and ("token budget" if limit == "tokens" else "cost budget") in reached["reason"]
+    assert reached["decision"] == "code" and "token budget" in reached["reason"]
     assert fallbacks(result)[0]["error_type"] == "BudgetReached"
     assert result.candidates[0].origin == "template" and result.candidates[0].status == "verified"
-    usage = result.token_usage
-    if limit == "tokens":
-        assert usage.total_tokens <= 4500
-    else:
-        served = srv.requests[0]["usage"]
-        assert usage.cost_usd == pytest.approx((served["prompt_tokens"] * 2.0 + served["completion_tokens"] * 8.0) / 1e6)
-        assert usage.cost_usd <= 0.009 and usage.by_role["planner"].cost_usd == usage.cost_usd
+    assert 0 < result.token_usage.total_tokens <= 4500
 
 
 def test_budget_settings_are_checked_before_any_work(matrix):
