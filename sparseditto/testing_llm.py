@@ -70,8 +70,7 @@ class ScriptExhausted(RuntimeError):
     """The scripted model was called more often than its script allows."""
 
 
-from sparseditto.testing_kernels import (BROKEN_KERNEL, CHEATING_KERNEL, CUDA_KERNEL, ELL_KERNEL,  # noqa: F401
-                                        ELL_KERNEL_COMPACT, GOOD_KERNEL, WRONG_KERNEL)
+from sparseditto.testing_kernels import BROKEN_KERNEL, CHEATING_KERNEL, GOOD_KERNEL, WRONG_KERNEL  # noqa: F401
 
 
 

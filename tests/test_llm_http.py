@@ -20,8 +20,8 @@ import re
 
 import pytest
 
-from openai_server import (Reply, ScriptedOpenAIServer, context_length_error, json_reply, message_text,
-                           rate_limited, server_error, tool_call)
+from openai_server import (Reply, ScriptedOpenAIServer, context_length_error, message_text, rate_limited,
+                           server_error, tool_call)
 from sparseditto import generate
 from sparseditto.api import run_graph
 from sparseditto.cli import main as cli_main
@@ -240,7 +240,14 @@ def test_llm_token_budget_hands_the_remaining_steps_to_the_expert(http, matrix):
     assert 0 < result.token_usage.total_tokens <= 4500
 
 
-def test_budget_settings_are_checked_before_any_work(matrix):
+def test_budget_settings_are_checked_before_any_work(matrix, capsys):
+    from sparseditto.cli import EXAMPLE_DIR
+
+    example = str(EXAMPLE_DIR / "pruned_2of4_256x256.mtx.gz")
+    assert cli_main(["run", example, "--backend", "interpret", "--max-llm-cost", "1", "--quiet"]) == 2
+    assert "max_llm_cost needs llm_price" in capsys.readouterr().err
+    assert cli_main(["run", example, "--backend", "interpret", "--llm-price", "2,x", "--quiet"]) == 2
+    assert "llm_price must be two numbers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="max_llm_cost needs llm_price"):
         run_graph(matrix, backend="interpret", llm=MODEL, max_llm_cost=1.0)
     with pytest.raises(ValueError, match="max_llm_tokens to be a positive number"):
@@ -346,3 +353,8 @@ def test_llm_improves_its_kernel_from_the_profile(http, capsys):
     sizes = {role: [c.prompt_tokens for c in result.llm_calls if c.role == role] for role in ("planner", "coder")}
     print("prompt tokens per role:", sizes)
     assert max(sizes["planner"]) < 4000 and max(sizes["coder"]) < 8000, sizes
+    # the next run on a similar pattern reads that lesson in its planner prompt
+    other = generate.unstructured(64, 64, 0.85, dtype="float16", seed=8)
+    _, srv2 = http({"planner": [STOP]}, other)
+    assert "## Lessons from the memory" in message_text(srv2.requests[0]["body"]) and lesson[:40] in \
+        message_text(srv2.requests[0]["body"])
