@@ -213,8 +213,9 @@ def _example_dtype_traits() -> str:
 
 # The CUDA candidate contract, as the CUDA templates follow it (kernel_templates/cuda/csr_vector):
 # CUDA_SRC holds the whole CUDA C++ text, prepare() builds the format and compiles it with
-# cupy.RawModule once (on a GPU only; the tensors are built anywhere), spmm() makes one launch on
-# torch's current stream. A thread per element of C: simple, correct, no claim to speed.
+# cupy.RawModule once (on a GPU only; the tensors are built anywhere), spmm() checks its operands
+# and makes one launch on torch's current stream through the templates' runtime helpers
+# (rt.cuda_operands, rt.cupy_stream). A thread per element of C: simple, correct, no claim to speed.
 CUDA_KERNEL = '''"""CSR SpMM in CUDA C++ written by the scripted LLM: a thread per (row, column) of C."""
 import numpy as np
 import torch
@@ -258,29 +259,30 @@ def prepare(A, dtype, device) -> dict:
     device = torch.device(device)
     csr = CSR.from_matrix(A, index_dtype="int32")
     tensors = csr.to_torch(device=device, dtype=dtype)
-    kernel = None
+    name = f"csr_scalar<{_TAGS[dtype]}>"
+    kernels = {}
     if device.type == "cuda":
         if cp is None:
             raise RuntimeError("this kernel needs CuPy on a CUDA GPU")
-        name = f"csr_scalar<{_TAGS[dtype]}>"
         with cp.cuda.Device(device.index if device.index is not None else 0):
             module = cp.RawModule(code=CUDA_SRC, options=("-std=c++17",), name_expressions=(name,))
-            kernel = module.get_function(name)
-    return {**tensors, "shape": tuple(A.shape), "kernel": kernel}
+            kernels[name] = module.get_function(name)
+    return {**tensors, "shape": tuple(A.shape), "kernel_name": name, "kernels": kernels, "scratch": {}}
 
 
 def spmm(packed: dict, B, out) -> None:
-    N = rt.check_operands(packed, B, out)
+    N, b, target = rt.cuda_operands(packed, B, out, packed["values"].dtype, "llm_csr_scalar_cuda")
     M = packed["shape"][0]
     if N == 0 or M == 0:
         return
-    if packed["kernel"] is None or not B.is_cuda:
-        raise ValueError("this kernel runs on a CUDA device (prepare on 'cuda')")
     grid = (-(-N // _BLOCK[0]), -(-M // _BLOCK[1]), 1)
     args = (np.uint64(packed["indptr"].data_ptr()), np.uint64(packed["indices"].data_ptr()),
-            np.uint64(packed["values"].data_ptr()), np.uint64(B.data_ptr()), np.uint64(out.data_ptr()),
-            np.int32(M), np.int32(N), np.int64(B.stride(0)), np.int64(B.stride(1)),
-            np.int64(out.stride(0)), np.int64(out.stride(1)))
-    with cp.cuda.ExternalStream(torch.cuda.current_stream(B.device).cuda_stream):
-        packed["kernel"](grid, _BLOCK, args)
+            np.uint64(packed["values"].data_ptr()), np.uint64(b.data_ptr()), np.uint64(target.data_ptr()),
+            np.int32(M), np.int32(N), np.int64(b.stride(0)), np.int64(b.stride(1)),
+            np.int64(target.stride(0)), np.int64(target.stride(1)))
+    device, stream = rt.cupy_stream(packed["scratch"], b.device)
+    with device, stream:
+        packed["kernels"][packed["kernel_name"]](grid, _BLOCK, args)
+    if target is not out:
+        out.copy_(target)
 '''.replace("@DTYPE_TRAITS@", _example_dtype_traits())
