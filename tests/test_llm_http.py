@@ -241,7 +241,7 @@ def test_llm_token_budget_hands_the_remaining_steps_to_the_expert(http, matrix):
 
 
 def test_budget_settings_are_checked_before_any_work(matrix, capsys):
-    from sparseditto.cli import EXAMPLE_DIR
+    from sparseditto.cli.commands import EXAMPLE_DIR
 
     example = str(EXAMPLE_DIR / "pruned_2of4_256x256.mtx.gz")
     assert cli_main(["run", example, "--backend", "interpret", "--max-llm-cost", "1", "--quiet"]) == 2
