@@ -154,6 +154,12 @@ PRESETS = {
                         for style, sp_ in (("dense", 0.0), ("magnitude", 0.5), ("nm24", 0.5), ("magnitude", 0.7),
                                            ("magnitude", 0.9))],
                  ns=[1, 16, 64], time=True),
+    # the decode kernels (N <= 16) on the three Llama shapes: the row bitmap against the dense stream,
+    # the sparse tensor cores and CSR
+    "decode": dict(cases=[(s, *SHAPES[s], style, sp_) for s in ("4096x4096", "11008x4096", "4096x11008")
+                          for style, sp_ in (("dense", 0.0), ("magnitude", 0.5), ("random", 0.5), ("nm24", 0.5),
+                                             ("magnitude", 0.7), ("magnitude", 0.9))],
+                   ns=[1, 4, 8, 16], time=True),
 }
 
 # Launch-parameter variants swept per template: one prepare() per (case, template), then each variant
@@ -166,7 +172,12 @@ TEMPLATE_VARIANTS = {
     "core": {"tc_dense": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}],
              "tc_bitmap": [{}, {"WARPS": 8}, {"SPLIT": 8}, {"SPLIT": 4, "RING_KB": 16}, {"SPLIT": 1}],
              "tc_sp24": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}, {"PIPE": 4}]},
+    "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}],
+               "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}]},
 }
+# Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
+# parameters of the packed matrix: each variant is loaded and prepared on its own.
+PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector")
 
 
 def applicable(template: str, style: str) -> bool:
@@ -176,6 +187,10 @@ def applicable(template: str, style: str) -> bool:
         return style != "dense"
     if template == "tc_dense":   # the dense stream's time does not depend on the pattern: time it once
         return style == "dense"
+    if template == "bitmap_spmv":
+        return style != "dense"
+    if template == "csr_vector":
+        return style == "magnitude"
     return True
 
 
@@ -207,25 +222,31 @@ def run(args) -> list[dict]:
             for template, plist in variants.items():
                 if not applicable(template, style):
                     continue
-                t0 = time.perf_counter()
-                try:
-                    mod = load(template, {})
-                    packed = mod.prepare(matrix, tdt, torch.device("cuda"))
-                    torch.cuda.synchronize()
-                except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
-                    rows.append({"case": label, "style": style, "sparsity": sparsity, "dtype": dtype,
-                                 "template": template, "error": f"prepare: {exc}"[:500]})
-                    print(f"{label} {style} {template}: prepare failed: {exc}")
-                    continue
-                prep_s = time.perf_counter() - t0
-                defaults = dict(packed["params"])
-                fn = lambda b, out, _m=mod, _p=packed: _m.spmm(_p, b, out)  # noqa: E731
+                per_variant = template in PREPARED_PER_VARIANT
+                packed = None
                 for params in plist:
-                    packed["params"] = {**defaults, **params}
+                    if packed is None or per_variant:
+                        t0 = time.perf_counter()
+                        try:
+                            mod = load(template, params if per_variant else {})
+                            packed = mod.prepare(matrix, tdt, torch.device("cuda"))
+                            torch.cuda.synchronize()
+                        except Exception as exc:  # noqa: BLE001 - recorded, the sweep goes on
+                            rows.append({"case": label, "style": style, "sparsity": sparsity, "dtype": dtype,
+                                         "template": template, "params": params, "error": f"prepare: {exc}"[:500]})
+                            print(f"{label} {style} {template} {params}: prepare failed: {exc}")
+                            packed = None
+                            continue
+                        prep_s = time.perf_counter() - t0
+                        defaults = dict(packed.get("params", {}))
+                        fn = lambda b, out, _m=mod, _p=packed: _m.spmm(_p, b, out)  # noqa: E731
+                    if not per_variant:
+                        packed["params"] = {**defaults, **params}
                     packed["scratch"].clear()
                     for n in ns:
                         row = {"case": label, "M": m, "K": k, "style": style, "sparsity": sparsity, "dtype": dtype,
-                               "template": template, "params": packed["params"], "N": n, "prepare_s": prep_s}
+                               "template": template, "params": packed.get("params", {**mod.PARAMS}), "N": n,
+                               "prepare_s": prep_s}
                         try:
                             row["check"] = check(fn, matrix, values64, dtype, n, rng)
                         except Exception as exc:  # noqa: BLE001
@@ -242,7 +263,8 @@ def run(args) -> list[dict]:
                                 dense_cache[key] = time_launch(cublas, b, out, args.repeats)
                             row["cublas_graph_us"], row["cublas_eager_us"] = dense_cache[key]["graph_us"], dense_cache[key]["eager_us"]
                             row["recheck"] = check(fn, matrix, values64, dtype, n, rng)
-                            nbytes = sum(packed[key_].numel() * packed[key_].element_size() for key_ in packed["arrays"])
+                            arrays = packed.get("arrays") or [key_ for key_, v in packed.items() if torch.is_tensor(v)]
+                            nbytes = sum(packed[key_].numel() * packed[key_].element_size() for key_ in arrays)
                             row["a_bytes"] = nbytes
                             total = nbytes + (k * n + m * n) * 2
                             if row["graph_us"]:
@@ -257,7 +279,7 @@ def run(args) -> list[dict]:
                                  f"{row['cublas_graph_us']:.1f}us x{row.get('speedup', 0):.2f} "
                                  f"roof {row.get('roofline_pct', 0):.0f}%" if row.get("graph_us") else "")
                               + ("" if c["ok"] else f"  {c['message'][:160]}"), flush=True)
-                del packed, mod
+                packed = mod = None
             del dense_w
             torch.cuda.empty_cache()
     return rows

@@ -11,7 +11,8 @@ its template something, and imports no kernel code itself, so the planner can li
 and cost every template anywhere. A `Candidate` is the unit the harness runs: the template's text
 with one line rewritten, `PARAMS = dict(META["defaults"])` -> `PARAMS = {...chosen params...}`; for
 CUDA templates the `.cu` file is also inlined into the
-`CUDA_SRC = r\"\"\"@SPARSEDITTO_INLINE <file>.cu@\"\"\"` placeholder, so the candidate needs no file.
+`CUDA_SRC = r\"\"\"@SPARSEDITTO_INLINE <file>.cu@\"\"\"` placeholder (several files, space-separated, are inlined in order: a shared
+`dtypes.cuh` before the `.cu`), so the candidate needs no file.
 
 META keys: name (== file stem), backend ("triton" | "cuda", == its directory), format (a
 `sparseditto.formats` name: csr, bsr, nm, bitmap, ell, blocked_ell, compact), description,
@@ -56,7 +57,9 @@ PLANNING_DIR = "planning"
 PLANNING_NAMES = ("APPLICABILITY", "COST_MODEL", "applicable", "grid", "cost")
 PARAMS_LINE = 'PARAMS = dict(META["defaults"])'
 _PARAMS_LINE_RE = re.compile(r'^PARAMS = dict\(META\["defaults"\]\)[ \t]*$', re.MULTILINE)
-_CUDA_PLACEHOLDER_RE = re.compile(r'^CUDA_SRC = r"""@SPARSEDITTO_INLINE (?P<file>[\w.\-]+)@"""[ \t]*$', re.MULTILINE)
+# One or more files, space-separated, inlined in that order (a shared .cuh before the template's .cu).
+_CUDA_PLACEHOLDER_RE = re.compile(r'^CUDA_SRC = r"""@SPARSEDITTO_INLINE (?P<files>[\w.\-]+(?: [\w.\-]+)*)@"""[ \t]*$',
+                                  re.MULTILINE)
 _REQUIRED_META = ("name", "backend", "format", "description", "params", "defaults")
 DEFAULT_GRID_LIMIT = 8
 
@@ -139,8 +142,9 @@ def _check_meta(meta: dict, path: Path, backend_dir: str) -> None:
         found = _CUDA_PLACEHOLDER_RE.search(text)
         if not found:
             raise ValueError(f'{path.name}: CUDA templates need a line CUDA_SRC = r"""@SPARSEDITTO_INLINE <file>.cu@""".')
-        if not (path.parent / found["file"]).is_file():
-            raise ValueError(f"{path.name}: CUDA source {found['file']} not found beside it.")
+        for name in found["files"].split():
+            if not (path.parent / name).is_file():
+                raise ValueError(f"{path.name}: CUDA source {name} not found beside it.")
     _check_planning(planning_path(path))
 
 
@@ -350,10 +354,14 @@ def _inline_cuda(text: str, path: Path) -> str:
     found = _CUDA_PLACEHOLDER_RE.search(text)
     if not found:
         raise ValueError(f"{path.name}: no CUDA_SRC placeholder to inline the .cu file into.")
-    cu = (path.parent / found["file"]).read_text(encoding="utf-8")
-    if '"""' in cu or cu.rstrip().endswith("\\"):
-        raise ValueError(f"{found['file']} cannot be embedded in a raw triple-quoted string "
-                         "(contains \"\"\" or ends with a backslash).")
+    texts = []
+    for name in found["files"].split():
+        cu = (path.parent / name).read_text(encoding="utf-8")
+        if '"""' in cu or cu.rstrip().endswith("\\"):
+            raise ValueError(f"{name} cannot be embedded in a raw triple-quoted string "
+                             "(contains \"\"\" or ends with a backslash).")
+        texts.append(cu.rstrip("\n"))
+    cu = "\n\n".join(texts)
     replacement = 'CUDA_SRC = r"""\n' + cu.rstrip("\n") + '\n"""'
     return text[:found.start()] + replacement + text[found.end():]
 

@@ -55,7 +55,8 @@ def _matrix(m, k, density, seed, empty_rows=()) -> SparseMatrix:
 def test_candidate_embeds_the_cu_file_verbatim():
     cand = get_template("csr_vector").instantiate({})
     assert cand.backend == "cuda"
-    assert _cuda_src(cand.source).strip("\n") == CU_FILE.read_text().strip("\n")
+    header = (TEMPLATE_ROOT / "cuda" / "dtypes.cuh").read_text().strip("\n")
+    assert _cuda_src(cand.source).strip("\n") == header + "\n\n" + CU_FILE.read_text().strip("\n")
     assert 'CUDA_SRC = r"""@SPARSEDITTO_INLINE' not in cand.source
 
 

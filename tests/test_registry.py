@@ -99,10 +99,10 @@ def test_instantiate_rewrites_only_the_params_line(name):
 def test_cuda_source_inlines_the_cu_file_and_nothing_else():
     t = get_template("csr_vector")
     raw = t.path.read_text()
-    cu = (t.path.parent / "csr_vector.cu").read_text()
-    placeholder = 'CUDA_SRC = r"""@SPARSEDITTO_INLINE csr_vector.cu@"""'
+    cu = "\n\n".join((t.path.parent / f).read_text().rstrip("\n") for f in ("dtypes.cuh", "csr_vector.cu"))
+    placeholder = 'CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh csr_vector.cu@"""'
     assert raw.count(placeholder) == 1
-    assert t.source() == raw.replace(placeholder, 'CUDA_SRC = r"""\n' + cu.rstrip("\n") + '\n"""')
+    assert t.source() == raw.replace(placeholder, 'CUDA_SRC = r"""\n' + cu + '\n"""')
 
 
 def test_source_hash_is_stable_and_content_addressed():

@@ -13,63 +13,8 @@
 //       warp loads 32 nonzeros at a time (one per lane, coalesced), broadcasts each (column, value)
 //       with __shfl_sync, and every lane multiplies it into its VEC consecutive columns of B,
 //       loaded as one 8/16-byte vector when B is aligned (checked by the host: vec_ok).
-// Self-contained on purpose: no CUDA headers (fp16/bf16 conversions are inline PTX), so the same
-// text compiles under NVRTC without include paths and under `nvcc -arch=sm_80+`.
-
-typedef unsigned short u16;
-
-struct F32 {
-    typedef float storage;
-    static __device__ __forceinline__ float to_float(float x) { return x; }
-    static __device__ __forceinline__ float from_float(float x) { return x; }
-};
-
-struct F16 {
-    typedef u16 storage;
-    static __device__ __forceinline__ float to_float(u16 x) {
-        float f;
-        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-        return f;
-    }
-    static __device__ __forceinline__ u16 from_float(float f) {
-        u16 h;
-        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-        return h;
-    }
-};
-
-struct BF16 {
-    typedef u16 storage;
-    static __device__ __forceinline__ float to_float(u16 x) {
-        return __uint_as_float(static_cast<unsigned int>(x) << 16);
-    }
-    static __device__ __forceinline__ u16 from_float(float f) {
-        u16 h;
-        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));  // sm_80+
-        return h;
-    }
-};
-
-// VEC consecutive storage elements, aligned to their total size (<= 16 bytes), so a load of one
-// Pack compiles to a single ld.global.v2/v4 (two for 8 fp32 values).
-template <typename S, int VEC>
-struct alignas(sizeof(S) * VEC) Pack {
-    S v[VEC];
-};
-
-template <typename T, int VEC>
-__device__ __forceinline__ void load_row_strip(const typename T::storage* __restrict__ p, int n0, int N,
-                                               bool vec_ok, float (&out)[VEC]) {
-    typedef typename T::storage S;
-    if (vec_ok && n0 + VEC <= N) {
-        Pack<S, VEC> pk = *reinterpret_cast<const Pack<S, VEC>*>(p + n0);
-#pragma unroll
-        for (int t = 0; t < VEC; ++t) out[t] = T::to_float(pk.v[t]);
-    } else {
-#pragma unroll
-        for (int t = 0; t < VEC; ++t) out[t] = (n0 + t < N) ? T::to_float(p[n0 + t]) : 0.0f;
-    }
-}
+// The value types (F32, F16, BF16) and load_row_strip come from dtypes.cuh, inlined in front of
+// this file (the candidate's CUDA_SRC is the two texts, in that order).
 
 template <typename T, int GROUP, int TILE_N>
 __global__ void csr_vector_nnz(const int* __restrict__ indptr, const int* __restrict__ indices,

@@ -43,7 +43,7 @@ META = {
 }
 PARAMS = dict(META["defaults"])
 
-CUDA_SRC = r"""@SPARSEDITTO_INLINE csr_vector.cu@"""
+CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh csr_vector.cu@"""
 
 import numpy as np
 import torch
