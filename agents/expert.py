@@ -62,8 +62,6 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_STREAM_MAX_N = 32  # tc_dense beats cuBLAS only at skinny N (decode)
-DECODE_MAX_N = 8         # bitmap_spmv reads A once per 8 columns of B: a decode kernel
-DECODE_BITMAP_SPARSITY = (0.25, 0.95)   # where a bit per element costs less than CSR's column ids
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 
@@ -71,18 +69,10 @@ EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the bes
 def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
     """Templates the pattern class points to, most natural first (see PATTERN_PREFERENCES)."""
     pattern = str(report.get("pattern") or "unstructured")
-    sparsity = float(report.get("sparsity") or 0.0)
-    decode = n <= DECODE_MAX_N and DECODE_BITMAP_SPARSITY[0] <= sparsity < DECODE_BITMAP_SPARSITY[1]
     if pattern in PATTERN_PREFERENCES:
-        prefs = PATTERN_PREFERENCES[pattern]
-        # At decode N the row bitmap's bytes (1 bit per element + the values) compete with the
-        # structured formats: second in line, the measurement decides.
-        return prefs[:1] + ("bitmap_spmv",) + prefs[1:] if decode and pattern in ("nm", "nm_2_4", "block") else prefs
+        return PATTERN_PREFERENCES[pattern]
+    sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
-        if decode:
-            # A stream of the smallest exact format on the CUDA cores (N <= 8: one pass over A),
-            # then the dense stream and the CSR kernels.
-            return ("bitmap_spmv", "tc_dense" if sparsity < 0.85 else "csr_rowsplit", "csr_vector", "tc_bitmap")
         if sparsity >= 0.95:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split

@@ -1,13 +1,26 @@
 """bitmap_spmv's planning knowledge: a row bitmap pays one bit per element, so it fits any pattern
-dense enough for the values to outweigh the masks; above N = 8 it re-reads A once per 8 columns."""
+dense enough for the values to outweigh the masks; above N = 8 it re-reads A once per 8 columns.
+Its time is set by the per-slot instructions (shuffles, popcounts, a load per slot), not its bytes:
+the measured fit below keeps the planner from trying it where it loses to cuBLAS (everywhere it was
+measured, so far)."""
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bitmap_applicable, next_pow2
 
 APPLICABILITY = "density >= 0.02 (a mask bit per element must cost less than the values it indexes); fp32/fp16/bf16"
-COST_MODEL = ("bytes = ((nnz+1)*vb + M*ceil(K/32)*4 + M*ceil(K/1024)*4) * ceil(N/NV) + B + C; flops 2*nnz*N "
-              "on CUDA cores (NV = columns per pass, <= 8)")
+COST_MODEL = ("bytes = ((nnz+1)*vb + M*ceil(K/32)*4 + M*ceil(K/1024)*4) * ceil(N/NV) + B + C; time = max(bytes / "
+              "bandwidth, per-slot floor 1.27 ns/element (+0.22 ns per extra column) per pass) (H200 fit)")
 MAX_NV = 8
+
+# Measured calibration: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode`
+# (2026-12-01, fp16, defaults ROWS=1 SPLIT=4, CUDA-graph launch, cold L2) on 4096x4096 and
+# 11008x4096 at 50-90% sparsity: ~1.27 ns per matrix element at NV = 1, +0.22 ns per element per
+# extra column of B, per pass over A, almost independent of sparsity (every slot costs its
+# instructions), plus ~5.9 us fixed (not added: estimates stay lower bounds). 4096x4096 50% at N = 1:
+# 27 us against cuBLAS's 18.5 us. Other GPUs get it scaled by their bandwidth (an assumption).
+ELEMENT_S = 1.265e-12
+COLUMN_S = 0.221e-12
+H200_BANDWIDTH_GBS = 4130.0
 
 
 def packed_bytes(m: int, k: int, nnz: int, vb: int) -> int:
@@ -33,4 +46,7 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     notes = ["mask word per 32 columns, popcount offsets, CUDA cores"]
     if passes > 1:
         notes.append(f"N = {n} runs as {passes} passes over A of NV = {nv} columns")
-    return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes)
+    slot_s = stats.m * stats.k * (ELEMENT_S + COLUMN_S * (min(nv, max(1, n)) - 1)) * passes
+    decode = slot_s * H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs())) if target is not None else slot_s
+    return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes,
+                     decode_s=decode)
