@@ -17,7 +17,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from sparseditto.agents.costing import roofline_for
-from sparseditto.agents.kit import decision, dense_record, emit, record_step, remember_candidate, run_hook
+from sparseditto.agents.kit import decision, dense_record, emit, kernel_timings, record_step, remember_candidate, run_hook
 from sparseditto.agents.records import build_record, candidate_of
 from sparseditto.agents.state import (Context, State, effective_context, main_n, resolved_backend, resolved_repeats,
                                       resolved_warmup)
@@ -65,19 +65,6 @@ def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float
         if bits:
             line += " [ncu: " + ", ".join(bits) + "]"
     return line
-
-
-def kernel_timings(res, gpu: bool) -> tuple[float, float, str]:
-    """(candidate ms, dense ms, basis) used to rank candidates and to state speedups.
-
-    On a GPU both sides are the cold-L2 time of one launch replayed from a CUDA graph: the kernel's
-    own time, what a model served with CUDA graphs pays, and free of the Python launch overhead
-    that would otherwise decide small-N cases (DESIGN.md, "Timing small kernels"). Eager times are
-    kept in the record beside them. Without graph timings both sides are eager.
-    """
-    if gpu and res.candidate_graph is not None and res.dense_graph is not None:
-        return res.candidate_graph.median_ms, res.dense_graph.median_ms, "cuda_graph"
-    return res.candidate.median_ms, res.dense.median_ms, "eager"
 
 
 def _ncu(ctx: Context, candidate, matrix, n: int, promising: bool) -> tuple[dict, str | None]:
