@@ -178,7 +178,7 @@ def test_gpu_verifies_against_fp64(params, shape, density, dtype):
 
 
 def test_measured_floor_ranks_it_behind_cublas_where_the_h200_measured_it_slower():
-    """The H200 fit (27 us on 4096x4096 50% at N = 1 vs cuBLAS 18.5 us) is in the estimate, so the
+    """The H200 fit (24.2 us on 4096x4096 50% at N = 1 vs cuBLAS 18.5 us) is in the estimate, so the
     planner does not spend a candidate on it there; the byte roofline alone would rank it first."""
     from sparseditto.analysis import analyze
 
@@ -186,6 +186,6 @@ def test_measured_floor_ranks_it_behind_cublas_where_the_h200_measured_it_slower
     report = analyze(A)
     t = get_template("bitmap_spmv")
     est = t.cost(report, 1, "float16", "H200", {})
-    assert est.bound == "decode" and 20e-6 < est.seconds < 30e-6
+    assert est.bound == "decode" and 12e-6 < est.seconds < 30e-6
     assert est.seconds > get_template("dense").cost(report, 1, "float16", "H200", {}).seconds
     assert t.cost(report, 16, "float16", "H200", {}).seconds > 2 * est.seconds   # two passes of NV = 8

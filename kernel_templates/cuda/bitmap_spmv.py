@@ -28,8 +28,9 @@ META = {
         "ROWS": [1, 2],
         "SPLIT": [1, 2, 4, 8],
     },
-    "defaults": {"NV": "auto", "ROWS": 1, "SPLIT": 4},
-    "grid": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}],
+    # H200 sweep (llm_layers --preset decode): ROWS=2 is 8-15% faster than ROWS=1 on every shape
+    "defaults": {"NV": "auto", "ROWS": 2, "SPLIT": 4},
+    "grid": [{}, {"ROWS": 1}, {"SPLIT": 8}, {"SPLIT": 2}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "bitmap_spmv.cu",
 }

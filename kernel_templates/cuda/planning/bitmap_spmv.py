@@ -9,17 +9,17 @@ from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bitmap_app
 
 APPLICABILITY = "density >= 0.02 (a mask bit per element must cost less than the values it indexes); fp32/fp16/bf16"
 COST_MODEL = ("bytes = ((nnz+1)*vb + M*ceil(K/32)*4 + M*ceil(K/1024)*4) * ceil(N/NV) + B + C; time = max(bytes / "
-              "bandwidth, per-slot floor 1.27 ns/element (+0.22 ns per extra column) per pass) (H200 fit)")
+              "bandwidth, per-slot floor 1.05 ns/element (+0.18 ns per extra column) per pass) (H200 fit)")
 MAX_NV = 8
 
 # Measured calibration: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode`
-# (2026-12-01, fp16, defaults ROWS=1 SPLIT=4, CUDA-graph launch, cold L2) on 4096x4096 and
-# 11008x4096 at 50-90% sparsity: ~1.27 ns per matrix element at NV = 1, +0.22 ns per element per
-# extra column of B, per pass over A, almost independent of sparsity (every slot costs its
-# instructions), plus ~5.9 us fixed (not added: estimates stay lower bounds). 4096x4096 50% at N = 1:
-# 27 us against cuBLAS's 18.5 us. Other GPUs get it scaled by their bandwidth (an assumption).
-ELEMENT_S = 1.265e-12
-COLUMN_S = 0.221e-12
+# (2026-12-01, fp16, ROWS=2 SPLIT=4, CUDA-graph launch, cold L2) on 4096x4096 and 11008x4096 at
+# 50-90% sparsity: ~1.05 ns per matrix element at NV = 1, +0.18 ns per element per extra column of
+# B, per pass over A, almost independent of sparsity (every slot costs its instructions), plus
+# ~6.6 us fixed (not added: estimates stay lower bounds). 4096x4096 50% at N = 1: 24.2 us against
+# cuBLAS's 18.5 us. Other GPUs get it scaled by their bandwidth (an assumption).
+ELEMENT_S = 1.05e-12
+COLUMN_S = 0.184e-12
 H200_BANDWIDTH_GBS = 4130.0
 
 
