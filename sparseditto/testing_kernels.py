@@ -202,11 +202,12 @@ assert "def _value_dtype(dtype):\n    return dtype\n" in ELL_KERNEL_COMPACT and 
 # ---- a CUDA C++ kernel through CuPy ----------------------------------------------------------
 def _example_dtype_traits() -> str:
     """The fp32/fp16/bf16 storage traits of the CUDA template the coder is shown as its example
-    (kernel_templates/cuda/csr_vector.cu: header-free conversions through inline PTX), copied the
-    way a model adapting that example copies them."""
+    (kernel_templates/cuda/dtypes.cuh, which the registry inlines in front of csr_vector.cu:
+    header-free conversions through inline PTX), copied the way a model adapting that example
+    copies them."""
     from importlib.resources import files
 
-    text = (files("sparseditto.kernel_templates") / "cuda" / "csr_vector.cu").read_text(encoding="utf-8")
+    text = (files("sparseditto.kernel_templates") / "cuda" / "dtypes.cuh").read_text(encoding="utf-8")
     start = text.index("typedef unsigned short u16;")
     return text[start: text.index("};", text.index("struct BF16")) + 2]
 
