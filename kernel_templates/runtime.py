@@ -107,6 +107,45 @@ def cupy_stream(scratch: dict, device):
     return ctx
 
 
+def compile_cuda(source: str, names, device, who: str) -> dict:
+    """NVRTC-compile the kernels ``names`` (C++ name expressions such as ``"k<F16, 4>"``) of a CUDA
+    template's CUDA_SRC on ``device`` through cupy.RawModule; {name: kernel}. RuntimeError without
+    CuPy, or while CUDA_SRC is still the registry's placeholder (a template file loaded as is)."""
+    try:
+        import cupy as cp
+    except ImportError as exc:
+        raise RuntimeError(f"{who} needs CuPy (pip install cupy-cuda13x) and a CUDA GPU.") from exc
+    if source.startswith("@SPARSEDITTO_INLINE"):
+        raise RuntimeError(f"{who}: CUDA_SRC is still the placeholder: instantiate the template through "
+                           "sparseditto.kernel_templates.registry, which inlines its .cu file(s).")
+    names = tuple(names)
+    with cp.cuda.Device(device.index if device.index is not None else 0):
+        module = cp.RawModule(code=source, options=("-std=c++17",), name_expressions=names)
+        return {name: module.get_function(name) for name in names}
+
+
+def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
+    """One launch of a CuPy kernel on torch's current stream, its plan made once per ``key`` (the
+    N and layout of B and C the plan depends on) and kept in ``packed["scratch"]``.
+
+    ``make_plan()`` returns {"kernel", "grid", "block", "head", "tail"}: the kernel is called with
+    head + (B's pointer, C's pointer) + tail, fixed-width numpy scalars built once, so a repeated
+    call only reads two pointers. ``target`` is where the kernel writes (`cuda_operands`), copied
+    into ``out`` when it is a stand-in."""
+    import numpy as np
+
+    scratch = packed["scratch"]
+    plan = scratch.get(key)
+    if plan is None:
+        plan = scratch[key] = make_plan()
+    device, stream = cupy_stream(scratch, b.device)
+    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
+    with device, stream:
+        plan["kernel"](plan["grid"], plan["block"], args)
+    if target is not out:
+        out.copy_(target)
+
+
 def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
     """A launch plan from the kernel's arguments by name (B and C as None at b_ptr / out_ptr)."""
     names = list(kernel.arg_names)

@@ -8,11 +8,9 @@ arrays prepare() ships, and the result is compared with scipy's product.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,20 +21,14 @@ from sparseditto.harness.static_checks import check_source
 from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
 from sparseditto.matrix import SparseMatrix
 
+from template_instances import load_candidate
+
 CUDA_DIR = TEMPLATE_ROOT / "cuda"
 gpu = pytest.mark.gpu
 
 
-def _load(params: dict, tmp_path):
-    cand = get_template("bitmap_spmv").instantiate(params)
-    path = tmp_path / f"bitmap_spmv_{cand.source_hash[:12]}.py"
-    path.write_text(cand.source)
-    name = f"sparseditto_test_bitmap_spmv_{cand.source_hash[:12]}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def _load(params: dict, tmp_path_factory):
+    return load_candidate("bitmap_spmv", params, tmp_path_factory)
 
 
 def _matrix(m: int, k: int, density: float, seed: int, empty_rows=()) -> SparseMatrix:
@@ -87,8 +79,8 @@ def test_candidate_inlines_the_shared_header_then_the_kernel_and_passes_static_c
 @pytest.mark.parametrize("shape,density,empty", [((37, 100), 0.5, (0, 5)), ((64, 32), 0.3, ()),
                                                   ((5, 1100), 0.7, (4,)), ((130, 67), 0.02, (1, 2, 3))])
 @pytest.mark.parametrize("n", [1, 3, 8, 13])
-def test_packed_arrays_give_the_exact_product_under_the_kernels_addressing(shape, density, empty, n, tmp_path):
-    module = _load({}, tmp_path)
+def test_packed_arrays_give_the_exact_product_under_the_kernels_addressing(shape, density, empty, n, tmp_path_factory):
+    module = _load({}, tmp_path_factory)
     A = _matrix(*shape, density, seed=n, empty_rows=empty)
     packed = module.prepare(A, "float32", "cpu")
     assert packed["kernels"] == {}, "nothing is compiled without a GPU"
@@ -99,11 +91,11 @@ def test_packed_arrays_give_the_exact_product_under_the_kernels_addressing(shape
 
 
 @pytest.mark.parametrize("shape", [(300, 1000), (7, 3000), (64, 32)])
-def test_packed_bytes_match_the_cost_model(shape, tmp_path):
+def test_packed_bytes_match_the_cost_model(shape, tmp_path_factory):
     from sparseditto.analysis import analyze
     from sparseditto.kernel_templates.cost import ReportStats
 
-    module = _load({}, tmp_path)
+    module = _load({}, tmp_path_factory)
     A = _matrix(*shape, 0.5, seed=0)
     packed = module.prepare(A, "float16", "cpu")
     shipped = sum(packed[k].numel() * packed[k].element_size() for k in ("masks", "span_offsets", "values"))
@@ -112,8 +104,8 @@ def test_packed_bytes_match_the_cost_model(shape, tmp_path):
 
 
 @pytest.mark.parametrize("params", [{}, {"NV": 2}, {"ROWS": 2, "SPLIT": 8}, {"ROWS": 2, "NV": 8, "SPLIT": 1}])
-def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params, tmp_path):
-    module = _load(params, tmp_path)
+def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params, tmp_path_factory):
+    module = _load(params, tmp_path_factory)
     A = _matrix(101, 70, 0.4, seed=0)
     packed = module.prepare(A, "float16", "cpu")
     rows, split = module.PARAMS["ROWS"], module.PARAMS["SPLIT"]
@@ -126,8 +118,8 @@ def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params,
     assert module.plan_launch(packed, 6, torch.float16, 0, 6)["vec_ok"] == (1 if module.nv_for(6) == 2 else 0)
 
 
-def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path):
-    module = _load({}, tmp_path)
+def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path_factory):
+    module = _load({}, tmp_path_factory)
     A = _matrix(16, 40, 0.5, seed=0)
     with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
         module.prepare(A, torch.int8, "cpu")

@@ -21,21 +21,7 @@
 //     are added through shared memory in warp order (deterministic: no atomics).
 // N wider than NV runs as more column blocks (grid.y), each re-reading A: the template is meant
 // for N <= 8 (the planner's rule), correct for any N.
-// Needs dtypes.cuh in front (the registry inlines it): F32 / F16 / BF16 and Pack.
-
-template <typename T, int NV>
-__device__ __forceinline__ void load_b_row(const typename T::storage* __restrict__ p, bool vec, int n0, int N,
-                                           float (&out)[NV]) {
-    typedef typename T::storage S;
-    if (vec) {   // uniform per launch block: vector loads when B is aligned and the block is full
-        Pack<S, NV> pk = *reinterpret_cast<const Pack<S, NV>*>(p + n0);
-#pragma unroll
-        for (int t = 0; t < NV; ++t) out[t] = T::to_float(pk.v[t]);
-    } else {
-#pragma unroll
-        for (int t = 0; t < NV; ++t) out[t] = (n0 + t < N) ? T::to_float(p[n0 + t]) : 0.0f;
-    }
-}
+// Needs dtypes.cuh in front (the registry inlines it): F32 / F16 / BF16 and load_row_strip.
 
 template <typename T, int NV, int ROWS, int SPLIT>
 __global__ void __launch_bounds__(SPLIT * 32)
@@ -95,7 +81,7 @@ bitmap_spmv(const unsigned int* __restrict__ masks, const int* __restrict__ span
                 }
                 int col = (s * 32 + j) * 32 + lane;
                 col = col < K ? col : K - 1;   // words past K hold no bits; any row of B will do
-                load_b_row<T, NV>(B + static_cast<long long>(col) * ldb, vec, n0, N, b[jj]);
+                load_row_strip<T, NV>(B + static_cast<long long>(col) * ldb, n0, N, vec, b[jj]);
             }
 #pragma unroll
             for (int jj = 0; jj < BATCH; ++jj) {

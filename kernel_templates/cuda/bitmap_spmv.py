@@ -44,14 +44,8 @@ import torch
 from sparseditto.formats import BitmapTiles
 from sparseditto.kernel_templates import runtime as rt
 
-try:  # CuPy needs a GPU and a CUDA runtime; prepare() and the launch planning work without it.
-    import cupy as cp
-except ImportError:  # pragma: no cover - exercised on machines without CuPy
-    cp = None
-
 _DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 _NV_CHOICES = (1, 2, 4, 8)
-_PLACEHOLDER = "@SPARSEDITTO_INLINE"
 WORD_COLUMNS = 32
 SPAN_WORDS = 32          # a warp's unit of work: 32 mask words = 1024 columns
 
@@ -69,19 +63,6 @@ def reachable_kernels(dtype) -> tuple:
     tag = _DTYPE_TAGS[rt.torch_dtype(dtype)]
     nvs = _NV_CHOICES if PARAMS["NV"] == "auto" else (int(PARAMS["NV"]),)
     return tuple(f"bitmap_spmv<{tag}, {nv}, {int(PARAMS['ROWS'])}, {int(PARAMS['SPLIT'])}>" for nv in nvs)
-
-
-def _compile(dtype, device) -> dict:
-    """NVRTC-compile the reachable kernels on `device`; {name expression: kernel}."""
-    if cp is None:
-        raise RuntimeError("bitmap_spmv needs CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
-    if CUDA_SRC.startswith(_PLACEHOLDER):
-        raise RuntimeError("CUDA_SRC is still the placeholder: instantiate this template through "
-                           "sparseditto.kernel_templates.registry, which inlines dtypes.cuh and bitmap_spmv.cu.")
-    names = reachable_kernels(dtype)
-    with cp.cuda.Device(device.index if device.index is not None else 0):
-        module = cp.RawModule(code=CUDA_SRC, options=("-std=c++17",), name_expressions=names)
-        return {name: module.get_function(name) for name in names}
 
 
 def pack(A) -> dict:
@@ -103,7 +84,7 @@ def prepare(A, dtype, device) -> dict:
     arrays = pack(A)
     tensors = {name: torch.from_numpy(arrays[name]).to(device) for name in ("masks", "span_offsets")}
     tensors["values"] = torch.from_numpy(arrays["values"]).to(device=device, dtype=dtype)
-    kernels = _compile(dtype, device) if device.type == "cuda" else {}
+    kernels = rt.compile_cuda(CUDA_SRC, reachable_kernels(dtype), device, "bitmap_spmv") if device.type == "cuda" else {}
     words, spans = arrays["masks"].shape[1], arrays["span_offsets"].shape[1]
     return {**tensors, "shape": tuple(A.shape), "words": int(words), "spans": int(spans), "nnz": arrays["nnz"],
             "kernels": kernels, "scratch": {}}
@@ -130,21 +111,16 @@ def spmm(packed: dict, B, out) -> None:
     N, b, target = rt.cuda_operands(packed, B, out, packed["values"].dtype, "bitmap_spmv")
     if N == 0 or M == 0:
         return
-    scratch = packed["scratch"]
     key = (N, b.dtype, b.device, b.stride(0), target.stride(0), b.data_ptr() % 64)  # vec_ok: <= 32-byte vectors
-    plan = scratch.get(key)
-    if plan is None:
+
+    def make_plan() -> dict:
         plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0))
         plan["kernel"] = packed["kernels"][plan["name"]]
         plan["head"] = (np.uint64(packed["masks"].data_ptr()), np.uint64(packed["span_offsets"].data_ptr()),
                         np.uint64(packed["values"].data_ptr()))
-        plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["words"]), np.int32(packed["spans"]),
-                        np.int32(packed["nnz"]), np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)),
-                        np.int32(plan["vec_ok"]))
-        scratch[key] = plan
-    device, stream = rt.cupy_stream(scratch, b.device)
-    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
-    with device, stream:
-        plan["kernel"](plan["grid"], plan["block"], args)
-    if target is not out:
-        out.copy_(target)
+        plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["words"]),
+                        np.int32(packed["spans"]), np.int32(packed["nnz"]), np.int32(N), np.int64(b.stride(0)),
+                        np.int64(target.stride(0)), np.int32(plan["vec_ok"]))
+        return plan
+
+    rt.launch_cuda(packed, key, make_plan, b, target, out)

@@ -13,8 +13,8 @@ from N when LAYOUT="auto":
            vectors when aligned.
 The kernels live in csr_vector.cu; the registry inlines that file into CUDA_SRC when it
 instantiates this template, so a candidate's source is self-contained. prepare() compiles them
-with cupy.RawModule (NVRTC, -std=c++17, name_expressions for every instantiation this PARAMS can
-reach for the dtype) and keeps the kernel handles in the packed dict, so compilation is part of
+through runtime.compile_cuda (cupy.RawModule: NVRTC, -std=c++17, name_expressions for every
+instantiation this PARAMS can reach for the dtype) and keeps the kernel handles in the packed dict, so compilation is part of
 the separately timed preparation and spmm() is a single launch on torch's current stream. The
 launch plan (kernel, grid, vector flag) and the CuPy view of torch's stream are cached per
 (N, B/C layout) and per stream under packed["scratch"], so a repeated call does no planning.
@@ -51,15 +51,9 @@ import torch
 from sparseditto.formats import CSR
 from sparseditto.kernel_templates import runtime as rt
 
-try:  # CuPy needs a GPU and a CUDA runtime; prepare() and the launch planning work without it.
-    import cupy as cp
-except ImportError:  # pragma: no cover - exercised on machines without CuPy
-    cp = None
-
 _DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 _NNZ_LAYOUT_MAX_N = 16
 _MAX_TILE_BYTES = 32    # a lane's strip of a B row in the "nnz" layout: two 16-byte vectors
-_PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
 
 def _element_size(dtype) -> int:
@@ -82,19 +76,6 @@ def reachable_kernels(dtype, group: int) -> tuple:
     return tuple(sorted(names))
 
 
-def _compile(dtype, group: int, device) -> dict:
-    """NVRTC-compile the reachable kernels on `device`; {name expression: kernel}."""
-    if cp is None:
-        raise RuntimeError("csr_vector needs CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
-    if CUDA_SRC.startswith(_PLACEHOLDER):
-        raise RuntimeError("CUDA_SRC is still the placeholder: instantiate this template through "
-                           "sparseditto.kernel_templates.registry, which inlines csr_vector.cu.")
-    names = reachable_kernels(dtype, group)
-    with cp.cuda.Device(device.index if device.index is not None else 0):
-        module = cp.RawModule(code=CUDA_SRC, options=("-std=c++17",), name_expressions=names)
-        return {name: module.get_function(name) for name in names}
-
-
 def prepare(A, dtype, device) -> dict:
     """int32 CSR on `device` (values in `dtype`), the lane-group size, and (on a GPU) the kernels."""
     dtype = rt.torch_dtype(dtype)
@@ -107,7 +88,8 @@ def prepare(A, dtype, device) -> dict:
     group = PARAMS["GROUP"]
     if group == "auto":
         group = max(2, min(32, rt.next_pow2(int(np.ceil(mean_row)))))
-    kernels = _compile(dtype, int(group), device) if device.type == "cuda" else {}
+    kernels = (rt.compile_cuda(CUDA_SRC, reachable_kernels(dtype, int(group)), device, "csr_vector")
+               if device.type == "cuda" else {})
     return {**tensors, "shape": tuple(A.shape), "nnz": csr.nnz, "group": int(group), "kernels": kernels,
             "scratch": {}}
 
@@ -149,22 +131,15 @@ def spmm(packed: dict, B, out) -> None:
     N, b, target = rt.cuda_operands(packed, B, out, packed["values"].dtype, "csr_vector")
     if N == 0:
         return
-    scratch = packed["scratch"]
     key = (N, b.dtype, b.device, b.stride(0), target.stride(0), b.data_ptr() % 64)  # vec_ok: <= 64-byte vectors
-    plan = scratch.get(key)
-    if plan is None:
+
+    def make_plan() -> dict:
         plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0))
         plan["kernel"] = packed["kernels"][plan["name"]]
-        # Raw device pointers and scalars as fixed-width numpy values, built once: only B's and
-        # C's pointers change between calls.
         plan["head"] = (np.uint64(packed["indptr"].data_ptr()), np.uint64(packed["indices"].data_ptr()),
                         np.uint64(packed["values"].data_ptr()))
         plan["tail"] = (np.int32(M), np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)),
                         np.int32(plan["vec_ok"]))
-        scratch[key] = plan
-    device, stream = rt.cupy_stream(scratch, b.device)
-    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
-    with device, stream:
-        plan["kernel"](plan["grid"], plan["block"], args)
-    if target is not out:
-        out.copy_(target)
+        return plan
+
+    rt.launch_cuda(packed, key, make_plan, b, target, out)
