@@ -208,3 +208,27 @@ def test_gpu_builtin_dense_and_cuda_template(pool):
     assert result.status == "verified", result.message
     timed = bench(cand, gpu_matrix(), 16, repeats=10, baselines=False, pool=pool)
     assert timed.reverified and timed.timings_are_gpu
+
+
+def test_warm_up_keeps_the_gpu_busy_for_milliseconds_not_only_launches():
+    """The timing loops' warm-up: at least `warmup` launches and at least WARM_MS of busy time
+    (H200: a kernel timed right after an idle gap read up to 2x slow), with the hooks' negative
+    indices; warmup=0 (asked for by the caller) stays 0."""
+    import time as _time
+
+    from sparseditto.harness.timing import WARM_MS, warm_up
+
+    calls, seen = [], []
+
+    def step():
+        calls.append(1)
+        _time.sleep(0.001)   # a 1 ms "launch"
+
+    t0 = _time.perf_counter()
+    made = warm_up(step, 3, seen.append, lambda i: None, sync=lambda: None)
+    busy_ms = (_time.perf_counter() - t0) * 1e3
+    assert made == len(calls) == len(seen) and made >= 3
+    assert busy_ms >= WARM_MS and made < 2 * WARM_MS     # stops soon after the threshold
+    assert seen == [-1 - w for w in range(made)]
+    assert warm_up(step, 50, lambda i: None, lambda i: None, min_ms=1.0, sync=lambda: None) == 50
+    assert warm_up(step, 0, lambda i: None, lambda i: None, sync=lambda: None) == 0

@@ -7,6 +7,13 @@ twice the L2 size is overwritten, then CUDA events bracket the launch only. The 
 captures one launch into a CUDA graph and replays it between flushes: that removes the Python and
 driver launch overhead and is the kernel's own time; the eager variant is what callers without
 graphs pay. Runs in the worker process.
+
+Why a warm-up measured in milliseconds, not only in launches: a GPU that was idle (compiling,
+verifying) runs its first milliseconds of work at lower clocks. On the H200 a 15-40 us kernel timed
+right after such a gap measured up to 2x its time (csr_rowsplit 23 vs 39-42 us; tc_dense 16.9 vs
+40.6 us), while cuBLAS, timed later in the same call on a busy GPU, stayed within 5%. So every timing
+loop first keeps the GPU busy with its own flush + launch for at least WARM_MS (as
+`triton.testing.do_bench`'s 25 ms warm-up does), then counts samples.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ from .results import Timing
 
 _DEFAULT_L2_BYTES = 128 * 1024 * 1024  # used when the device does not report its L2 size
 _FLUSH_BUFFERS: dict = {}
+WARM_MS = 30.0          # busy time before the first sample (module docstring)
+MAX_WARM_LAUNCHES = 4000
 
 
 def check_repeats(repeats: int, warmup: int) -> None:
@@ -62,6 +71,28 @@ def _noop(i: int) -> None:
     return None
 
 
+def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float = WARM_MS, sync=None) -> int:
+    """Run ``step`` (a flush and a launch) at least ``warmup`` times and, when ``warmup`` > 0, until
+    the GPU has been busy for ``min_ms`` (synchronized wall time); returns the launches made.
+    Warm-up launch w gets ``before(-1 - w)`` / ``after(-1 - w)`` like the counted ones. ``sync``
+    waits for the queued work (torch.cuda.synchronize unless given)."""
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.synchronize
+    t0 = time.perf_counter()
+    w = 0
+    while w < warmup or (warmup > 0 and w < MAX_WARM_LAUNCHES and (time.perf_counter() - t0) * 1e3 < min_ms):
+        before(-1 - w)
+        step()
+        after(-1 - w)
+        w += 1
+        if w % 16 == 0:
+            sync()   # wall time of work done, not of work queued
+    sync()
+    return w
+
+
 def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flush: bool = True,
               before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
     """Eager launches, each preceded by an L2 flush, CUDA events around ``fn()`` only.
@@ -73,11 +104,13 @@ def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flu
     check_repeats(repeats, warmup)
     before, after = before or _noop, after or _noop
     buf = flush_buffer() if flush else None
-    for w in range(warmup):
-        before(-1 - w)
+
+    def step():
+        if buf is not None:
+            buf.zero_()
         fn()
-        after(-1 - w)
-    torch.cuda.synchronize()
+
+    warm_up(step, warmup, before, after)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
@@ -124,11 +157,13 @@ def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 
     before, after = before or _noop, after or _noop
     graph = capture_graph(fn)
     buf = flush_buffer() if flush else None
-    for w in range(warmup):
-        before(-1 - w)
+
+    def step():
+        if buf is not None:
+            buf.zero_()
         graph.replay()
-        after(-1 - w)
-    torch.cuda.synchronize()
+
+    warm_up(step, warmup, before, after)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     for i in range(repeats):
