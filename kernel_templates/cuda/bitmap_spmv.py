@@ -5,8 +5,11 @@ Why this template exists: at N = 1..8 a pruned weight's SpMM is a pure stream of
 A's bytes over the bandwidth. A bitmap (one bit per element, a mask word per 32 columns) plus the
 kept values is the smallest exact format between ~25% and ~90% sparsity (1.125 bytes per element at
 50% in fp16, against 2 for the dense weight cuBLAS reads at ~60% of the copy bandwidth), and at
-these N the CUDA cores have ample compute for it: the tensor-core bitmap (tc_bitmap) spends its time
-expanding values into MMA fragments, which only pays once N fills an n8 tile many times over. Each
+these N the tensor-core bitmap (tc_bitmap) spends its time expanding values into MMA fragments,
+which only pays once N fills an n8 tile many times over. Measured on the H200 it does not pay off
+either: ~25 instructions per 32-element step make it instruction-bound at 0.63-0.85x of cuBLAS at
+N = 1 (docs/kernels.md), and its planning module's measured floor keeps the planner from spending a
+candidate on it until a per-nonzero version exists. Each
 warp owns ROWS rows; per 32-column word, lane l owns column 32w + l, finds its value at
 base + popc(word & below(l)), so every load instruction of a warp is one or two 128-byte lines; a CTA
 of SPLIT warps shares ROWS rows, each warp taking every SPLIT-th span of 1024 columns, and a batch of
@@ -15,7 +18,7 @@ steps' loads is in flight at once (bitmap_spmv.cu says more). The format is
 (the kernel derives the rest by a warp scan of popcounts) and a trailing zero value.
 
 prepare() compiles every kernel an N can launch (NV in {1, 2, 4, 8} for NV="auto") through
-cupy.RawModule and keeps the handles in the packed dict; spmm() is one launch on torch's current
+runtime.compile_cuda and keeps the handles in the packed dict; spmm() is one launch on torch's current
 stream, its launch plan cached per (N, layout of B and C) under packed["scratch"].
 """
 META = {
