@@ -20,6 +20,9 @@ _LAZY = {
     "run_graph": "sparseditto.api",
     "Result": "sparseditto.api",
     "bench": "sparseditto.benchmark",
+    "run_batch": "sparseditto.batch.runner",
+    "load_bundle": "sparseditto.batch.bundle",
+    "patch_model": "sparseditto.batch.patch",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

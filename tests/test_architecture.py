@@ -1,4 +1,4 @@
-"""The dependency order holds: cli -> benchmark -> api -> graphs -> agents -> kernel_templates -> core,
+"""The dependency order holds: cli -> batch -> benchmark -> api -> graphs -> agents -> kernel_templates -> core,
 no arrow up.
 
 Imports are read with ast from every project source file, function-level imports included (a
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Source directory -> installed package (pyproject's package-dir mapping).
 PACKAGES = {"sparseditto": "sparseditto", "agents": "sparseditto.agents", "graphs": "sparseditto.graphs",
             "kernel_templates": "sparseditto.kernel_templates"}
-LAYERS = ("core", "kernel_templates", "agents", "graphs", "api", "benchmark", "cli")   # low to high
+LAYERS = ("core", "kernel_templates", "agents", "graphs", "api", "benchmark", "batch", "cli")   # low to high
 NODE_MODULES = {f"sparseditto.agents.{name}" for name in
                 ("analyzer", "planner", "coder", "debugger", "profiler", "finalize", "loader")}
 
@@ -61,7 +61,7 @@ def layer(module: str) -> str | None:
     if module == "sparseditto" or not module.startswith("sparseditto."):
         return None if module != "sparseditto" else "api"   # the package facade re-exports run_graph
     head = module.split(".")[1]
-    if head in ("agents", "graphs", "kernel_templates", "api", "benchmark", "cli"):
+    if head in ("agents", "graphs", "kernel_templates", "api", "benchmark", "batch", "cli"):
         return head
     if head == "__main__":   # `python -m sparseditto` is the command line
         return "cli"

@@ -20,6 +20,7 @@ EPILOG = """examples:
   sparseditto analyze layer.safetensors --tensor mlp.down_proj.weight
   sparseditto run layer.mtx --target H100 -n 16      live progress of every agent, then a summary
   sparseditto run layer.mtx --json > result.json     the full Result as JSON
+  sparseditto batch model/ --target H200 --out run1  a kernel per layer, report.html, bundle/
   sparseditto memory list                            what past runs found
   sparseditto targets                                the GPU table the planner costs kernels on
   langgraph dev --no-browser                         the same graph in LangGraph Studio (docs/studio.md)
@@ -29,6 +30,7 @@ model (labelled "estimated") ranks them. Docs: README.md and docs/."""
 
 RESUME_RUN = ("every finished step is checkpointed: run the same command again to resume this run where it "
               "stopped")
+RESUME_BATCH = "finished layers are kept in --out: run the same command with --resume to continue"
 RESUME_BENCH = "finished cases are kept in --out: run the same command with --resume to continue"
 
 MATRIX_HELP = ("the matrix: a .mtx, .smtx, .npz, .pt/.pth or .safetensors file, optionally gzipped "
@@ -74,6 +76,31 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "directory)")
     p.add_argument("--json", action="store_true", help="print the full Result as JSON instead of the summary")
     p.add_argument("-o", "--out", default=None, metavar="FILE", help="also write the Result as JSON to FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="no live progress on stderr")
+
+
+def _add_batch_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="auto", metavar="GPU", help="GPU to plan for (default: auto)")
+    p.add_argument("-n", type=int, action="append", metavar="N",
+                   help="tokens (columns of B); repeat for several: the first is timed, all are verified (default: 16)")
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
+                   help="value dtype of the kernels (default: float16)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cuda", "interpret"],
+                   help="cuda, interpret (Triton interpreter on the CPU) or auto (default)")
+    p.add_argument("--select", default=None, metavar="REGEX", help="only tensors whose name matches (re.search)")
+    p.add_argument("--min-sparsity", type=float, default=0.3, metavar="S",
+                   help="skip weights less sparse than this fraction, with the reason (default: 0.3)")
+    p.add_argument("--out", default="sparseditto-batch", metavar="DIR",
+                   help="output folder: report.json, report.html, bundle/, journal (default: ./sparseditto-batch)")
+    p.add_argument("--resume", action="store_true", help="continue the batch in --out; nothing finished is redone")
+    p.add_argument("--previous", default=None, metavar="DIR",
+                   help="--out of an earlier batch of this model: unchanged layers reuse its kernels, slower "
+                        "layers are flagged")
+    p.add_argument("--budget", type=int, default=None, metavar="K", help="run_graph budget of each full search")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="how close (fraction) a reused kernel must be to its expected time (default: 0.05)")
+    p.add_argument("--memory", default=None, metavar="FILE", help="SQLite memory file (default: the cache's)")
+    p.add_argument("--json", action="store_true", help="print report.json's content instead of the summary")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress on stderr")
 
 
@@ -152,6 +179,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report-only", action="store_true", help="rewrite summary.md / report.html of --out")
     p.add_argument("--quiet", action="store_true", help="no live progress display")
     p.set_defaults(func=commands.cmd_bench, resume_hint=RESUME_BENCH)
+
+    p = sub.add_parser("batch", help="a kernel per layer of a pruned model: report + kernel bundle",
+                       description="Select the 2-D weights of a model (and im2col'd conv weights), group them by "
+                                   "pattern signature and shape, run the full search on the first layer of each "
+                                   "group and start the others from its winner; write report.json, report.html "
+                                   "and a kernel bundle (sparseditto.load_bundle / patch_model) to --out.")
+    p.add_argument("model", help="a .safetensors file, a folder of safetensors shards (with its index json) or a "
+                                 ".pt/.pth state_dict")
+    _add_batch_options(p)
+    p.set_defaults(func=commands.cmd_batch, resume_hint=RESUME_BATCH)
 
     p = sub.add_parser("memory", help="inspect the optimization memory (list, show RUN_ID, export)",
                        description="The SQLite memory of past runs: every candidate, step and outcome. The next "

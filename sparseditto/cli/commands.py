@@ -194,3 +194,20 @@ def cmd_bench(args) -> int:
         print(f"stopped: {result.stopped}; {result.remaining} case(s) left: rerun with --resume", file=sys.stderr)
     print("\n".join(f"wrote {path}" for path in result.files.values()), file=sys.stderr)
     return 0
+
+
+# ---- batch -------------------------------------------------------------------------------------
+
+def cmd_batch(args) -> int:
+    """A kernel per layer of a model (sparseditto.run_batch)."""
+    from sparseditto.batch.runner import run_batch
+
+    check_positive(args.n, "-n")
+    check_positive(args.budget, "--budget")
+    report = run_batch(args.model, target=args.target, n=args.n, dtype=args.dtype, select=args.select,
+                       min_sparsity=args.min_sparsity, out=args.out, resume=args.resume, backend=args.backend,
+                       budget=args.budget, memory=args.memory, previous=args.previous, tolerance=args.tolerance,
+                       progress=not args.quiet)
+    print(report.model_dump_json(indent=1) if args.json else report.summary())
+    return 0
+

@@ -1,0 +1,143 @@
+"""`patch_model(model, bundle)`: the bundle's kernels in place of matching ``nn.Linear`` forwards.
+
+y = x W^T is computed as (W x^T)^T: the kernel multiplies the sparse weight W [out, in] by
+B = x^T [in, N] (N = tokens), through the custom op ``sparseditto::bundle_linear``
+(`torch.library.custom_op`) with a fake (meta) implementation, so `torch.compile` traces through
+it (the op itself stays opaque to the compiler). The module keeps its name, parameters and
+state_dict; only its ``forward`` is replaced (`unpatch_model` restores it).
+
+A kernel runs only where it was verified: at the bundle's N values and dtype. Any other N or
+dtype, or a device the kernel cannot run on, takes the dense forward instead, with a warning the
+first time per layer and reason. A weight whose shape or sparsity structure differs from the one
+the bundle verified is refused (ValueError) before anything is patched.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_KERNELS: dict[str, "PatchedLinear"] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass
+class PatchedLinear:
+    """What one patched layer runs: its bundle kernel and where it may run it."""
+
+    name: str
+    kernel: Any                     # sparseditto.api.SpMMKernel over the layer's weight
+    verified_ns: frozenset
+    verified_dtype: str
+    out_features: int
+    warned: set = field(default_factory=set)
+    calls: int = 0                  # kernel calls (not the dense fallbacks)
+    fallbacks: int = 0
+
+    def fallback_reason(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return ("autograd (the kernels are for inference: run under torch.no_grad() or "
+                    "torch.inference_mode(); the dense forward keeps training correct)")
+        dtype = str(x.dtype).replace("torch.", "")
+        n = x.numel() // max(1, x.shape[-1])
+        if dtype != self.verified_dtype:
+            return f"dtype {dtype} (the kernel was verified for {self.verified_dtype})"
+        if n not in self.verified_ns:
+            return f"N={n} tokens (the kernel was verified for N in {sorted(self.verified_ns)})"
+        if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            return "a CPU tensor without the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)"
+        return None
+
+    def warn_once(self, reason: str) -> None:
+        if reason not in self.warned:
+            self.warned.add(reason)
+            warnings.warn(f"sparseditto: {self.name} runs dense for {reason}; later calls like this stay dense "
+                          "without another warning.", stacklevel=3)
+
+
+@torch.library.custom_op("sparseditto::bundle_linear", mutates_args=())
+def bundle_linear(x: torch.Tensor, key: str) -> torch.Tensor:
+    """x @ W^T for the patched layer ``key``, as (W @ x^T)^T through its bundle kernel."""
+    entry = _KERNELS[key]
+    rows = x.reshape(-1, x.shape[-1])
+    out = entry.kernel(rows.t().contiguous())          # [out_features, N]
+    return out.t().contiguous().reshape(*x.shape[:-1], entry.out_features)
+
+
+@bundle_linear.register_fake
+def _bundle_linear_fake(x: torch.Tensor, key: str) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], _KERNELS[key].out_features))
+
+
+def _forward(module: torch.nn.Linear, key: str):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        entry = _KERNELS[key]
+        reason = entry.fallback_reason(x, module.weight)
+        if reason is not None:
+            entry.fallbacks += 1
+            entry.warn_once(reason)
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        entry.calls += 1
+        y = torch.ops.sparseditto.bundle_linear(x, key)
+        return y if module.bias is None else y + module.bias
+    return forward
+
+
+def _ensure_interpreter() -> None:
+    """Without a GPU the kernels run in the Triton interpreter, which must be chosen before Triton
+    is first imported (as `run_graph` does)."""
+    if not torch.cuda.is_available() and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def patch_model(model: torch.nn.Module, bundle, *, strict: bool = False) -> dict[str, PatchedLinear]:
+    """Patch every ``nn.Linear`` of ``model`` whose ``<name>.weight`` has a kernel in ``bundle``
+    (a `Bundle` or its folder). Returns {module name: PatchedLinear}. Every weight is checked
+    against the bundle's signature first: a mismatch is a ValueError and nothing is patched.
+    ``strict``: also refuse bundle kernels that match no nn.Linear of the model."""
+    from sparseditto.batch.bundle import Bundle, load_bundle
+    from sparseditto.io import load_matrix
+
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"patch_model needs an nn.Module, got {type(model).__name__}.")
+    bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
+    _ensure_interpreter()
+    chosen = []
+    for name, module in model.named_modules():
+        key = f"{name}.weight" if name else "weight"
+        if isinstance(module, torch.nn.Linear) and key in bundle.kernels:
+            A = load_matrix(module.weight.detach(), name=key)
+            bundle.check_weight(key, A)           # raises before anything is patched
+            chosen.append((name, module, key, A))
+    if strict:
+        unused = sorted(set(bundle.kernels) - {key for _, _, key, _ in chosen})
+        if unused:
+            raise ValueError(f"Bundle kernels match no nn.Linear of the model: {unused[:5]}.")
+    patched = {}
+    for name, module, key, A in chosen:
+        entry = bundle.kernels[key]
+        op_key = f"{id(module)}:{key}"
+        state = PatchedLinear(name=name or key, kernel=bundle.kernel(key, A), verified_ns=frozenset(entry.verified_ns),
+                              verified_dtype=entry.verified_dtype, out_features=module.out_features)
+        with _LOCK:
+            _KERNELS[op_key] = state
+        module.forward = _forward(module, op_key)
+        module._sparseditto_patch = state
+        patched[name or key] = state
+    return patched
+
+
+def unpatch_model(model: torch.nn.Module) -> int:
+    """Give every patched layer its own forward back; returns how many were patched."""
+    count = 0
+    for module in model.modules():
+        state = module.__dict__.pop("_sparseditto_patch", None)
+        if state is not None:
+            module.__dict__.pop("forward", None)
+            count += 1
+    return count

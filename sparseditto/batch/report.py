@@ -1,0 +1,119 @@
+"""The batch's ``report.json`` (the `BatchReport` as is) and ``report.html`` (one self-contained
+page: the layer table and three plots: speedup by layer, time saved by layer, pattern mix).
+
+The page reuses the benchmark report's style, sortable table and matplotlib plumbing
+(`sparseditto.benchmark.report_html` / `plots`), so the two reports look and behave alike; a
+machine without matplotlib gets every table and a line saying how to add the plots.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import os
+from collections import Counter
+from pathlib import Path
+
+from sparseditto.batch.models import BatchReport, LayerResult
+from sparseditto.benchmark.plots import CPU_NOTE, _plt, _png
+from sparseditto.benchmark.report_html import SORT_JS, STYLE, _table
+
+HEADERS = ["layer", "shape", "pattern", "sparsity", "status", "kernel", "params", "kernel us", "dense us",
+           "speedup vs dense", "vs best vendor", "time saved us", "seconds", "reason"]
+
+
+def _us(ms: float | None) -> str:
+    return "" if ms is None else f"{ms * 1e3:.2f}"
+
+
+def _x(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}x"
+
+
+def layer_cells(x: LayerResult) -> list[str]:
+    vendor = f"{x.speedup_vs_vendor:.2f}x ({x.best_vendor})" if x.speedup_vs_vendor else ""
+    status = x.status + (" (SLOWER than previous)" if x.slower_than_previous else "")
+    return [x.name, "x".join(str(s) for s in x.shape), x.pattern or "", "" if x.sparsity is None else f"{x.sparsity:.1%}",
+            status, x.template or "", ", ".join(f"{k}={v}" for k, v in sorted(x.params.items())), _us(x.kernel_ms),
+            _us(x.dense_ms), _x(x.speedup_vs_dense), vendor, _us(x.time_saved_ms), f"{x.seconds:.1f}", x.reason]
+
+
+def _bars(values: list[tuple[str, float]], ylabel: str, title: str, reference: float | None) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.28 * len(values) + 2), 4.2))
+    ax.bar(range(len(values)), [v for _, v in values], color="#4c78a8")
+    ax.set_xticks(range(len(values)), [n for n, _ in values], rotation=70, ha="right", fontsize=7)
+    if reference is not None:
+        ax.axhline(reference, color="gray", linestyle="--", linewidth=1)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
+
+
+def plots(report: BatchReport) -> list[tuple[str, bytes]]:
+    """(caption, PNG) of each plot with data."""
+    note = "" if report.timings_are_gpu else CPU_NOTE
+    worked = [x for x in report.layers if x.status not in ("skipped", "failed")]
+    out = []
+    speed = [(x.name, x.speedup_vs_dense) for x in worked if x.speedup_vs_dense]
+    if speed:
+        out.append(("Speedup of the chosen kernel over dense, per layer (1.0 = dense)",
+                    _bars(speed, "speedup over dense (x)", f"Speedup by layer{note}", 1.0)))
+    saved = [(x.name, (x.time_saved_ms or 0.0) * 1e3) for x in worked if x.time_saved_ms is not None]
+    if saved:
+        out.append(("Time saved per call at N, per layer (dense time minus kernel time)",
+                    _bars(saved, "time saved per call (us)", f"Time saved by layer{note}", 0.0)))
+    mix = Counter(x.pattern for x in worked if x.pattern)
+    if mix:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(5.5, 4.2))
+        ax.pie(list(mix.values()), labels=[f"{k} ({v})" for k, v in mix.items()], autopct="%1.0f%%")
+        ax.set_title("Pattern mix of the layers worked on", fontsize=10)
+        out.append(("Pattern classes of the layers worked on", _png(fig)))
+    return out
+
+
+def render_html(report: BatchReport) -> str:
+    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>SparseDitto batch</title>",
+             f"<style>{STYLE}</style></head><body>", "<h1>SparseDitto batch</h1>"]
+    if not report.timings_are_gpu:
+        parts.append("<p class='warn'>Not GPU timings: this batch ran on the CPU (Triton interpreter). Kernel and "
+                     "dense times are the roofline cost model's estimates on the target.</p>")
+    if not report.complete:
+        parts.append("<p class='incomplete'>Incomplete: run the same command with <code>--resume</code>.</p>")
+    parts.append(f"<p>Model: <code>{html.escape(report.model)}</code>; target {html.escape(str(report.settings.get('target')))}"
+                 f", N={html.escape(str(report.settings.get('n')))}, dtype {html.escape(str(report.settings.get('dtype')))}; "
+                 f"{len(report.layers)} tensors, {report.groups} group(s); "
+                 f"{html.escape(', '.join(f'{v} {k}' for k, v in sorted(report.counts().items())))}; "
+                 f"{report.wall_seconds:.1f} s.</p>")
+    slower = [x.name for x in report.layers if x.slower_than_previous]
+    if slower:
+        parts.append(f"<p class='incomplete'>Slower than the previous report: {html.escape(', '.join(slower))}</p>")
+    parts.append("<h2>Plots</h2>")
+    try:
+        figures = plots(report)
+        if not figures:
+            parts.append("<p>No layer with timings: nothing to plot.</p>")
+    except ImportError as exc:
+        figures = []
+        parts.append(f"<p class='incomplete'>No plots: {html.escape(str(exc))} "
+                     "(<code>pip install 'sparseditto[report]'</code>).</p>")
+    for caption, png in figures:
+        data = base64.b64encode(png).decode("ascii")
+        parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.append(f"<h2>Layers ({len(report.layers)})</h2><p>Click a column header to sort.</p>")
+    parts.append(_table(HEADERS, [layer_cells(x) for x in report.layers]))
+    parts.append(f"<script>{SORT_JS}</script></body></html>")
+    return "".join(parts)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_reports(out: Path, report: BatchReport) -> None:
+    _atomic_write(out / "report.json", report.model_dump_json(indent=1))
+    _atomic_write(out / "report.html", render_html(report))

@@ -1,0 +1,132 @@
+"""A layer that starts from its group's winner: one verification, one timing, one check.
+
+The group's first layer found its kernel with the full `run_graph` search. For the others the
+winner's source is verified on the new layer's pattern (a fresh seed, the batch's N values plus
+the harness's odd ones) and timed once by the harness. It is kept when its time is within
+``tolerance`` of what it is expected to take; otherwise the caller runs the full search.
+
+Expected time:
+- on a GPU: the winner's measured time on the first layer, scaled by the cost model's ratio of
+  the two layers (same template and parameters), against this layer's measured time;
+- on the interpreter (CPU timings say nothing about a GPU): the cost model's estimate of the
+  winner on this layer against the best estimate of any template the planner could pick for it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparseditto.batch.models import LayerResult
+
+INTERPRETER_REPEATS = (1, 0)   # (repeats, warmup) of the timing on the interpreter: CPU time, for the record
+
+
+@dataclass
+class BatchSettings:
+    """What every layer of one batch is run with (validated once by run_batch)."""
+
+    target: Any                 # sparseditto.targets.Target
+    n_values: list[int]
+    dtype: str
+    backend: str                # cuda | interpret (resolved)
+    budget: int | None
+    tolerance: float
+    memory: Any
+    checkpoint: str
+
+    @property
+    def gpu(self) -> bool:
+        return self.backend == "cuda"
+
+    @property
+    def n(self) -> int:
+        return self.n_values[0]
+
+
+def cost_table(report: dict, settings: BatchSettings) -> list[dict]:
+    """The planner's table for this layer: applicable templates it could run, best estimate first."""
+    from sparseditto.agents.costing import runnable_templates, template_table
+
+    table, _ = template_table(report, settings.n, settings.dtype, settings.target, exec_backend=settings.backend)
+    return runnable_templates(table, settings.backend)
+
+
+def estimates(report: dict, settings: BatchSettings, template: str, params: dict) -> dict[str, float | None]:
+    """{'kernel', 'dense', 'best'} estimates in ms (cost model, plan target) for this layer."""
+    from sparseditto.agents.costing import template_estimate
+
+    table = cost_table(report, settings)
+    values = [t["estimate_ms"] for t in table if t.get("estimate_ms") is not None]
+    return {"kernel": template_estimate(table, template, params),
+            "dense": next((t["estimate_ms"] for t in table if t["name"] == "dense"), None),
+            "best": min(values) if values else None,
+            "format_bytes": next((t.get("bytes") for t in table if t["name"] == template), None)}
+
+
+def _verification(result) -> dict:
+    return {"status": result.status, "ok": result.ok, "seed": result.seed, "backend": result.backend,
+            "seconds": round(result.seconds, 3), "message": result.message[:300],
+            "checks": [c.model_dump() for c in result.checks]}
+
+
+def _best_vendor(bench) -> tuple[str | None, float | None]:
+    ok = [b for b in bench.baselines if b.ok and b.timing is not None and b.name != "cublas_dense"]
+    if not ok:
+        return None, None
+    best = min(ok, key=lambda b: b.timing.median_ms)
+    return best.name, best.timing.median_ms
+
+
+def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, report: dict,
+              settings: BatchSettings) -> LayerResult | str:
+    """``base`` (this layer's name, shape, pattern, ...) completed with the winner's kernel, or
+    the reason the full search must run instead."""
+    from sparseditto import harness
+
+    est = estimates(report, settings, winner.template or "dense", winner.params)
+    tol = settings.tolerance
+    if winner.template in (None, "dense"):
+        if est["best"] is not None and est["dense"] is not None and est["best"] < est["dense"] * (1 - tol):
+            return (f"the group's winner is dense, but the cost model puts a kernel at {est['best'] * 1e3:.1f} us vs "
+                    f"dense {est['dense'] * 1e3:.1f} us on this layer")
+        return base.model_copy(update=dict(
+            status="reused", template="dense", reason=f"dense, as for {winner.name} (no kernel beats it)",
+            run_id=winner.run_id, kernel_ms=est["dense"] if not settings.gpu else winner.dense_ms,
+            dense_ms=est["dense"] if not settings.gpu else winner.dense_ms, speedup_vs_dense=1.0, time_saved_ms=0.0,
+            timings_are_estimates=not settings.gpu, n=settings.n))
+    verify = harness.run_and_verify(winner.source, A, n_values=settings.n_values, dtype=settings.dtype,
+                                    backend=settings.backend)
+    if not verify.ok:
+        return f"{winner.template} from {winner.name} failed verification here: {verify.status}: {verify.message[:200]}"
+    repeats, warmup = (50, 5) if settings.gpu else INTERPRETER_REPEATS
+    try:
+        timed = harness.bench(winner.source, A, settings.n, dtype=settings.dtype, backend=settings.backend,
+                              repeats=repeats, warmup=warmup, baselines=True if settings.gpu else False)
+    except harness.BenchError as exc:
+        return f"{winner.template} from {winner.name} failed its timing here: {exc}"
+    vendor, vendor_ms = _best_vendor(timed)
+    if settings.gpu:
+        observed = (timed.candidate_graph or timed.candidate).median_ms
+        dense_ms = (timed.dense_graph or timed.dense).median_ms
+        lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
+        scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
+        expected = (winner.kernel_ms or observed) * scale
+        basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}"
+    else:
+        observed, expected, dense_ms = est["kernel"], est["best"], est["dense"]
+        basis = (f"cost model: {observed * 1e3:.1f} us vs the best template's {expected * 1e3:.1f} us on this layer"
+                 if observed and expected else "")
+    if observed is None or expected is None:
+        return f"no expected time for {winner.template} on this layer (the cost model does not know it)"
+    if observed > expected * (1 + tol):
+        return f"{winner.template} from {winner.name} is not within {tol:.0%} of its expected time ({basis})"
+    return base.model_copy(update=dict(
+        status="reused", template=winner.template, params=dict(winner.params), source=winner.source,
+        source_hash=winner.source_hash, kernel_format=winner.kernel_format, format_bytes=est["format_bytes"],
+        run_id=winner.run_id, kernel_ms=observed, dense_ms=dense_ms, expected_ms=expected,
+        speedup_vs_dense=(dense_ms / observed) if dense_ms and observed else None,
+        best_vendor=vendor, speedup_vs_vendor=(vendor_ms / observed) if vendor_ms and observed else None,
+        time_saved_ms=(dense_ms - observed) if dense_ms and observed else None,
+        timings_are_estimates=not settings.gpu, n=settings.n, reason=f"{winner.name}'s kernel, verified here; {basis}",
+        verified_ns=sorted({c.n for c in verify.checks}) or list(settings.n_values), verified_dtype=settings.dtype,
+        verification=_verification(verify)))
