@@ -12,7 +12,6 @@ on Ctrl-C) the report and the bundle are written from the journal.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -25,6 +24,9 @@ from sparseditto.batch.reuse import BatchSettings, estimates, try_reuse
 from sparseditto.batch.weights import WeightRef, as_matrix_tensor, list_weights
 
 DEFAULT_OUT = "sparseditto-batch"
+# A layer the rest of its group starts from: one searched here, or one whose previous-batch kernel
+# was verified and timed here.
+WINNER_STATUSES = ("searched", "previous")
 
 
 def _model_label(model: Any) -> str:
@@ -195,9 +197,13 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
                    "backend": resolved, "budget": budget, "select": select, "min_sparsity": min_sparsity,
                    "tolerance": tolerance, "previous": str(previous) if previous is not None else None}
     journal = Journal(out_dir)
+    try:
+        journal.start(fingerprint, resume)   # refused: out's batch and its report stay as they are
+    except BaseException:
+        journal.close()
+        raise
     complete = False
     try:
-        journal.start(fingerprint, resume)
         done = journal.done()
         with _Progress(progress, len(refs)) as bar:
             for ref, why in selection.skipped:
@@ -263,7 +269,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
 def _run_group(key: str, members: list, done: dict, journal: Journal, bar: _Progress, settings: BatchSettings,
                prev: dict[str, LayerResult]) -> None:
     finished = [done[ref.name] for ref, _ in members if ref.name in done]
-    winner = next((x for x in finished if x.status == "searched"), None)
+    winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
     winner_report = next((rep for ref, rep in members if winner is not None and ref.name == winner.name), None)
     by_signature = {x.signature: x for x in finished if x.status != "failed" and x.template}
     prev_by_signature = {x.signature: x for x in prev.values() if x.signature and x.template}
@@ -296,8 +302,8 @@ def _run_group(key: str, members: list, done: dict, journal: Journal, bar: _Prog
                 if layer is None:
                     bar.working(ref.name, "full search (run_graph)")
                     layer = _search(A, base, report, settings, why)
-                    if winner is None:
-                        winner, winner_report = layer, report
+                if winner is None and layer.status in WINNER_STATUSES:
+                    winner, winner_report = layer, report
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
             layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
         layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3)))

@@ -1,0 +1,212 @@
+"""Batch jobs over a model's layers, on the Triton interpreter (small synthetic checkpoints).
+
+One batch over a sharded safetensors checkpoint (module fixture) serves the report, bundle and
+patch tests; the re-pruned model, the .pt state_dict and the bad inputs run their own small
+batches. The kill -9 / resume test is in test_batch_resume.py.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from batch_models import llama_like, save_shards, small_unstructured, tiny_model
+from sparseditto.batch.bundle import load_bundle
+from sparseditto.batch.models import BatchReport
+from sparseditto.batch.patch import patch_model, unpatch_model
+from sparseditto.batch.runner import run_batch
+from sparseditto.batch.weights import list_weights
+
+RUN = dict(target="A100", n=[16], backend="interpret", budget=2, memory=False)
+
+
+@pytest.fixture(scope="module")
+def tensors():
+    return llama_like()
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, tensors, pool):
+    root = tmp_path_factory.mktemp("batch")
+    shards = save_shards(tensors, root / "model")
+    report = run_batch(shards, out=root / "out", **RUN)
+    return shards, root / "out", report
+
+
+def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
+    _, out, report = batch
+    by = {x.name: x for x in report.layers}
+    assert report.complete and set(by) == set(llama_like())
+    assert by["norm.weight"].status == "skipped" and "1-D" in by["norm.weight"].reason
+    assert by["embed.weight"].status == "skipped" and "below min_sparsity" in by["embed.weight"].reason
+    lead, follow, same = (by[f"layers.{i}.mlp.up.weight"] for i in range(3))
+    assert lead.status == "searched" and lead.template not in (None, "dense") and lead.run_id
+    assert lead.group == follow.group == same.group
+    # the second layer starts from the winner: same kernel, its own verification and timing
+    assert follow.status == "reused", follow.reason
+    assert (follow.template, follow.params, follow.source_hash) == (lead.template, lead.params, lead.source_hash)
+    assert follow.verification["ok"] and follow.verification["seed"] is not None
+    assert follow.signature != lead.signature and follow.expected_ms and follow.kernel_ms <= follow.expected_ms * 1.05
+    # the same structure (other values): the same kernel outright
+    assert same.status == "shared" and same.signature == lead.signature and same.source_hash == lead.source_hash
+    q = by["layers.0.attn.q.weight"]
+    assert q.status == "searched" and q.group != lead.group
+    for layer in (lead, follow, same):
+        assert layer.speedup_vs_dense > 1.0 and layer.time_saved_ms > 0 and layer.timings_are_estimates
+    on_disk = BatchReport.model_validate_json((out / "report.json").read_text())
+    assert [x.name for x in on_disk.layers] == [x.name for x in report.layers]
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "NOT GPU timings" in html.replace("Not GPU", "NOT GPU")
+    assert "layers.1.mlp.up.weight" in html and "reused" in html
+
+
+def test_bundle_loads_in_a_fresh_process_without_the_agents(batch, tensors):
+    shards, out, report = batch
+    bundle = load_bundle(out)
+    assert set(bundle.kernels) == {f"layers.{i}.mlp.up.weight" for i in range(3)}
+    entry = bundle.kernels["layers.1.mlp.up.weight"]
+    assert entry.packed_format["format"] and entry.verification["ok"] and 16 in entry.verified_ns
+    child = textwrap.dedent(f'''
+        import sys, json, torch
+        from safetensors import safe_open
+        from sparseditto import load_bundle
+        from sparseditto.io import load_matrix
+        name = "layers.1.mlp.up.weight"
+        import glob
+        W = None
+        for f in glob.glob({str(shards)!r} + "/*.safetensors"):
+            with safe_open(f, framework="pt") as h:
+                if name in h.keys():
+                    W = h.get_tensor(name)
+        b = load_bundle({str(out)!r})
+        k = b.kernel(name, load_matrix(W, name=name))
+        B = torch.randn(W.shape[1], 16, generator=torch.Generator().manual_seed(1)).half()
+        C = k(B)
+        ref = (W.double() @ B.double())
+        err = float((C.double() - ref).abs().max() / ref.abs().max())
+        agents = sorted(m for m in sys.modules if m.startswith(("sparseditto.graphs", "langgraph")))
+        print(json.dumps({{"err": err, "agents": agents}}))
+    ''')
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["err"] < 2e-3 and got["agents"] == []
+
+
+def test_patch_model_matches_dense_keeps_state_dict_and_falls_back(batch, tensors):
+    _, out, _ = batch
+    model = tiny_model(tensors)
+    x = (torch.randn(2, 8, 1024, generator=torch.Generator().manual_seed(2)) * 0.1).half()   # N = 16 tokens
+    with torch.no_grad():
+        dense = model(x)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        patched = patch_model(model, out)
+        assert set(patched) == {f"layers.{i}.mlp.up" for i in range(3)}   # attn.q: dense won, not patched
+        y = model(x)
+        assert all(p.calls == 1 for p in patched.values())
+        scale = float(dense.abs().max())
+        assert float((y - dense).abs().max()) / scale < 5e-3
+        assert list(model.state_dict()) == list(state) and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(x[:, :2])            # N = 4: not verified -> dense, one warning per layer
+            model(x[:, :2])
+        assert len([w for w in caught if "N=4" in str(w.message)]) == 3
+        assert all(p.fallbacks == 2 for p in patched.values())
+        compiled = torch.compile(model, backend="aot_eager")   # Dynamo + the op's fake implementation
+        yc = compiled(x)
+        assert float((yc - dense).abs().max()) / scale < 5e-3 and all(p.calls == 2 for p in patched.values())
+    assert unpatch_model(model) == 3
+    with torch.no_grad():
+        assert torch.equal(model(x), dense)
+
+
+def test_patch_model_refuses_a_changed_weight(batch, tensors):
+    _, out, _ = batch
+    model = tiny_model(tensors)
+    with torch.no_grad():
+        model.layers[1].mlp.up.weight[0, :] = 1.0          # the structure changed: row 0 is dense now
+    with pytest.raises(ValueError, match="layers.1.mlp.up.weight: the weight's sparsity structure changed"):
+        patch_model(model, out)
+    assert all("forward" not in m.__dict__ for m in model.modules())   # nothing was patched
+
+
+def test_re_pruned_model_reuses_unchanged_kernels_and_flags_slower_layers(batch, tmp_path, tensors):
+    shards, out, report = batch
+    old = BatchReport.model_validate_json((out / "report.json").read_text())
+    # pretend layer 0 ran faster last time, so this batch must flag it as slower
+    for x in old.layers:
+        if x.name == "layers.0.mlp.up.weight":
+            x.kernel_ms = x.kernel_ms / 2
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    (prev / "report.json").write_text(old.model_dump_json())
+    repruned = llama_like(up_seeds=(0, 7))          # layer 1 re-pruned, the rest unchanged
+    new = run_batch(save_shards(repruned, tmp_path / "model"), out=tmp_path / "out", previous=prev, **RUN)
+    by = {x.name: x for x in new.layers}
+    assert by["layers.0.mlp.up.weight"].status == "previous"
+    assert by["layers.0.mlp.up.weight"].slower_than_previous
+    changed = by["layers.1.mlp.up.weight"]
+    assert changed.status == "reused" and changed.signature != report.layer("layers.1.mlp.up.weight").signature
+    assert by["layers.2.mlp.up.weight"].status == "shared"
+    assert by["layers.0.attn.q.weight"].status == "previous" and by["layers.0.attn.q.weight"].template == "dense"
+    assert not any(x.status == "searched" for x in new.layers)
+    assert "SLOWER than previous" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_batch_over_a_torch_state_dict_and_a_module(tmp_path, pool):
+    sd = {"enc.0.weight": small_unstructured(64, 96, 5), "enc.0.bias": torch.zeros(64).half(),
+          "conv.weight": torch.zeros(8, 4, 3, 3).half()}
+    torch.save(sd, tmp_path / "model.pt")
+    report = run_batch(tmp_path / "model.pt", out=tmp_path / "out", select=r"^(enc|conv)\.", min_sparsity=0.5, **RUN)
+    by = {x.name: x for x in report.layers}
+    assert by["enc.0.weight"].status == "searched" and by["enc.0.weight"].kind == "linear"
+    assert by["enc.0.bias"].status == "skipped"
+    assert by["conv.weight"].kind == "conv" and "all zeros" in by["conv.weight"].reason
+    refs = {r.name: r for r in list_weights(tiny_model(llama_like()))}
+    assert refs["layers.0.mlp.up.weight"].matrix_shape == (256, 1024) and refs["layers.0.mlp.up.bias"].matrix_shape is None
+    assert list_weights(torch.nn.Conv2d(4, 8, 3))[0].matrix_shape == (8, 36)
+
+
+def test_bad_inputs_are_clear_value_errors(tmp_path, batch):
+    shards, out, _ = batch
+    with pytest.raises(ValueError, match="does not exist"):
+        run_batch(tmp_path / "nope.safetensors", out=tmp_path / "o", **RUN)
+    with pytest.raises(ValueError, match="not a valid regular expression"):
+        run_batch(shards, select="(", out=tmp_path / "o", **RUN)
+    with pytest.raises(ValueError, match="min_sparsity must be in"):
+        run_batch(shards, min_sparsity=1.5, out=tmp_path / "o", **RUN)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        run_batch(shards, out=tmp_path / "file", **RUN)
+    with pytest.raises(ValueError, match="holds no report.json"):
+        run_batch(shards, out=tmp_path / "o", previous=tmp_path, **RUN)
+    with pytest.raises(ValueError, match="already holds a batch"):
+        run_batch(shards, out=out, **RUN)                      # nothing in out is touched
+    with pytest.raises(ValueError, match=r"settings differ in \['n'\]"):
+        run_batch(shards, out=out, resume=True, **{**RUN, "n": [8]})
+    assert BatchReport.model_validate_json((out / "report.json").read_text()).complete
+    with pytest.raises(ValueError, match="not a kernel bundle"):
+        load_bundle(tmp_path)
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "idx" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "gone.safetensors"}}))
+    with pytest.raises(ValueError, match="missing from"):
+        run_batch(tmp_path / "idx", out=tmp_path / "o2", **RUN)
+
+
+def test_a_tampered_bundle_source_is_never_run(batch, tmp_path, tensors):
+    import shutil
+
+    _, out, _ = batch
+    copy = tmp_path / "bundle"
+    shutil.copytree(out / "bundle", copy)
+    entry = load_bundle(copy).kernels["layers.0.mlp.up.weight"]
+    path = copy / entry.source_file
+    path.write_text(path.read_text() + "\n# changed\n")
+    with pytest.raises(ValueError, match="does not match its recorded sha256"):
+        patch_model(tiny_model(tensors), copy)
