@@ -7,7 +7,6 @@ machine without matplotlib gets every table and a line saying how to add the plo
 """
 from __future__ import annotations
 
-import base64
 import html
 import os
 from collections import Counter
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from sparseditto.batch.models import BatchReport, LayerResult
 from sparseditto.benchmark.plots import CPU_NOTE, _plt, _png
-from sparseditto.benchmark.report_html import SORT_JS, STYLE, _table
+from sparseditto.benchmark.report_html import SORT_JS, STYLE, _table, figure_tags
 
 HEADERS = ["layer", "shape", "pattern", "sparsity", "status", "kernel", "params", "kernel us", "dense us",
            "speedup vs dense", "vs best vendor", "time saved us", "seconds", "reason"]
@@ -98,10 +97,7 @@ def render_html(report: BatchReport) -> str:
         figures = []
         parts.append(f"<p class='incomplete'>No plots: {html.escape(str(exc))} "
                      "(<code>pip install 'sparseditto[report]'</code>).</p>")
-    for caption, png in figures:
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.extend(figure_tags(figures))
     parts.append(f"<h2>Layers ({len(report.layers)})</h2><p>Click a column header to sort.</p>")
     parts.append(_table(HEADERS, [layer_cells(x) for x in report.layers]))
     parts.append(f"<script>{SORT_JS}</script></body></html>")

@@ -234,6 +234,12 @@ def _load(ref: WeightRef):
     return load_matrix(as_matrix_tensor(ref), name=ref.name)
 
 
+def _report(ref: WeightRef) -> dict:
+    from sparseditto.analysis import analyze
+
+    return analyze(_load(ref)).model_dump(mode="json")
+
+
 def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "OrderedDict[str, list]":
     """Group key -> [(ref, report dict)] of the layers still to do (plus the done ones' keys)."""
     from sparseditto.analysis import analyze
@@ -241,7 +247,10 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
     groups: OrderedDict[str, list] = OrderedDict()
     for ref in chosen:
         prior = done.get(ref.name)
-        if prior is not None and prior.status in ("skipped",):
+        if prior is not None and (prior.status == "skipped" or not prior.group):
+            continue
+        if prior is not None:   # done before a resume: its group is known, no need to load it again
+            groups.setdefault(prior.group, []).append((ref, None))
             continue
         bar.working(ref.name, "analyzing")
         try:
@@ -262,6 +271,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
                     reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"))
             continue
         report = analyze(A).model_dump(mode="json")
+        del A
         groups.setdefault(group_key(report, dtype), []).append((ref, report))
     return groups
 
@@ -270,7 +280,8 @@ def _run_group(key: str, members: list, done: dict, journal: Journal, bar: _Prog
                prev: dict[str, LayerResult]) -> None:
     finished = [done[ref.name] for ref, _ in members if ref.name in done]
     winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
-    winner_report = next((rep for ref, rep in members if winner is not None and ref.name == winner.name), None)
+    winner_ref = next((ref for ref, _ in members if winner is not None and ref.name == winner.name), None)
+    winner_report = None
     by_signature = {x.signature: x for x in finished if x.status != "failed" and x.template}
     prev_by_signature = {x.signature: x for x in prev.values() if x.signature and x.template}
     for ref, report in members:
@@ -297,6 +308,8 @@ def _run_group(key: str, members: list, done: dict, journal: Journal, bar: _Prog
                 why = None
                 if layer is None and winner is not None:
                     bar.working(ref.name, f"starting from {winner.name}'s {winner.template}")
+                    if winner_report is None:   # the winner was done before a resume: analyze it again
+                        winner_report = _report(winner_ref)
                     got = try_reuse(winner, winner_report, base, A, report, settings)
                     layer, why = (got, None) if isinstance(got, LayerResult) else (None, got)
                 if layer is None:

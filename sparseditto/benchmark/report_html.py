@@ -58,6 +58,16 @@ def _table(headers, rows, sortable: bool = True, bad_column: int | None = None) 
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
+def figure_tags(plots: list[tuple[str, bytes]]) -> list[str]:
+    """One inline <figure> (base64 PNG and its caption) per (caption, png)."""
+    tags = []
+    for caption, png in plots:
+        data = base64.b64encode(png).decode("ascii")
+        tags.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
+                    f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    return tags
+
+
 def render_report_html(rows: list[BenchRow], summaries: list[SuiteSummary], *, command: str,
                        environments: list[dict], stopped: str | None = None, remaining: int = 0) -> str:
     gpu = bool(rows) and all(r.timings_are_gpu for r in rows)
@@ -90,10 +100,7 @@ def render_report_html(rows: list[BenchRow], summaries: list[SuiteSummary], *, c
         parts.append(f"<p class='incomplete'>No plots: {html.escape(str(exc))}. Rewrite this page where "
                      "matplotlib is installed (<code>pip install 'sparseditto[report]'</code>): "
                      "<code>sparseditto bench --report-only --out DIR</code>.</p>")
-    for caption, png in plots:
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{data}'>"
-                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    parts.extend(figure_tags(plots))
     parts.append(f"<h2>Cases ({len(rows)})</h2><p>Click a column header to sort.</p>")
     parts.append(_table(ROW_HEADERS, [row_cells(r) for r in rows], bad_column=len(ROW_HEADERS) - 1))
     sweep = sweep_cells(rows)
