@@ -35,7 +35,7 @@ def _model_label(model: Any) -> str:
     return f"{type(model).__module__}.{type(model).__name__}"
 
 
-def _check_fraction(value, what: str, high_open: bool = True) -> float:
+def _check_fraction(value, what: str) -> float:
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -167,7 +167,8 @@ class _Progress:
 def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, dtype: str = "float16",
               select: str | None = None, min_sparsity: float = 0.3, out: str | Path = DEFAULT_OUT,
               resume: bool = False, backend: str = "auto", budget: int | None = None, memory: Any = None,
-              previous: str | Path | None = None, tolerance: float = 0.05, progress: bool = False) -> BatchReport:
+              previous: str | Path | None = None, tolerance: float = 0.05, progress: bool = False,
+              workers: int | str | None = None, ray_address: str | None = None) -> BatchReport:
     """A verified kernel (or dense) for every selected weight of ``model``; see the module doc.
 
     ``model``: a .safetensors file, a folder of safetensors shards (with its index json), a .pt
@@ -178,6 +179,9 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     ``previous``: the out folder of an earlier batch of this model (re-pruned since): layers
     whose signature still matches start from its kernels, and any layer slower than there is
     flagged. ``tolerance``: how far (fraction) a reused kernel may be from its expected time.
+    ``workers``: None (default: one process per local GPU when there are several, else this
+    process), a number of local worker processes, or "ray" (Ray tasks; ``ray_address`` implies it);
+    see `sparseditto.batch.workers`.
     """
     from sparseditto.api import _check_settings
 
@@ -187,6 +191,13 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     tolerance = _check_fraction(tolerance, "tolerance")
     if tolerance <= 0:
         raise ValueError("tolerance must be above 0 (a fraction such as 0.05).")
+    from sparseditto.batch.workers import check_workers
+
+    if workers is None and ray_address is None and resolved == "cuda" and isinstance(model, (str, Path)):
+        import torch
+
+        workers = torch.cuda.device_count() if torch.cuda.device_count() > 1 else None
+    workers = check_workers(workers, ray_address, model)
     prev = _previous_layers(previous)
     refs = list_weights(model)
     selection = select_weights(refs, select)
@@ -210,8 +221,14 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
                 if ref.name not in done:
                     done[ref.name] = _record(journal, bar, _base(ref, status="skipped", reason=why))
             groups = _analyze(selection.chosen, done, journal, bar, min_sparsity, dtype)
-            for key, members in groups.items():
-                _run_group(key, members, done, journal, bar, settings, prev)
+            if workers is None:
+                for key, members in groups.items():
+                    run_group(key, members, done, journal, bar, settings, prev)
+            else:
+                from sparseditto.batch.workers import run_groups
+
+                run_groups(groups, done, journal, bar, settings, prev, model_path=str(Path(model).expanduser()),
+                           out=out_dir, workers=workers, ray_address=ray_address)
         complete = True
     finally:
         try:
@@ -276,7 +293,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
     return groups
 
 
-def _run_group(key: str, members: list, done: dict, journal: Journal, bar: _Progress, settings: BatchSettings,
+def run_group(key: str, members: list, done: dict, journal, bar: _Progress, settings: BatchSettings,
                prev: dict[str, LayerResult]) -> None:
     finished = [done[ref.name] for ref, _ in members if ref.name in done]
     winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
