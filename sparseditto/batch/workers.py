@@ -1,7 +1,7 @@
 """Groups of a batch run in worker processes: one per local GPU, or Ray tasks (one GPU each).
 
 Groups are independent (a group's layers only ever start from that group's winner), so a group
-is the unit of work sent out: `group_task` runs `runner.run_group` for one group in the worker and
+is the unit of work sent out: `group_task` runs `group.run_group` for one group in the worker and
 returns its finished `LayerResult`s. Only the driver writes: it records each returned layer in
 the journal and never lets a worker touch the SQLite memory (workers run with ``memory=False``;
 the run_graph checkpoints of a group's searches go to ``OUT/checkpoints/<group>.sqlite``, so a
@@ -41,12 +41,13 @@ def group_checkpoint(out: Path, key: str) -> str:
 def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]], done: dict[str, LayerResult],
                settings, prev: dict[str, LayerResult]) -> list[LayerResult]:
     """Run one group in this process; returns the layers it finished (in order)."""
-    from sparseditto.batch.runner import _Progress, run_group
+    from sparseditto.batch.group import run_group
+    from sparseditto.batch.progress import Progress
     from sparseditto.batch.weights import list_weights
 
     refs = {r.name: r for r in list_weights(model_path)}
     sink = _Collect()
-    run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, _Progress(False, 0),
+    run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, Progress(False, 0),
               settings, prev)
     return sink.layers
 
@@ -68,9 +69,9 @@ def _jobs(groups, done, settings, out: Path):
 
 
 def _failed(members, done, reason: str) -> list[LayerResult]:
-    from sparseditto.batch.runner import _base
+    from sparseditto.batch.group import base_layer
 
-    return [_base(ref, status="failed", reason=reason) for ref, _ in members if ref.name not in done]
+    return [base_layer(ref, status="failed", reason=reason) for ref, _ in members if ref.name not in done]
 
 
 def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: str, out: Path,

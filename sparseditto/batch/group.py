@@ -1,0 +1,156 @@
+"""One group of a batch: the layers that share a pattern signature, worked through in order.
+
+The first layer without a winner gets the full `run_graph` search; a layer with the structure
+signature of one already done shares its kernel outright; a layer whose signature matches a
+kernel of the previous batch starts from that kernel; every other layer starts from the group's
+winner (`reuse.try_reuse`) and is searched only when that fails. Each finished layer is recorded
+at once (the journal in the driver, a collector in a worker process); a failure is recorded and
+the group goes on. `runner` calls this in its own process, `workers` in worker processes.
+"""
+from __future__ import annotations
+
+import time
+
+from sparseditto.batch.models import LayerResult
+from sparseditto.batch.progress import Progress
+from sparseditto.batch.reuse import BatchSettings, estimates, try_reuse
+from sparseditto.batch.weights import WeightRef, as_matrix_tensor
+
+
+# A layer the rest of its group starts from: one searched here, or one whose previous-batch kernel
+# was verified and timed here.
+WINNER_STATUSES = ("searched", "previous")
+
+
+def base_layer(ref: WeightRef, **fields) -> LayerResult:
+    kind = "linear" if len(ref.shape) == 2 else ("conv" if len(ref.shape) == 4 else "other")
+    return LayerResult(name=ref.name, shape=tuple(ref.shape), dtype=ref.dtype, kind=kind, **fields)
+
+
+def _template_format(template: str | None) -> str | None:
+    from sparseditto.kernel_templates.registry import get_template
+
+    try:
+        return get_template(template).format if template else None
+    except ValueError:
+        return None
+
+
+def searched_layer(base: LayerResult, result, report: dict, settings: BatchSettings, seconds: float) -> LayerResult:
+    """A LayerResult from a full run_graph search."""
+    b = result.best
+    est = estimates(report, settings, b.template, b.params)
+    rec = next((c for c in result.candidates if c.status == "verified" and c.source_hash == b.source_hash), None)
+    if settings.gpu:
+        kernel_ms, dense_ms = b.median_ms, b.dense_ms or (result.dense or {}).get("median_ms")
+    else:
+        kernel_ms = b.expected_ms if b.template != "dense" else est["dense"]
+        dense_ms = est["dense"]
+    vendors = {k: v for k, v in result.speedups.items() if k != "dense"}
+    vendor = min(vendors, key=vendors.get) if vendors else None
+    reason = b.reason if result.best.template != "dense" else (b.reason or "dense is best")
+    return base.model_copy(update=dict(
+        status="searched", template=b.template, params=dict(b.params), source=b.source, source_hash=b.source_hash,
+        kernel_format=_template_format(b.template), format_bytes=est["format_bytes"], run_id=result.run_id,
+        kernel_ms=kernel_ms, dense_ms=dense_ms, expected_ms=b.expected_ms,
+        speedup_vs_dense=result.speedups.get("dense") or ((dense_ms / kernel_ms) if dense_ms and kernel_ms else None),
+        best_vendor=vendor, speedup_vs_vendor=vendors.get(vendor) if vendor else None,
+        time_saved_ms=(dense_ms - kernel_ms) if dense_ms and kernel_ms else None,
+        timings_are_estimates=result.speedups_are_estimates, n=settings.n, reason=reason,
+        verified_ns=list(result.verified_ns), verified_dtype=result.dtype if b.template != "dense" else None,
+        verification=dict(rec.verify or {}, status=rec.status) if rec else {}, seconds=round(seconds, 3)))
+
+
+def _search(A, base: LayerResult, report: dict, settings: BatchSettings, why: str | None) -> LayerResult:
+    from sparseditto.api import run_graph
+
+    t0 = time.time()
+    result = run_graph(A, target=settings.target.name, n=settings.n_values, dtype=settings.dtype,
+                       backend=settings.backend, budget=settings.budget, memory=settings.memory,
+                       checkpoint=settings.checkpoint)
+    layer = searched_layer(base, result, report, settings, time.time() - t0)
+    if why:
+        layer.reason = f"full search ({why}); {layer.reason}"
+    return layer
+
+
+def _shared(done: LayerResult, base: LayerResult) -> LayerResult:
+    keep = {k: getattr(done, k) for k in ("template", "params", "source", "source_hash", "kernel_format",
+                                           "format_bytes", "run_id", "kernel_ms", "dense_ms", "expected_ms",
+                                           "speedup_vs_dense", "best_vendor", "speedup_vs_vendor", "time_saved_ms",
+                                           "timings_are_estimates", "n", "verified_ns", "verified_dtype",
+                                           "verification")}
+    return base.model_copy(update=dict(keep, status="shared",
+                                       reason=f"same structure signature as {done.name}: its kernel outright"))
+
+
+def record_layer(journal, bar: Progress, layer: LayerResult) -> LayerResult:
+    journal.record(layer)
+    bar.done(layer)
+    return layer
+
+
+def load_weight(ref: WeightRef):
+    from sparseditto.io import load_matrix
+
+    return load_matrix(as_matrix_tensor(ref), name=ref.name)
+
+
+def layer_report(ref: WeightRef) -> dict:
+    from sparseditto.analysis import analyze
+
+    return analyze(load_weight(ref)).model_dump(mode="json")
+
+
+def run_group(key: str, members: list, done: dict, journal, bar: Progress, settings: BatchSettings,
+               prev: dict[str, LayerResult]) -> None:
+    finished = [done[ref.name] for ref, _ in members if ref.name in done]
+    winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
+    winner_ref = next((ref for ref, _ in members if winner is not None and ref.name == winner.name), None)
+    winner_report = None
+    by_signature = {x.signature: x for x in finished if x.status != "failed" and x.template}
+    prev_by_signature = {x.signature: x for x in prev.values() if x.signature and x.template}
+    for ref, report in members:
+        if ref.name in done:
+            continue
+        t0 = time.time()
+        base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"], sparsity=report["sparsity"], nnz=report["nnz"],
+                     signature=report["signature"])
+        try:
+            same = by_signature.get(report["signature"])
+            if same is not None:
+                layer = _shared(same, base)
+            else:
+                A = load_weight(ref)
+                layer = None
+                old = prev_by_signature.get(report["signature"])
+                if old is not None:
+                    bar.working(ref.name, f"checking the previous batch's {old.template}")
+                    got = try_reuse(old, report, base, A, report, settings)
+                    if isinstance(got, LayerResult):
+                        layer = got.model_copy(update=dict(
+                            status="previous", reason=f"the previous batch's kernel for {old.name} (signature "
+                                                      f"unchanged), verified here; {got.reason}"))
+                why = None
+                if layer is None and winner is not None:
+                    bar.working(ref.name, f"starting from {winner.name}'s {winner.template}")
+                    if winner_report is None:   # the winner was done before a resume: analyze it again
+                        winner_report = layer_report(winner_ref)
+                    got = try_reuse(winner, winner_report, base, A, report, settings)
+                    layer, why = (got, None) if isinstance(got, LayerResult) else (None, got)
+                if layer is None:
+                    bar.working(ref.name, "full search (run_graph)")
+                    layer = _search(A, base, report, settings, why)
+                if winner is None and layer.status in WINNER_STATUSES:
+                    winner, winner_report = layer, report
+        except Exception as exc:   # one layer's failure is recorded; the batch goes on
+            layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
+        layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3)))
+        old = prev.get(ref.name)
+        if old is not None and old.kernel_ms and layer.kernel_ms and layer.kernel_ms > old.kernel_ms * (1 + settings.tolerance):
+            layer.previous_kernel_ms, layer.slower_than_previous = old.kernel_ms, True
+        elif old is not None:
+            layer.previous_kernel_ms = old.kernel_ms
+        done[ref.name] = record_layer(journal, bar, layer)
+        if layer.status != "failed" and layer.template:
+            by_signature.setdefault(layer.signature, layer)
