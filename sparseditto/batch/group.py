@@ -15,6 +15,7 @@ from sparseditto.batch.models import LayerResult
 from sparseditto.batch.progress import Progress
 from sparseditto.batch.reuse import BatchSettings, estimates, try_reuse
 from sparseditto.batch.weights import WeightRef, as_matrix_tensor
+from sparseditto.harness.sandbox import WorkerStartError
 
 
 # A layer the rest of its group starts from: one searched here, or one whose previous-batch kernel
@@ -114,8 +115,8 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         if ref.name in done:
             continue
         t0 = time.time()
-        base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"], sparsity=report["sparsity"], nnz=report["nnz"],
-                     signature=report["signature"])
+        base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"],
+                          sparsity=report["sparsity"], nnz=report["nnz"], signature=report["signature"])
         try:
             same = by_signature.get(report["signature"])
             if same is not None:
@@ -143,11 +144,15 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
                     layer = _search(A, base, report, settings, why)
                 if winner is None and layer.status in WINNER_STATUSES:
                     winner, winner_report = layer, report
+        except WorkerStartError:   # the environment, not this layer: no later layer could run either
+            raise
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
             layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
         layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3)))
         old = prev.get(ref.name)
-        if old is not None and old.kernel_ms and layer.kernel_ms and layer.kernel_ms > old.kernel_ms * (1 + settings.tolerance):
+        slower = old is not None and old.kernel_ms and layer.kernel_ms and \
+            layer.kernel_ms > old.kernel_ms * (1 + settings.tolerance)
+        if slower:
             layer.previous_kernel_ms, layer.slower_than_previous = old.kernel_ms, True
         elif old is not None:
             layer.previous_kernel_ms = old.kernel_ms

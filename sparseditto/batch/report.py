@@ -31,7 +31,8 @@ def _x(v: float | None) -> str:
 def layer_cells(x: LayerResult) -> list[str]:
     vendor = f"{x.speedup_vs_vendor:.2f}x ({x.best_vendor})" if x.speedup_vs_vendor else ""
     status = x.status + (" (SLOWER than previous)" if x.slower_than_previous else "")
-    return [x.name, "x".join(str(s) for s in x.shape), x.pattern or "", "" if x.sparsity is None else f"{x.sparsity:.1%}",
+    sparsity = "" if x.sparsity is None else f"{x.sparsity:.1%}"
+    return [x.name, "x".join(str(s) for s in x.shape), x.pattern or "", sparsity,
             status, x.template or "", ", ".join(f"{k}={v}" for k, v in sorted(x.params.items())), _us(x.kernel_ms),
             _us(x.dense_ms), _x(x.speedup_vs_dense), vendor, _us(x.time_saved_ms), f"{x.seconds:.1f}", x.reason]
 
@@ -80,8 +81,9 @@ def render_html(report: BatchReport) -> str:
                      "dense times are the roofline cost model's estimates on the target.</p>")
     if not report.complete:
         parts.append("<p class='incomplete'>Incomplete: run the same command with <code>--resume</code>.</p>")
-    parts.append(f"<p>Model: <code>{html.escape(report.model)}</code>; target {html.escape(str(report.settings.get('target')))}"
-                 f", N={html.escape(str(report.settings.get('n')))}, dtype {html.escape(str(report.settings.get('dtype')))}; "
+    setting = {k: html.escape(str(report.settings.get(k))) for k in ("target", "n", "dtype")}
+    parts.append(f"<p>Model: <code>{html.escape(report.model)}</code>; target {setting['target']}"
+                 f", N={setting['n']}, dtype {setting['dtype']}; "
                  f"{len(report.layers)} tensors, {report.groups} group(s); "
                  f"{html.escape(', '.join(f'{v} {k}' for k, v in sorted(report.counts().items())))}; "
                  f"{report.wall_seconds:.1f} s.</p>")

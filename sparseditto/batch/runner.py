@@ -26,6 +26,8 @@ from sparseditto.batch.reuse import BatchSettings
 from sparseditto.batch.weights import list_weights
 
 DEFAULT_OUT = "sparseditto-batch"
+
+
 def _model_label(model: Any) -> str:
     if isinstance(model, (str, Path)):
         return str(Path(model).expanduser().resolve())
@@ -158,18 +160,18 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
             A = load_weight(ref)
         except ValueError as exc:
             if "no nonzeros" in str(exc):
-                done[ref.name] = record_layer(journal, bar, base_layer(ref, status="skipped", sparsity=1.0, nnz=0,
-                                                             reason="all zeros: no pattern to build a kernel for"))
+                layer = base_layer(ref, status="skipped", sparsity=1.0, nnz=0,
+                                   reason="all zeros: no pattern to build a kernel for")
             else:
-                done[ref.name] = record_layer(journal, bar, base_layer(ref, status="failed", reason=f"cannot load: {exc}"))
+                layer = base_layer(ref, status="failed", reason=f"cannot load: {exc}")
+            done[ref.name] = record_layer(journal, bar, layer)
             continue
         m, k = A.shape
         sparsity = 1.0 - A.nnz / float(m * k)
         if sparsity < min_sparsity:
-            if prior is None:
-                done[ref.name] = record_layer(journal, bar, base_layer(
-                    ref, status="skipped", sparsity=sparsity, nnz=A.nnz,
-                    reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"))
+            done[ref.name] = record_layer(journal, bar, base_layer(
+                ref, status="skipped", sparsity=sparsity, nnz=A.nnz,
+                reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"))
             continue
         report = analyze(A).model_dump(mode="json")
         del A

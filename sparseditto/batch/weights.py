@@ -89,7 +89,8 @@ def _shard_folder_refs(folder: Path) -> list[WeightRef]:
 
 
 def _tensor_refs(tensors: dict) -> list[WeightRef]:
-    return [WeightRef(n, tuple(t.shape), _dtype_name(t.dtype), (lambda t=t: t.detach().cpu())) for n, t in tensors.items()]
+    return [WeightRef(n, tuple(t.shape), _dtype_name(t.dtype), (lambda t=t: t.detach().cpu()))
+            for n, t in tensors.items()]
 
 
 def _torch_file_refs(path: Path) -> list[WeightRef]:
