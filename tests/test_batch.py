@@ -210,3 +210,16 @@ def test_a_tampered_bundle_source_is_never_run(batch, tmp_path, tensors):
     path.write_text(path.read_text() + "\n# changed\n")
     with pytest.raises(ValueError, match="does not match its recorded sha256"):
         patch_model(tiny_model(tensors), copy)
+
+
+def test_cli_batch_resumes_a_finished_batch_and_reports_bad_input(batch, capsys, tmp_path):
+    from sparseditto.cli.app import main
+
+    shards, out, report = batch
+    code = main(["batch", str(shards), "--out", str(out), "--resume", "--target", "A100", "-n", "16",
+                 "--backend", "interpret", "--budget", "2", "-q"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert f"{len(report.layers)} tensors in {report.groups} group(s)" in printed.out and "1 reused" in printed.out
+    assert main(["batch", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "does not exist" in capsys.readouterr().err
