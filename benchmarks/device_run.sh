@@ -42,12 +42,12 @@ for stage in "$@"; do
     graph)
       python3 benchmarks/graph_runs.py --out "$OUT/graph_runs" --quiet ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
     batch7b)
-      # issue 12: the synthetic Llama-7B-shaped checkpoint (made once into .gpu/llama7b), batched into
+      # issue 12: the synthetic Llama-7B-shaped checkpoint (made once into .gpu/llama7b, ~13 GB), batched into
       # $OUT/batch7b; carry .gpu/batch7b and set BATCH_FROM=.gpu/batch7b to continue (--resume) a call that ran out of time
       CK=${BATCH_CKPT:-$PWD/.gpu/llama7b}; [ -f "$CK/model.safetensors.index.json" ] || python3 benchmarks/batch_7b.py make --dir "$CK" ${BATCH_BLOCKS:+--blocks $BATCH_BLOCKS} 2>&1 | tail -3
       BO="$OUT/batch7b"; mkdir -p "$BO"; RES=""
       if [ -n "${BATCH_FROM:-}" ]; then cp -r "$BATCH_FROM"/. "$BO"/ && RES=--resume; fi
-      timeout ${BATCH_TIMEOUT:-520} python3 benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
+      timeout ${BATCH_TIMEOUT:-420} python3 benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
     batch7b-retime)
       python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$OUT/batch7b}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
     example)
