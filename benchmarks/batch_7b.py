@@ -45,10 +45,20 @@ def make(folder: Path, blocks: int, sparsity: float = 0.5) -> None:
 
 
 def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int]) -> None:
-    from sparseditto import run_batch
+    import signal
 
+    from sparseditto import run_batch
+    from sparseditto.batch.models import BatchReport
+
+    def stop(signum, frame):   # `timeout` sends SIGTERM: stop like Ctrl-C, so the partial report is written
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     t0 = time.time()
-    report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True)
+    try:
+        report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True)
+    except KeyboardInterrupt:
+        report = BatchReport.model_validate_json((out / "report.json").read_text())
     print(report.summary())
     firsts = {}
     for x in report.layers:
