@@ -5,7 +5,8 @@
     python benchmarks/batch_7b.py retime --dir CKPT --out OUT          # independent re-timing vs the report
 
 The checkpoint: ``blocks`` x {q,k,v,o (4096 x 4096), gate, up (11008 x 4096), down (4096 x 11008)},
-random values, 50% per-row magnitude pruned, one shard per block. ``retime`` times every layer's
+random values, 50% per-row magnitude pruned, one shard per block (``--scale 16`` divides every
+shape by 16: a smoke test of the three stages on the CPU). ``retime`` times every layer's
 bundle kernel again with the harness (fresh inputs, fresh process) and prints each speedup vs
 dense beside the report's, and the worst relative difference (the goal: within 10%).
 """
@@ -23,7 +24,7 @@ SHAPES = {"self_attn.q_proj": (4096, 4096), "self_attn.k_proj": (4096, 4096), "s
           "mlp.down_proj": (4096, 11008)}
 
 
-def make(folder: Path, blocks: int, sparsity: float = 0.5) -> None:
+def make(folder: Path, blocks: int, sparsity: float = 0.5, scale: int = 1) -> None:
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -34,6 +35,7 @@ def make(folder: Path, blocks: int, sparsity: float = 0.5) -> None:
         shard = f"model-{b + 1:05d}-of-{blocks:05d}.safetensors"
         tensors = {}
         for name, (m, k) in SHAPES.items():
+            m, k = m // scale, k // scale
             w = torch.randn(m, k, generator=gen, device=device, dtype=torch.float32)
             keep = w.abs().topk(int(round(k * (1 - sparsity))), dim=1).indices
             mask = torch.zeros_like(w, dtype=torch.bool).scatter_(1, keep, True)
@@ -99,12 +101,13 @@ def main() -> None:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", default="batch7b")
     ap.add_argument("--blocks", type=int, default=32)
+    ap.add_argument("--scale", type=int, default=1, help="make: divide every shape by this (a CPU smoke test)")
     ap.add_argument("--target", default="auto")
     ap.add_argument("-n", type=int, action="append")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args()
     if args.stage == "make":
-        make(Path(args.dir), args.blocks)
+        make(Path(args.dir), args.blocks, scale=args.scale)
     elif args.stage == "batch":
         batch(Path(args.dir), Path(args.out), args.resume, args.target, args.n or [16])
     else:
