@@ -93,22 +93,18 @@ def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float 
     return w
 
 
-def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flush: bool = True,
-              before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
-    """Eager launches, each preceded by an L2 flush, CUDA events around ``fn()`` only.
-
-    ``before(i)``/``after(i)`` run outside the timed region of launch i (warm-up launches have
-    negative i): the benchmark uses them to give every launch fresh inputs and keep its output."""
+def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush: bool, before, after) -> Timing:
+    """The loop both CUDA timings share: the warm-up (`warm_up`), then per launch ``before(i)``, an
+    L2 flush, CUDA events around ``launch()`` only, ``after(i)``."""
     import torch
 
-    check_repeats(repeats, warmup)
     before, after = before or _noop, after or _noop
     buf = flush_buffer() if flush else None
 
     def step():
         if buf is not None:
             buf.zero_()
-        fn()
+        launch()
 
     warm_up(step, warmup, before, after)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
@@ -118,11 +114,21 @@ def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flu
         if buf is not None:
             buf.zero_()
         starts[i].record()
-        fn()
+        launch()
         ends[i].record()
         after(i)
     torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flush: bool = True,
+              before: Callable[[int], None] | None = None, after: Callable[[int], None] | None = None) -> Timing:
+    """Eager launches, each preceded by an L2 flush, CUDA events around ``fn()`` only.
+
+    ``before(i)``/``after(i)`` run outside the timed region of launch i (warm-up launches have
+    negative i): the benchmark uses them to give every launch fresh inputs and keep its output."""
+    check_repeats(repeats, warmup)
+    return _time_launches(fn, repeats, warmup, flush, before, after)
 
 
 def capture_graph(fn: Callable[[], None], warmup: int = 2):
@@ -151,32 +157,8 @@ def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 
     Raises whatever capture raises (e.g. a launch on a non-capturable stream); the caller records
     that and keeps the eager timing.
     """
-    import torch
-
     check_repeats(repeats, warmup)
-    before, after = before or _noop, after or _noop
-    graph = capture_graph(fn)
-    buf = flush_buffer() if flush else None
-
-    def step():
-        if buf is not None:
-            buf.zero_()
-        graph.replay()
-
-    warm_up(step, warmup, before, after)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    for i in range(repeats):
-        before(i)
-        if buf is not None:
-            buf.zero_()
-        starts[i].record()
-        graph.replay()
-        ends[i].record()
-        after(i)
-    torch.cuda.synchronize()
-    del graph
-    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+    return _time_launches(capture_graph(fn).replay, repeats, warmup, flush, before, after)
 
 
 def time_cpu(fn: Callable[[], None], *, repeats: int = 10, warmup: int = 1,
