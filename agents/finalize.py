@@ -1,8 +1,9 @@
 """Finalize node: what the answer is, how it was chosen, and how much faster it is.
 
 It picks the answer honestly: the fastest verified candidate only if it beats dense measured in
-the same benchmark run, and again in an independent re-timing (on the Triton interpreter, where timings are CPU timings, the roofline cost
-model on the target decides and the result says so); else dense with the reason. The verdict
+the same benchmark run, and again in an independent re-timing (on the Triton interpreter, where
+timings are CPU timings, the roofline cost model on the target decides and the result says so);
+else dense with the reason. The verdict
 carries the speedups too (measured on a GPU, estimated by the cost model on the interpreter), so
 `Result` only reads them. With ``approve`` a human accepts or rejects the kernel first.
 """

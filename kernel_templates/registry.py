@@ -11,8 +11,8 @@ its template something, and imports no kernel code itself, so the planner can li
 and cost every template anywhere. A `Candidate` is the unit the harness runs: the template's text
 with one line rewritten, `PARAMS = dict(META["defaults"])` -> `PARAMS = {...chosen params...}`; for
 CUDA templates the `.cu` file is also inlined into the
-`CUDA_SRC = r\"\"\"@SPARSEDITTO_INLINE <file>.cu@\"\"\"` placeholder (several files, space-separated, are inlined in order: a shared
-`dtypes.cuh` before the `.cu`), so the candidate needs no file.
+`CUDA_SRC = r\"\"\"@SPARSEDITTO_INLINE <file>.cu@\"\"\"` placeholder (several files, space-separated,
+are inlined in order: a shared `dtypes.cuh` before the `.cu`), so the candidate needs no file.
 
 META keys: name (== file stem), backend ("triton" | "cuda", == its directory), format (a
 `sparseditto.formats` name: csr, bsr, nm, bitmap, ell, blocked_ell, compact), description,
@@ -361,8 +361,7 @@ def _inline_cuda(text: str, path: Path) -> str:
             raise ValueError(f"{name} cannot be embedded in a raw triple-quoted string "
                              "(contains \"\"\" or ends with a backslash).")
         texts.append(cu.rstrip("\n"))
-    cu = "\n\n".join(texts)
-    replacement = 'CUDA_SRC = r"""\n' + cu.rstrip("\n") + '\n"""'
+    replacement = 'CUDA_SRC = r"""\n' + "\n\n".join(texts) + '\n"""'
     return text[:found.start()] + replacement + text[found.end():]
 
 

@@ -6,8 +6,8 @@ per layout of B and C, launch through Triton's compiled kernel after the first c
 once here, a template file holds only what is its own: its kernels, its format, its launch rules.
 The static checks allow ``sparseditto.kernel_templates.runtime`` in candidate sources (beside
 ``sparseditto.formats`` and ``sparseditto.reorder``), so an LLM editing a template instance keeps
-the same plumbing. It imports torch only (no Triton; CuPy only inside `cupy_stream`), so CUDA C++
-templates use it too.
+the same plumbing. It imports torch and numpy only (no Triton; CuPy only inside `cupy_stream` and
+`compile_cuda`), so CUDA C++ templates use it too.
 
 A launch plan is a dict: ``kernel`` (a Triton JIT function), ``grid`` (a 3-tuple), ``args`` (every
 kernel argument in signature order, B and C left as None), ``b_at`` / ``out_at`` (where B and C go;
@@ -16,6 +16,7 @@ kernel argument in signature order, B and C left as None), ``b_at`` / ``out_at``
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 DEFAULT_SMS = 132   # H100/H200 SXM; used when no CUDA device can be asked (interpreter)
@@ -132,8 +133,6 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     head + (B's pointer, C's pointer) + tail, fixed-width numpy scalars built once, so a repeated
     call only reads two pointers. ``target`` is where the kernel writes (`cuda_operands`), copied
     into ``out`` when it is a stand-in."""
-    import numpy as np
-
     scratch = packed["scratch"]
     plan = scratch.get(key)
     if plan is None:
