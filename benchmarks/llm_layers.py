@@ -8,7 +8,7 @@ data the planner's rules and cost calibration come from, and the place to see % 
 
 Method (the harness's): fresh values on the pattern (numerics.draw_matrix_values) and a fresh B,
 every result checked against an fp64 reference with the verification tolerance before it is timed
-and re-checked on new inputs after timing; cold L2 (a 2x-L2 buffer written before every launch),
+and re-checked on new inputs after timing; cold L2 (a 2x-L2 buffer read before every launch),
 median of repeats, launch replayed from a CUDA graph ("graph", the kernel's own time) and plain
 ("eager"); dense cuBLAS (torch.matmul on the dense weight) timed the same way in the same process.
 % roofline = format bytes (A + B + C) at the measured copy bandwidth over the graph time.
@@ -173,11 +173,11 @@ TEMPLATE_VARIANTS = {
              "tc_bitmap": [{}, {"WARPS": 8}, {"SPLIT": 8}, {"SPLIT": 4, "RING_KB": 16}, {"SPLIT": 1}],
              "tc_sp24": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}, {"PIPE": 4}]},
     "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}],
-               "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}]},
+               "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}], "delta_spmv": [{}, {"PIPE": 2}, {"WARPS": 4}]},
 }
 # Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
 # parameters of the packed matrix: each variant is loaded and prepared on its own.
-PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector")
+PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv")
 
 
 def applicable(template: str, style: str) -> bool:
@@ -187,7 +187,7 @@ def applicable(template: str, style: str) -> bool:
         return style != "dense"
     if template == "tc_dense":   # the dense stream's time does not depend on the pattern: time it once
         return style == "dense"
-    if template == "bitmap_spmv":
+    if template in ("bitmap_spmv", "delta_spmv"):
         return style != "dense"
     if template == "csr_vector":
         return style == "magnitude"

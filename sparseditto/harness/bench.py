@@ -281,7 +281,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         speedup_vs_best_baseline=_ratio(best.timing.median_ms, candidate.median_ms) if best else None,
         best_baseline=best.name if best else None,
         reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
-        l2_flush_bytes=int(flush_buffer().numel()) if on_gpu else 0, notes=notes)
+        l2_flush_bytes=int(flush_buffer().numel() * 2) if on_gpu else 0, notes=notes)
 
 
 def _ratio(num: float, den: float) -> float:
