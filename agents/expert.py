@@ -62,6 +62,7 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_STREAM_MAX_N = 32  # tc_dense beats cuBLAS only at skinny N (decode)
+DELTA_MAX_N = 2          # delta_spmv re-reads B's strip per column: measured ahead only at N <= 2
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 
@@ -73,6 +74,13 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         return PATTERN_PREFERENCES[pattern]
     sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
+        # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv): the delta-coded
+        # CUDA-core SpMV is the fastest measured kernel at N <= 2 from 85% (1.4-2.2x cuBLAS at 90%)
+        # and at N = 1 from 65% (1.1-1.3x at 70%).
+        if sparsity >= 0.85 and n <= DELTA_MAX_N:
+            return ("delta_spmv", "csr_rowsplit", "tc_bitmap", "csr_balanced")
+        if sparsity >= 0.65 and n == 1:
+            return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
         if sparsity >= 0.95:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split

@@ -23,6 +23,8 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_dense      Mp*Kp*vb (Mp = M rounded up to 16, Kp = K to 64)          (the CUDA decode tier,
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
+  delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
+                per row (sparseditto.delta_format; random-placement estimate of the fillers)
 An estimate adds B (K*N*vb unless the template reads less) and C (M*N*vb) to a template's bytes of
 A and its extra traffic, and goes through `sparseditto.targets.roofline` on the template's unit:
 
@@ -57,7 +59,8 @@ _DTYPE_ALIASES = {"float16": "float16", "fp16": "float16", "half": "float16", "t
 _FORMAT_ALIASES = {"csr": "csr", "bsr": "bsr", "nm": "nm", "nm_compressed": "nm", "2:4": "nm",
                    "bitmap": "bitmap", "bitmap_tiles": "bitmap", "ell": "ell", "blocked_ell": "blocked_ell",
                    "compact": "compact", "compacted": "compact", "dense": "dense",
-                   "tc_dense": "tc_dense", "tc_sp24": "tc_sp24", "tc_bitmap": "tc_bitmap"}
+                   "tc_dense": "tc_dense", "tc_sp24": "tc_sp24", "tc_bitmap": "tc_bitmap",
+                   "delta_slices": "delta_slices"}
 
 
 class CostEstimate(BaseModel):
@@ -386,6 +389,56 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 
 
+from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE  # noqa: E402
+from sparseditto.delta_format import packing_score as delta_packing_score  # noqa: E402
+
+
+def delta_entries(stats: "ReportStats", bits: int) -> float:
+    """Expected entries (nonzeros + fillers) of delta slices if a row's columns were spread at random:
+    a gap wider than the field (2^bits - 1 columns) costs one filler per field width."""
+    dmax = (1 << bits) - 1
+    d = min(max(stats.row_mean / max(1, stats.k), 1e-9), 1.0)
+    q = (1.0 - d) ** dmax
+    return stats.nnz * (1.0 + q / max(1e-12, 1.0 - q))
+
+
+# standard-normal quantiles at (i + 0.5) / 16, i = 0..15
+_NORMAL_QUANTILES = (-1.863, -1.318, -1.010, -0.776, -0.579, -0.402, -0.237, -0.078,
+                     0.078, 0.237, 0.402, 0.579, 0.776, 1.010, 1.318, 1.863)
+
+
+def delta_slots(stats: "ReportStats", bits: int, lanes: int) -> float:
+    """Slots (entries padded to whole 8-entry groups on each of a row's lanes): rows of one length
+    (per-row magnitude pruning) pad to the next multiple of 8*L; rows that vary pad by half a run
+    on average."""
+    per_row = delta_entries(stats, bits) / max(1, stats.m)
+    run = 8 * lanes
+    if per_row <= 0:
+        return 0.0
+    if stats.row_cv < 1e-9:
+        return stats.m * run * math.ceil(per_row / run)
+    # rows of varying length: the mean of ceil(len / run) * run over 16 quantiles of a normal law
+    # with the report's coefficient of variation
+    sd = stats.row_cv * per_row
+    quantiles = [per_row + sd * _NORMAL_QUANTILES[i] for i in range(len(_NORMAL_QUANTILES))]
+    return stats.m * sum(run * math.ceil(max(q, 0.0) / run) for q in quantiles) / len(quantiles)
+
+
+def delta_packing(stats: "ReportStats", vb: int) -> tuple[float, int, int, float]:
+    """(A bytes, delta bits, lanes, slots) of the packing delta_format's "auto" picks (the best
+    packing_score; the most lanes within LANE_WASTE of the least padding), estimated from the report."""
+    best = None
+    for bits in (4, 8):
+        by_lanes = {lanes: delta_slots(stats, bits, lanes) for lanes in DELTA_LANES}
+        least = min(by_lanes.values())
+        lanes = next(ln for ln in DELTA_LANES if by_lanes[ln] <= DELTA_LANE_WASTE * least)
+        nbytes = by_lanes[lanes] * (vb + bits / 8.0) + stats.m * lanes * 4 + (stats.m + 1) * 4
+        score = delta_packing_score(by_lanes[lanes], bits, vb)
+        if best is None or score < best[0]:
+            best = (score, nbytes, bits, lanes, by_lanes[lanes])
+    return best[1:]
+
+
 def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | None = None) -> float:
     """Bytes of A alone in `fmt` (no B, no C), from the report: the formula table above."""
     fmt, vb, s, params = format_name(fmt), VALUE_BYTES[dtype_name(dtype)], ReportStats(report), dict(params or {})
@@ -402,6 +455,8 @@ def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | N
                             tile_offsets=params.get("OFFSETS", "stored") != "running")
     if fmt in ("tc_dense", "tc_sp24", "tc_bitmap"):
         return tc_bytes(fmt, s.m, s.k, s.nnz, vb)
+    if fmt == "delta_slices":
+        return delta_packing(s, vb)[0]
     if fmt == "ell":
         return ell_bytes(s.m, int(math.ceil(s.row_max)), vb)
     if fmt == "compact":

@@ -129,7 +129,8 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     """One launch of a CuPy kernel on torch's current stream, its plan made once per ``key`` (the
     N and layout of B and C the plan depends on) and kept in ``packed["scratch"]``.
 
-    ``make_plan()`` returns {"kernel", "grid", "block", "head", "tail"}: the kernel is called with
+    ``make_plan()`` returns {"kernel", "grid", "block", "head", "tail"} (and "smem", the dynamic
+    shared-memory bytes, when the kernel uses any): the kernel is called with
     head + (B's pointer, C's pointer) + tail, fixed-width numpy scalars built once, so a repeated
     call only reads two pointers. ``target`` is where the kernel writes (`cuda_operands`), copied
     into ``out`` when it is a stand-in."""
@@ -140,7 +141,7 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     device, stream = cupy_stream(scratch, b.device)
     args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
     with device, stream:
-        plan["kernel"](plan["grid"], plan["block"], args)
+        plan["kernel"](plan["grid"], plan["block"], args, shared_mem=plan.get("smem", 0))
     if target is not out:
         out.copy_(target)
 

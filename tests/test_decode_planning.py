@@ -3,7 +3,8 @@
 The table is built as on a GPU (exec_backend='cuda', H200 target), so the CUDA templates are in it;
 the expert policy's first plan is checked against what the H200 measurements say wins (see
 docs/benchmarks.md, "Decode tier"): mma.sp for 2:4, the dense stream for a dense weight or 50-85%
-unstructured at small N, row-split CSR / the tensor-core bitmap at 85-95%.
+unstructured at small N, row-split CSR / the tensor-core bitmap at 85-95%, and the delta-coded SpMV
+at N <= 2 from 85% and at N = 1 from 65%.
 """
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_dense_weight_at_large_n_stops_for_cublas():
     assert plan.action == "stop" and "cuBLAS" in plan.rationale
 
 
-@pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_dense"), ("0.9", 1, "csr_rowsplit")])
+@pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_dense"), ("0.9", 1, "delta_spmv"), ("0.9", 2, "delta_spmv"),
+                                           ("0.7", 1, "delta_spmv"), ("0.9", 4, "csr_rowsplit"), ("0.5", 1, "tc_dense")])
 def test_unstructured_first_candidate_follows_the_measurements(style, n, first):
     _, plan = _first_plan(style, n)
     assert plan.action == "try" and plan.candidates[0].template == first

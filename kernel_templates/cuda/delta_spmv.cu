@@ -1,0 +1,221 @@
+// Delta-coded SpMV / skinny SpMM for decode (N <= 8) on the CUDA cores (SparseDitto, CUDA C++).
+//
+// C[M, N] = A[M, K] @ B[K, N], A in delta slices (sparseditto/delta_format.py): each row split over
+// L lanes, each lane a contiguous run of entries in groups of 8; per group one 16-byte piece of 8
+// fp16/bf16 values and one delta word (8 x 4-bit in a u32, or 8 x 8-bit in a u64); the column of
+// entry i is the lane's start plus the running sum of its deltas. Pieces of a row are interleaved
+// lane-fastest, so a warp's load of one group is 32 consecutive 16-byte pieces (512 bytes) and 32
+// consecutive delta words: every load is coalesced and streams past L1 (ld.global.nc.no_allocate).
+//
+// Why it is fast at decode sizes: the work per nonzero is a bit-field extract, an add, one shared
+// load of B's row and NV fused multiply-adds, so a 50% fp16 weight (2.5 bytes per nonzero) costs
+// about 5 instructions per 2.5 bytes, under what the CUDA cores issue at the HBM rate; B (K x NV,
+// fp32) sits in shared memory, staged once per persistent CTA while its first loads of A are
+// already in flight.
+//
+// Thread layout: a CTA of WARPS warps loops over row groups (grid-stride, persistent); a warp owns
+// 32/L rows, lane q of a row its run; PIPE groups of loads are in flight per lane (register
+// buffers with compile-time indices); the L lanes of a row reduce with shuffles (fixed order:
+// deterministic), lane 0 stores. Needs dtypes.cuh in front (the registry inlines it): F16, BF16.
+
+typedef unsigned int u32;
+
+__device__ __forceinline__ uint4 delta_ldg16(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+template <int DB>
+struct DeltaWord;
+
+template <>
+struct DeltaWord<4> {
+    typedef u32 type;
+    static __device__ __forceinline__ type load(const void* base, long long i) {
+        u32 v;
+        asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(static_cast<const u32*>(base) + i));
+        return v;
+    }
+    static __device__ __forceinline__ type zero() { return 0u; }
+    static __device__ __forceinline__ int field(const type& w, int i) { return (w >> (4 * i)) & 15; }
+};
+
+template <>
+struct DeltaWord<8> {
+    typedef uint2 type;
+    static __device__ __forceinline__ type load(const void* base, long long i) {
+        uint2 v;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                     : "=r"(v.x), "=r"(v.y) : "l"(static_cast<const uint2*>(base) + i));
+        return v;
+    }
+    static __device__ __forceinline__ type zero() { return make_uint2(0u, 0u); }
+    static __device__ __forceinline__ int field(const type& w, int i) {
+        return ((i < 4 ? w.x : w.y) >> (8 * (i & 3))) & 255;
+    }
+};
+
+// value i (0..7) of a 16-byte piece as fp32
+template <typename T>
+__device__ __forceinline__ float piece_value(const uint4& v, int i) {
+    const u32 w = i < 2 ? v.x : i < 4 ? v.y : i < 6 ? v.z : v.w;
+    return T::to_float(static_cast<u16>((i & 1) ? (w >> 16) : (w & 0xffffu)));
+}
+
+template <int NV>
+__device__ __forceinline__ void b_row(const float* bs, int col, float (&b)[NV]) {
+    if (NV == 1) {
+        b[0] = bs[col];
+    } else if (NV == 2) {
+        const float2 x = reinterpret_cast<const float2*>(bs)[col];
+        b[0] = x.x; b[NV > 1 ? 1 : 0] = x.y;
+    } else {
+#pragma unroll
+        for (int t = 0; t < NV; t += 4) {
+            const float4 x = reinterpret_cast<const float4*>(bs + col * NV)[t / 4];
+            b[t] = x.x; b[t + 1 < NV ? t + 1 : 0] = x.y; b[t + 2 < NV ? t + 2 : 0] = x.z; b[t + 3 < NV ? t + 3 : 0] = x.w;
+        }
+    }
+}
+
+// B[:, n0 : n0 + NV] -> bs (fp32, K x NV, zeros past N). Every load of a batch of SB elements per
+// thread is issued before the first store, so staging costs about two memory latencies instead of
+// one per element: measured on the H200, a plain loop (16 dependent rounds per thread at K = 4096)
+// was a ~12 us floor under every shape.
+// The copy is skewed: column k sits at physical row p = k + (k >> skew), so each block of 2^skew
+// columns is followed by one hole (zeroed: a gap filler's column may land there).
+template <typename T, int NV, int WARPS>
+__device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __restrict__ B, int K, int KP, int skew,
+                                        int N, int n0, long long ldb) {
+    constexpr int SB = 16;
+    constexpr int THREADS = WARPS * 32;
+    const int total = KP * NV;
+    const int block = skew ? (1 << skew) + 1 : 0x7fffffff;
+    for (int i0 = threadIdx.x; i0 < total; i0 += SB * THREADS) {
+        typename T::storage v[SB];
+        bool real[SB];
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+            const int i = i0 + u * THREADS;
+            const int p = i / NV, t = i - p * NV;
+            const int j = p / block, r = p - j * block;
+            const int k = skew ? (j << skew) + r : p;
+            real[u] = i < total && r < (skew ? (1 << skew) : block) && k < K && n0 + t < N;
+            v[u] = real[u] ? B[static_cast<long long>(k) * ldb + n0 + t] : typename T::storage(0);
+        }
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+            const int i = i0 + u * THREADS;
+            if (i < total) bs[i] = real[u] ? T::to_float(v[u]) : 0.0f;
+        }
+    }
+}
+
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE>
+__global__ void __launch_bounds__(WARPS * 32)
+delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
+           const int* __restrict__ group_base, const typename T::storage* __restrict__ B,
+           typename T::storage* __restrict__ C, int M, int K, int KP, int skew, int N, long long ldb, long long ldc,
+           int row_groups) {
+    static_assert(NV == 1 || NV == 2 || NV == 4 || NV == 8, "NV in 1, 2, 4, 8");
+    static_assert(L == 4 || L == 8 || L == 16 || L == 32, "L in 4, 8, 16, 32");
+    typedef DeltaWord<DB> DW;
+    constexpr int RPW = 32 / L;                       // rows per warp
+    extern __shared__ __align__(16) float bs[];      // B[:, n0 : n0 + NV] as fp32, KP x NV (skewed rows)
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = lane % L, sub = lane / L;
+    const int n0 = blockIdx.y * NV;
+    bool staged = false;
+    // A row group's metadata (where its pieces start, how many, the lane's first column) is loaded
+    // one row group ahead: otherwise each row pays two dependent memory latencies (metadata, then
+    // its values) before its stream starts, which dominates short rows.
+    int next_base = 0, next_end = 0, next_col = 0;
+    auto load_meta = [&](int rg) {
+        const int r = (rg * WARPS + warp) * RPW + sub;
+        if (rg < row_groups && r < M) {
+            next_base = group_base[r];
+            next_end = group_base[r + 1];
+            next_col = starts[static_cast<long long>(r) * L + q];
+        } else {
+            next_base = next_end = next_col = 0;
+        }
+    };
+    load_meta(blockIdx.x);
+
+    for (int rg = blockIdx.x; rg < row_groups; rg += gridDim.x) {
+        const int row = (rg * WARPS + warp) * RPW + sub;
+        const bool live = row < M;
+        const int base = next_base;
+        const int groups = (next_end - next_base) / L;
+        const int gmax = __reduce_max_sync(full, groups);
+        int col = next_col;
+        uint4 v[PIPE];
+        typename DW::type d[PIPE];
+#pragma unroll
+        for (int p = 0; p < PIPE; ++p) {
+            if (p < groups) {
+                const long long at = static_cast<long long>(base) + p * L + q;
+                v[p] = delta_ldg16(vals + at);
+                d[p] = DW::load(deltas, at);
+            } else {
+                v[p] = make_uint4(0u, 0u, 0u, 0u);
+                d[p] = DW::zero();
+            }
+        }
+        load_meta(rg + gridDim.x);
+        if (!staged) {                                // once per CTA, after its first loads of A
+            stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);
+            __syncthreads();
+            staged = true;
+        }
+        float acc[NV];
+#pragma unroll
+        for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
+        for (int j0 = 0; j0 < gmax; j0 += PIPE) {
+#pragma unroll
+            for (int p = 0; p < PIPE; ++p) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    col += DW::field(d[p], i);
+                    const float a = piece_value<T>(v[p], i);
+                    float b[NV];
+                    b_row<NV>(bs, col, b);
+#pragma unroll
+                    for (int t = 0; t < NV; ++t) acc[t] = fmaf(a, b[t], acc[t]);
+                }
+                const int j = j0 + p + PIPE;
+                if (j < groups) {
+                    const long long at = static_cast<long long>(base) + j * L + q;
+                    v[p] = delta_ldg16(vals + at);
+                    d[p] = DW::load(deltas, at);
+                } else {
+                    v[p] = make_uint4(0u, 0u, 0u, 0u);
+                    d[p] = DW::zero();
+                }
+            }
+        }
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(full, acc[t], off);
+        }
+        if (live && q == 0) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) {
+                if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+            }
+        }
+    }
+}
+
+// Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
+// the same set through NVRTC).
+#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4>(const uint4*, const void*, \
+    const int*, const int*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long, int);
+#define SD_DELTA_NV(T, L, DB) SD_DELTA(T, 1, L, DB) SD_DELTA(T, 2, L, DB) SD_DELTA(T, 4, L, DB) SD_DELTA(T, 8, L, DB)
+#ifdef SPARSEDITTO_INSTANTIATE_ALL
+SD_DELTA_NV(F16, 32, 4) SD_DELTA_NV(F16, 8, 8) SD_DELTA_NV(BF16, 16, 4) SD_DELTA_NV(BF16, 4, 8)
+#endif

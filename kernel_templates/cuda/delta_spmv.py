@@ -1,0 +1,166 @@
+"""Delta-coded SpMV / skinny SpMM in CUDA C++ through CuPy: the per-nonzero decode kernel (N <= 8)
+for unstructured 50-98% sparsity.
+
+Why this template exists: at N = 1..4 a pruned weight's product is one pass over A, so its time is
+A's bytes over HBM bandwidth, provided the decode keeps up. The bitmap kernels decode per element
+(instruction-bound on the H200, docs/kernels.md); int32 CSR (csr_vector) decodes per nonzero but
+reads 6 bytes per fp16 nonzero. Delta slices (sparseditto/delta_format.py) read 2.5 bytes per
+nonzero with 4-bit deltas (3 with 8-bit, chosen per matrix by prepare when gaps are wide) and
+decode each with a bit-field extract and an add; B (K x NV, fp32) is staged once per persistent
+CTA in shared memory. delta_spmv.cu says more.
+
+prepare() packs the slices (lanes per row and delta width "auto": the fewest bytes), compiles every
+kernel an N can launch and keeps the handles in the packed dict; spmm() is one launch on torch's
+current stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than
+the shared-memory cap of NV (K * NV * 4 bytes <= SMEM_CAP) runs as several column blocks, each
+re-reading A: the planner keeps this template to small N.
+"""
+META = {
+    "name": "delta_spmv",
+    "backend": "cuda",
+    "format": "delta_slices",
+    "description": "CUDA C++ decode SpMV/SpMM (N <= 8): 4/8-bit column deltas in per-lane row slices, B in shared memory",
+    "params": {
+        "NV": ["auto", 1, 2, 4, 8],
+        "LANES": ["auto", 4, 8, 16, 32],
+        "DELTA_BITS": ["auto", 4, 8],
+        "SKEW": ["auto", 0, 4, 5, 6, 7, 8],
+        "WARPS": [4, 8, 16],
+        "PIPE": [2, 4],
+        "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
+    },
+    # H200 (2026-12-01): SKEW=0 ran 2-11% faster than the conflict-counting "auto" skew on every
+    # LLM shape measured (e.g. 11008x4096 90% N=1: 13.1 vs 14.6 us), so the plain layout is the default
+    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": 0, "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto"},
+    "grid": [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": "auto"}],
+    "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
+    "cuda_source": "delta_spmv.cu",
+    "dtypes": ["float16", "bfloat16"],
+}
+PARAMS = dict(META["defaults"])
+
+CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh delta_spmv.cu@"""
+
+import numpy as np
+import torch
+
+from sparseditto.delta_format import DeltaSlices, physical_extent
+from sparseditto.kernel_templates import runtime as rt
+
+_DTYPE_TAGS = {torch.float16: "F16", torch.bfloat16: "BF16"}
+_NV_CHOICES = (1, 2, 4, 8)
+SMEM_CAP = 100 * 1024            # B's fp32 strip per CTA: K * NV * 4 bytes at most
+SMEM_PER_SM = 227 * 1024         # Hopper's shared memory per SM available to CTAs
+MAX_THREADS_PER_SM = 2048
+REGS_PER_SM = 65536
+
+
+def nv_cap(K: int) -> int:
+    """The widest NV whose fp32 strip of B (K x NV) fits SMEM_CAP; 0 when even one column does not."""
+    fits = [nv for nv in _NV_CHOICES if K * nv * 4 <= SMEM_CAP]
+    return fits[-1] if fits else 0
+
+
+def nv_for(n: int, K: int) -> int:
+    if PARAMS["NV"] != "auto":
+        return int(PARAMS["NV"])
+    return min(rt.next_pow2(max(1, n)), nv_cap(K))
+
+
+def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
+    return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
+            f"{int(PARAMS['PIPE'])}>")
+
+
+def reachable_kernels(dtype, kp: int, lanes: int, bits: int) -> tuple:
+    """Every kernel plan_launch can pick for this dtype, B-copy extent (KP) and packing under PARAMS."""
+    nvs = tuple(nv for nv in _NV_CHOICES if nv <= nv_cap(kp)) if PARAMS["NV"] == "auto" else (int(PARAMS["NV"]),)
+    return tuple(kernel_name(dtype, nv, lanes, bits) for nv in nvs)
+
+
+def check_shape(shape) -> None:
+    M, K = shape
+    if K < 1 or nv_cap(K) == 0:
+        raise ValueError(f"delta_spmv stages B's rows in shared memory: K = {K} needs {K * 4} bytes per column, "
+                         f"more than its {SMEM_CAP} bytes (K <= {SMEM_CAP // 4}); use csr_vector or a tile template.")
+    if PARAMS["NV"] != "auto" and K * int(PARAMS["NV"]) * 4 > SMEM_CAP:
+        raise ValueError(f"delta_spmv NV = {PARAMS['NV']} needs K * NV * 4 = {K * int(PARAMS['NV']) * 4} bytes of "
+                         f"shared memory, more than {SMEM_CAP}; lower NV (the widest that fits is {nv_cap(K)}).")
+
+
+def prepare(A, dtype, device) -> dict:
+    """The delta slices on `device` (values in `dtype`) and, on a GPU, the compiled kernels."""
+    rt.check_params(META, PARAMS)
+    dtype = rt.torch_dtype(dtype)
+    if dtype not in _DTYPE_TAGS:
+        raise ValueError(f"delta_spmv supports float16 and bfloat16 values (16-byte pieces of 8), got {dtype}.")
+    check_shape(tuple(A.shape))
+    device = torch.device(device)
+    fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=PARAMS["SKEW"])
+    if nv_cap(physical_extent(A.shape[1], fmt.skew)) == 0:     # the skew's holes would not fit
+        fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=0)
+    kp = physical_extent(A.shape[1], fmt.skew)
+    deltas = fmt.deltas.view(np.int64) if fmt.bits == 8 else fmt.deltas.view(np.int32)
+    tensors = {"values": torch.from_numpy(fmt.values).to(device=device, dtype=dtype),
+               "deltas": torch.from_numpy(deltas).to(device),
+               "starts": torch.from_numpy(fmt.starts).to(device),
+               "group_base": torch.from_numpy(fmt.group_base).to(device)}
+    kernels = (rt.compile_cuda(CUDA_SRC, reachable_kernels(dtype, kp, fmt.lanes, fmt.bits), device,
+                               "delta_spmv") if device.type == "cuda" else {})
+    return {**tensors, "arrays": ["values", "deltas", "starts", "group_base"], "shape": tuple(A.shape),
+            "nnz": fmt.nnz, "lanes": fmt.lanes, "bits": fmt.bits, "skew": fmt.skew, "kp": kp, "fillers": fmt.fillers,
+            "a_bytes": fmt.nbytes(2), "kernels": kernels, "scratch": {}}
+
+
+def ctas_per_sm(smem: int, regs: int) -> int:
+    """Resident CTAs per SM the persistent grid is sized for: PARAMS["CTAS_PER_SM"], or what shared
+    memory, registers (allocated per warp in 256-register units) and the thread limit allow (at
+    most 8). A grid larger than what stays resident makes later CTAs stage B again and leaves a
+    partial last wave."""
+    if PARAMS["CTAS_PER_SM"] != "auto":
+        return int(PARAMS["CTAS_PER_SM"])
+    threads = int(PARAMS["WARPS"]) * 32
+    per_warp = -(-max(1, regs) * 32 // 256) * 256
+    by_regs = REGS_PER_SM // (per_warp * int(PARAMS["WARPS"]))
+    return max(1, min(8, SMEM_PER_SM // max(1, smem + 1024), MAX_THREADS_PER_SM // threads, by_regs))
+
+
+def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
+    """Kernel name, grid, block and dynamic shared memory for one call (pure Python); ``regs`` is
+    the compiled kernel's registers per thread (the grid is sized to the CTAs that stay resident)."""
+    M, kp = packed["shape"][0], packed["kp"]
+    nv = nv_for(N, kp)
+    lanes, warps = int(packed["lanes"]), int(PARAMS["WARPS"])
+    rows_per_group = warps * (32 // lanes)
+    row_groups = max(1, -(-M // rows_per_group))
+    smem = kp * nv * 4
+    grid = (min(row_groups, sms * ctas_per_sm(smem, regs)), -(-N // nv), 1)
+    if grid[1] > 65535:
+        raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit of "
+                         "65535; delta_spmv is a decode kernel (N <= 8), use a tensor-core template.")
+    return {"name": kernel_name(dtype, nv, lanes, int(packed["bits"])), "grid": grid, "block": (warps * 32, 1, 1),
+            "smem": smem, "row_groups": row_groups, "nv": nv}
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out[M, N] = A @ B (B [K, N] on the GPU, any strides), fp32 accumulation, out in B's dtype."""
+    M = packed["shape"][0]
+    N, b, target = rt.cuda_operands(packed, B, out, packed["values"].dtype, "delta_spmv")
+    if N == 0 or M == 0:
+        return
+    key = (N, b.dtype, b.device, b.stride(0), target.stride(0))
+
+    def make_plan() -> dict:
+        name = plan_launch(packed, N, b.dtype, 1)["name"]
+        kernel = packed["kernels"][name]
+        plan = plan_launch(packed, N, b.dtype, rt.sm_count(b.device), int(kernel.num_regs))
+        if plan["smem"] > 48 * 1024:
+            kernel.max_dynamic_shared_size_bytes = plan["smem"]
+        plan["kernel"] = kernel
+        plan["head"] = tuple(np.uint64(packed[name].data_ptr()) for name in ("values", "deltas", "starts",
+                                                                              "group_base"))
+        plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["kp"]), np.int32(packed["skew"]),
+                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)), np.int32(plan["row_groups"]))
+        return plan
+
+    rt.launch_cuda(packed, key, make_plan, b, target, out)

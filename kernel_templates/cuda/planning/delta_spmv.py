@@ -1,0 +1,53 @@
+"""delta_spmv's planning knowledge: per-nonzero decode with 4/8-bit column deltas for N <= 8.
+
+It fits any pattern (fillers bridge wide gaps), fp16/bf16, K small enough for an fp32 strip of B per
+CTA in shared memory. Its bytes are 2.5-3 per nonzero plus row-slice padding; above the shared-memory
+cap of NV columns it re-reads A once per column block, so it only pays at small N.
+"""
+from __future__ import annotations
+
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_packing, next_pow2
+
+APPLICABILITY = "fp16/bf16 values and K <= 25600 (an fp32 column strip of B per CTA in shared memory)"
+COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
+              "padded to 8*L per row, passes = ceil(N / NV); time = max(bytes / bandwidth, measured floor "
+              "0.25 ns + 0.5 ns per column per slot) (H200 fit)")
+SMEM_CAP = 100 * 1024
+# Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode` (2026-12-01,
+# fp16, CUDA-graph launch, read-flushed cold L2) on 4096x4096, 11008x4096 and 4096x11008 at 50-90%:
+# ~0.25 ns + 0.5 ns per column of B per slot (11008x4096 50%: 26 / 41 / 63 us at N = 1 / 2 / 4 for
+# 23.8 M slots; 90%: 12.5 us for 4.6 M), plus ~9 us fixed (not added: estimates stay lower bounds).
+# Other GPUs get it scaled by their bandwidth (an assumption).
+SLOT_S = 0.25e-12
+SLOT_COLUMN_S = 0.5e-12
+H200_BANDWIDTH_GBS = 4130.0
+
+
+def nv_cap(k: int) -> int:
+    fits = [nv for nv in (1, 2, 4, 8) if k * nv * 4 <= SMEM_CAP]
+    return fits[-1] if fits else 0
+
+
+def applicable(stats, template) -> tuple[bool, str]:
+    if nv_cap(stats.k) == 0:
+        return False, f"K = {stats.k}: an fp32 column of B ({stats.k * 4} bytes) exceeds the {SMEM_CAP}-byte strip"
+    return True, f"{stats.nnz} nonzeros: 4/8-bit column deltas, 2.5-3 bytes per fp16 nonzero"
+
+
+def grid(stats, n: int, target, template) -> list[dict]:
+    return [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": "auto"}]
+
+
+def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
+    a_bytes, bits, lanes, slots = delta_packing(stats, VALUE_BYTES[dtype])
+    nv = params.get("NV", "auto")
+    nv = min(next_pow2(max(1, n)), nv_cap(stats.k)) if nv in (None, "auto") else int(nv)
+    passes = -(-max(1, n) // max(1, nv))
+    notes = [f"{bits}-bit deltas, {lanes} lanes per row, B strip of {nv} column(s) in shared memory"]
+    if passes > 1:
+        notes.append(f"N = {n} runs as {passes} passes over A of NV = {nv} columns")
+    floor = slots * (SLOT_S + SLOT_COLUMN_S * min(nv, max(1, n))) * passes
+    if target is not None:
+        floor *= H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
+    return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes,
+                     decode_s=floor)

@@ -1,0 +1,295 @@
+"""Delta-coded row slices: the compact-index format of the decode SpMV (kernel template delta_spmv).
+
+Why this format: at decode sizes (N <= 4) a pruned weight's product is one pass over A, so its time
+is A's bytes over the bandwidth, and the instructions per byte must stay few enough for the CUDA
+cores to keep up. A bitmap is the smallest index at 50% sparsity but costs work per *element*
+(measured instruction-bound on the H200: bitmap_spmv, docs/kernels.md); column ids cost work per
+*nonzero* but int32 ids double the bytes. Small deltas between consecutive column ids of a row are
+both: 4 bits per nonzero (2.5 bytes per nonzero in fp16 instead of 6 for int32 CSR) and two
+instructions to decode (a bit-field extract and an add), MACKO-SpMV's idea.
+
+Layout (every array is what the kernel reads, nothing is derived on the GPU):
+  * Each row is split over ``lanes`` (L) threads, each owning one contiguous run of the row's
+    entries, in ``groups`` of 8 entries. All L runs of a row have the row's group count G_r, the
+    last runs padded with empty slots (value 0, delta 0).
+  * A gap between consecutive columns larger than the delta field holds (15 for 4-bit, 255 for
+    8-bit) gets filler entries (value 0) that step the column forward by the maximum delta.
+  * Piece (row r, group j, lane q) sits at ``group_base[r] + j * L + q``: the 32 lanes of a warp
+    read 32 consecutive 16-byte value pieces (8 fp16/bf16 values) and 32 consecutive delta words
+    (8 deltas: a u32 of nibbles, or a u64 of bytes), so every load is fully coalesced.
+  * ``starts[r * L + q]`` is the column of lane q's first entry (its first delta is 0).
+  * Columns are *physical*: p = c + (c >> skew), the index of column c in the kernel's shared-memory
+    copy of B, which leaves one unused (zeroed) slot after every 2^skew columns. Why: the L lanes of
+    a row start near multiples of K/L, so at the same step their columns are ~K/L apart and with
+    K/L a multiple of 32 (4096/32 = 128) every lane hits the same shared-memory bank (a 32-way
+    conflict that only the random walk of the gaps slowly spreads). The skew is chosen at packing
+    time by counting those conflicts on the matrix itself (`bank_conflicts`); skew 0 is the plain
+    layout. Measured on the H200 the skew did not pay (2-11% slower than skew 0 on the LLM shapes:
+    the conflicts are not what bounds the kernel), so delta_spmv defaults to skew 0 and keeps
+    "auto" as a parameter to try.
+
+`DeltaSlices.from_matrix` builds it with numpy only (vectorized: an 11008x4096 50% weight packs
+in about a second); `to_csr` walks the arrays exactly as the kernel does and is what the CPU tests
+compare with scipy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+GROUP = 8                      # entries per delta word and per 16-byte value piece
+DELTA_BITS = (4, 8)
+LANE_CHOICES = (32, 16, 8, 4)
+SKEW_CHOICES = (0, 4, 5, 6, 7, 8)
+BANKS = 32
+CONFLICT_SAMPLE_WARPS = 128     # warps (from the first rows) the skew choice simulates
+
+
+def physical_columns(cols: np.ndarray, skew: int) -> np.ndarray:
+    """Column c's index in the kernel's skewed copy of B: c + (c >> skew) (skew 0: c)."""
+    cols = np.asarray(cols, dtype=np.int64)
+    return cols + (cols >> skew) if skew else cols
+
+
+def physical_extent(k: int, skew: int) -> int:
+    """Entries of the skewed B copy for K columns (the holes included)."""
+    return int(physical_columns(np.array([k - 1]), skew)[0]) + 1 if k > 0 else 0
+
+
+def logical_columns(k: int, skew: int) -> np.ndarray:
+    """[physical extent] -> logical column, -1 at the holes (what the decoder maps back with)."""
+    table = np.full(physical_extent(k, skew), -1, dtype=np.int64)
+    table[physical_columns(np.arange(k), skew)] = np.arange(k)
+    return table
+
+
+def max_delta(bits: int) -> int:
+    if bits not in DELTA_BITS:
+        raise ValueError(f"Expected delta bits in {DELTA_BITS}, got {bits!r}.")
+    return (1 << bits) - 1
+
+
+def _csr(A) -> sp.csr_array:
+    if hasattr(A, "to_scipy"):
+        A = A.to_scipy()
+    if not sp.issparse(A):
+        raise ValueError(f"Expected a SparseMatrix or a scipy sparse matrix, got {type(A).__name__}.")
+    csr = sp.csr_array(A)
+    csr.sort_indices()
+    csr.sum_duplicates()
+    return csr
+
+
+def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int):
+    """(row-local column, source nonzero or -1 for a filler, entries per row) once the fillers that
+    gaps wider than the delta field need are inserted before each nonzero."""
+    dmax = max_delta(bits)
+    nnz = int(indices.size)
+    m = indptr.size - 1
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
+    prev = np.empty(nnz, dtype=np.int64)
+    if nnz:
+        prev[1:] = indices[:-1]
+        prev[indptr[:-1][np.diff(indptr) > 0]] = -1          # a row's first nonzero: no gap
+    gap = indices.astype(np.int64) - prev
+    fillers = np.where(prev < 0, 0, np.maximum(0, (gap + dmax - 1) // dmax - 1))
+    counts = fillers + 1
+    src = np.repeat(np.arange(nnz, dtype=np.int64), counts)
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    k = np.arange(src.size, dtype=np.int64) - first           # 0..fillers: the last one is real
+    real = k == fillers[src]
+    col = np.where(real, indices[src], prev[src] + dmax * (k + 1))
+    per_row = np.bincount(rows[src], minlength=m) if src.size else np.zeros(m, dtype=np.int64)
+    return col.astype(np.int64), np.where(real, src, -1), per_row.astype(np.int64)
+
+
+def slots_for(per_row: np.ndarray, lanes: int) -> int:
+    """Slots (entries + padding) a lane count gives: every lane of a row gets ceil(E_r / (8L)) groups."""
+    return int((-(-per_row // (GROUP * lanes)) * GROUP * lanes).sum())
+
+
+LANE_WASTE = 1.06              # padding accepted for more lanes per row (choose_lanes)
+# What one slot costs beside its bytes, in bytes, when "auto" weighs 4-bit deltas (more slots: gap
+# fillers) against 8-bit ones: every slot is a shared-memory load and ~6 instructions.
+SLOT_COST_BYTES = 0.5
+
+
+def packing_score(slots: float, bits: int, value_bytes: int = 2) -> float:
+    return slots * (value_bytes + bits / 8.0 + SLOT_COST_BYTES)
+
+
+def choose_lanes(per_row: np.ndarray, max_waste: float = LANE_WASTE) -> int:
+    """The most lanes per row whose padding stays within ``max_waste`` of the least padded choice.
+    Fewer lanes give each lane a longer stream (more groups in flight between a row's fixed costs):
+    on the H200 an 11008x4096 90% weight ran 12.5 us with 4 lanes per row (13 groups per lane) and
+    18.7 us with 32 (2 groups per lane, 23% padding), so padding is not worth trading for lanes."""
+    slots = {lanes: slots_for(per_row, lanes) for lanes in LANE_CHOICES}
+    best = min(slots.values())
+    return next(lanes for lanes in LANE_CHOICES if slots[lanes] <= max_waste * best)
+
+
+def positions(per_row: np.ndarray, lanes: int):
+    """(row, lane, slot within the lane's run) of every entry, rows' entries in order."""
+    m = per_row.size
+    groups = -(-per_row // (GROUP * lanes))
+    row_first = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(per_row, out=row_first[1:])
+    rows = np.repeat(np.arange(m, dtype=np.int64), per_row)
+    pos = np.arange(rows.size, dtype=np.int64) - row_first[rows]
+    run = np.maximum(GROUP * groups[rows], 1)
+    return rows, pos // run, pos % run, groups
+
+
+def _distinct(keys: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (a sort: numpy's hashing np.unique is far slower on int64 keys here)."""
+    keys = np.sort(keys)
+    return keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size else keys
+
+
+def bank_conflicts(rows, lane, slot, pcol, lanes: int, sample_warps: int = CONFLICT_SAMPLE_WARPS) -> float:
+    """Mean shared-memory wavefronts per load of B (fp32, one column) over the first
+    ``sample_warps`` warps: at each step the lanes of a warp read B[pcol]; distinct words in one bank
+    serialize (equal words broadcast)."""
+    rows_per_warp = BANKS // lanes
+    warp = rows // rows_per_warp
+    keep = warp < sample_warps
+    if not keep.any():
+        return 1.0
+    warp, slot, pcol = warp[keep], slot[keep], pcol[keep]
+    step = warp * (int(slot.max()) + 1) + slot
+    span = int(pcol.max()) + 1
+    words = _distinct(step * span + pcol)                                # distinct words per step
+    w_step, w_col = words // span, words % span
+    banks = np.sort(w_step * BANKS + w_col % BANKS)
+    edges = np.flatnonzero(np.concatenate(([True], banks[1:] != banks[:-1], [True])))
+    per_bank = np.diff(edges)
+    worst = np.zeros(int(step.max()) + 1, dtype=np.int64)
+    np.maximum.at(worst, banks[edges[:-1]] // BANKS, per_bank)
+    used = worst > 0
+    return float(worst[used].mean())
+
+
+@dataclass(frozen=True)
+class DeltaSlices:
+    shape: tuple
+    lanes: int
+    bits: int
+    skew: int                 # columns are physical: c + (c >> skew) (0: none)
+    values: np.ndarray        # [pieces * 8] float64 (the template casts to fp16/bf16)
+    deltas: np.ndarray        # [pieces] uint32 (4-bit) or uint64 (8-bit)
+    starts: np.ndarray        # [M * lanes] int32
+    group_base: np.ndarray    # [M + 1] int32, in pieces
+    nnz: int
+    fillers: int
+
+    @classmethod
+    def from_matrix(cls, A, lanes="auto", bits="auto", skew="auto") -> "DeltaSlices":
+        csr = _csr(A)
+        m, k = csr.shape
+        if k >= 2 ** 31 or csr.nnz >= 2 ** 31:
+            raise ValueError(f"delta slices index with int32: got shape {csr.shape} and {csr.nnz} nonzeros.")
+        if lanes != "auto" and lanes not in LANE_CHOICES:
+            raise ValueError(f"Expected lanes per row in {LANE_CHOICES} or 'auto', got {lanes!r}.")
+        if skew != "auto" and skew not in SKEW_CHOICES:
+            raise ValueError(f"Expected a skew in {SKEW_CHOICES} or 'auto', got {skew!r}.")
+        indptr, indices = csr.indptr.astype(np.int64), csr.indices.astype(np.int64)
+        bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits)
+        if skew == "auto":
+            rows, lane, slot, _ = positions(per_row, lanes)
+            skew = min(SKEW_CHOICES, key=lambda sk: (bank_conflicts(rows, lane, slot, physical_columns(col, sk),
+                                                                    lanes), sk))
+        if skew:
+            col, src, per_row = expanded_entries(indptr, physical_columns(indices, skew), bits)
+        return cls._pack(csr, int(lanes), int(bits), int(skew), col, src, per_row)
+
+    @staticmethod
+    def _choose(indptr, indices, lanes, bits):
+        """(bits, lanes, entries...) of the best `packing_score` (unskewed columns) for the "auto" choices."""
+        options = []
+        for b in (DELTA_BITS if bits == "auto" else (int(bits),)):
+            col, src, per_row = expanded_entries(indptr, indices, b)
+            ln = choose_lanes(per_row) if lanes == "auto" else int(lanes)
+            options.append((packing_score(slots_for(per_row, ln), b), b, ln, col, src, per_row))
+        return min(options, key=lambda o: (o[0], o[1]))[1:]
+
+    @classmethod
+    def _pack(cls, csr, lanes: int, bits: int, skew: int, col, src, per_row) -> "DeltaSlices":
+        m, k = csr.shape
+        rows, lane, slot, groups = positions(per_row, lanes)
+        group_base = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(groups * lanes, out=group_base[1:])
+        pieces = int(group_base[-1])
+        if pieces * GROUP >= 2 ** 31:
+            raise ValueError(f"delta slices need {pieces * GROUP} slots, more than int32 offsets address.")
+        piece = group_base[rows] + (slot // GROUP) * lanes + lane
+        where = piece * GROUP + slot % GROUP
+        values = np.zeros(pieces * GROUP, dtype=np.float64)
+        real = src >= 0
+        values[where[real]] = csr.data[src[real]]
+        starts = np.zeros(m * lanes, dtype=np.int64)
+        lead = slot == 0
+        starts[rows[lead] * lanes + lane[lead]] = col[lead]
+        delta = np.zeros(col.size, dtype=np.int64)
+        delta[1:] = col[1:] - col[:-1]
+        delta[lead] = 0
+        if delta.size and (delta.min() < 0 or delta.max() > max_delta(bits)):
+            raise AssertionError("delta slices: a delta outside its field (a packing defect)")
+        fields = np.zeros(pieces * GROUP, dtype=np.uint8)
+        fields[where] = delta.astype(np.uint8)
+        if bits == 8:
+            deltas = fields.view(np.uint64).copy() if pieces else np.zeros(0, dtype=np.uint64)
+        else:
+            shifts = (4 * np.arange(GROUP, dtype=np.uint32))[None, :]
+            deltas = (fields.reshape(pieces, GROUP).astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
+        return cls(shape=(m, k), lanes=lanes, bits=bits, skew=skew, values=values, deltas=deltas,
+                   starts=starts.astype(np.int32), group_base=group_base.astype(np.int32),
+                   nnz=int(csr.nnz), fillers=int((~real).sum()))
+
+    @property
+    def pieces(self) -> int:
+        return int(self.group_base[-1])
+
+    def nbytes(self, value_bytes: int = 2) -> int:
+        """Bytes the kernel reads for A: values, delta words, lane starts, row bases."""
+        return int(self.pieces * GROUP * value_bytes + self.pieces * self.bits + self.starts.size * 4
+                   + self.group_base.size * 4)
+
+    def field(self, piece: np.ndarray, i: int) -> np.ndarray:
+        """Delta i (0..7) of the given pieces, extracted the way the kernel does."""
+        if self.bits == 8:
+            return ((self.deltas[piece] >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.int64)
+        return ((self.deltas[piece] >> np.uint32(4 * i)) & np.uint32(0xF)).astype(np.int64)
+
+    def to_csr(self) -> sp.csr_array:
+        """Decode by the kernel's own walk (lane start, running sum of deltas per 8-entry group, then
+        physical -> logical column): the product of this matrix is what the kernel computes."""
+        m, k = self.shape
+        L = self.lanes
+        rows_out, cols_out, vals_out = [], [], []
+        groups = np.diff(self.group_base.astype(np.int64)) // L
+        for r in np.nonzero(groups)[0]:
+            col = self.starts[r * L: (r + 1) * L].astype(np.int64).copy()
+            for j in range(int(groups[r])):
+                piece = self.group_base[r] + j * L + np.arange(L)
+                for i in range(GROUP):
+                    col = col + self.field(piece, i)
+                    v = self.values[piece * GROUP + i]
+                    rows_out.append(np.full(L, r))
+                    cols_out.append(col.copy())
+                    vals_out.append(v)
+        if not rows_out:
+            return sp.csr_array((m, k))
+        rr, pc, vv = (np.concatenate(x) for x in (rows_out, cols_out, vals_out))
+        extent = physical_extent(k, self.skew)
+        if pc.size and (pc.min() < 0 or pc.max() >= extent):
+            raise AssertionError(f"delta slices: a decoded column outside the {extent} entries of B's copy")
+        cc = logical_columns(k, self.skew)[pc]
+        if (cc[vv != 0] < 0).any():
+            raise AssertionError("delta slices: a stored value at a hole of the skewed B copy")
+        rr, cc, vv = rr[vv != 0], cc[vv != 0], vv[vv != 0]
+        out = sp.coo_array((vv, (rr, cc)), shape=(m, k)).tocsr()
+        out.sum_duplicates()
+        out.eliminate_zeros()
+        return out
