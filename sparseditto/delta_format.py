@@ -24,9 +24,11 @@ Layout (every array is what the kernel reads, nothing is derived on the GPU):
     K/L a multiple of 32 (4096/32 = 128) every lane hits the same shared-memory bank (a 32-way
     conflict that only the random walk of the gaps slowly spreads). The skew is chosen at packing
     time by counting those conflicts on the matrix itself (`bank_conflicts`); skew 0 is the plain
-    layout. Measured on the H200 the skew did not pay (2-11% slower than skew 0 on the LLM shapes:
-    the conflicts are not what bounds the kernel), so delta_spmv defaults to skew 0 and keeps
-    "auto" as a parameter to try.
+    layout. Measured on the H200 (LLM shapes, N = 1): on 2:4 weights, whose lanes' columns stay
+    aligned, skew 0 simulates 16 wavefronts per load and ran 1.9-2.5x slower than the chosen skew
+    (4096x4096: 27.3 vs 14.4 us); on random and per-row magnitude patterns every skew simulates the
+    same ~3.4 and a skew ran 2-11% slower. So "auto" uses a skew only when it cuts the simulated
+    conflicts by 15% (SKEW_MIN_GAIN).
 
 `DeltaSlices.from_matrix` builds it with numpy only (vectorized: an 11008x4096 50% weight packs
 in about a second); `to_csr` walks the arrays exactly as the kernel does and is what the CPU tests
@@ -44,6 +46,7 @@ DELTA_BITS = (4, 8)
 LANE_CHOICES = (32, 16, 8, 4)
 SKEW_CHOICES = (0, 4, 5, 6, 7, 8)
 BANKS = 32
+SKEW_MIN_GAIN = 0.85            # a skew must cut the simulated conflicts by 15% to be used
 CONFLICT_SAMPLE_WARPS = 128     # warps (from the first rows) the skew choice simulates
 
 
@@ -198,8 +201,9 @@ class DeltaSlices:
         bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits)
         if skew == "auto":
             rows, lane, slot, _ = positions(per_row, lanes)
-            skew = min(SKEW_CHOICES, key=lambda sk: (bank_conflicts(rows, lane, slot, physical_columns(col, sk),
-                                                                    lanes), sk))
+            score = {sk: bank_conflicts(rows, lane, slot, physical_columns(col, sk), lanes) for sk in SKEW_CHOICES}
+            best = min(SKEW_CHOICES, key=lambda sk: (score[sk], sk))
+            skew = best if score[best] <= SKEW_MIN_GAIN * score[0] else 0
         if skew:
             col, src, per_row = expanded_entries(indptr, physical_columns(indices, skew), bits)
         return cls._pack(csr, int(lanes), int(bits), int(skew), col, src, per_row)

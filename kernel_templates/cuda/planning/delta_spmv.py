@@ -35,7 +35,7 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": "auto"}]
+    return [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": 0}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
