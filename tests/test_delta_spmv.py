@@ -131,8 +131,8 @@ def test_bad_inputs_are_clear_errors(tmp_path_factory):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90_without_spills(tmp_path):
-    """The candidate's own CUDA_SRC through ptxas, 16 instantiations (both delta widths, L 4..32,
-    NV 1..8, fp16 and bf16): no spills, 16-byte streaming loads of the value pieces."""
+    """The candidate's own CUDA_SRC through ptxas, 6 instantiations (every delta width, L 4..32 and
+    NV 1..8 at least once, fp16 and bf16): no spills, 16-byte streaming loads of the value pieces."""
     from sparseditto.harness.source_loader import cuda_sources
 
     src = tmp_path / "delta_spmv.cu"
@@ -143,7 +143,7 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
-    assert len([e for e in entries if "delta_spmv" in e]) == 16
+    assert len([e for e in entries if "delta_spmv" in e]) == 6
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in delta_spmv"
     ptx = "".join(p.read_text() for p in tmp_path.glob("*.ptx"))
