@@ -49,17 +49,28 @@ def searched_layer(base: LayerResult, result, report: dict, settings: BatchSetti
         dense_ms = est["dense"]
     vendors = {k: v for k, v in result.speedups.items() if k != "dense"}
     vendor = min(vendors, key=vendors.get) if vendors else None
+    vendor_ms = {k: v for k, v in ((rec.baselines or {}) if rec and settings.gpu else {}).items()
+                 if v is not None and k != "cublas_dense"}
+    settings.baselines.seed(_matrix_shape(base), settings.dtype, settings.n, settings.backend, result.dense,
+                            f"search of {base.name}")   # dense for this shape: timed once per batch
     reason = b.reason if result.best.template != "dense" else (b.reason or "dense is best")
     return base.model_copy(update=dict(
         status="searched", template=b.template, params=dict(b.params), source=b.source, source_hash=b.source_hash,
         kernel_format=_template_format(b.template), format_bytes=est["format_bytes"], run_id=result.run_id,
         kernel_ms=kernel_ms, dense_ms=dense_ms, expected_ms=b.expected_ms,
         speedup_vs_dense=result.speedups.get("dense") or ((dense_ms / kernel_ms) if dense_ms and kernel_ms else None),
-        best_vendor=vendor, speedup_vs_vendor=vendors.get(vendor) if vendor else None,
+        best_vendor=vendor, speedup_vs_vendor=vendors.get(vendor) if vendor else None, vendor_ms=vendor_ms,
+        dense_source=f"search of {base.name}" if settings.gpu else "cost model",
         time_saved_ms=(dense_ms - kernel_ms) if dense_ms and kernel_ms else None,
         timings_are_estimates=result.speedups_are_estimates, n=settings.n, reason=reason,
         verified_ns=list(result.verified_ns), verified_dtype=result.dtype if b.template != "dense" else None,
         verification=dict(rec.verify or {}, status=rec.status) if rec else {}, seconds=round(seconds, 3)))
+
+
+def _matrix_shape(base: LayerResult) -> tuple[int, int]:
+    from sparseditto.batch.weights import WeightRef
+
+    return WeightRef(base.name, base.shape, base.dtype, lambda: None).matrix_shape
 
 
 def _search(A, base: LayerResult, report: dict, settings: BatchSettings, why: str | None) -> LayerResult:

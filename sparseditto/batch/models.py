@@ -44,6 +44,8 @@ class LayerResult(BaseModel):
     speedup_vs_dense: float | None = None
     best_vendor: str | None = None
     speedup_vs_vendor: float | None = None
+    vendor_ms: dict[str, float] = Field(default_factory=dict)   # vendor library -> its time here (GPU)
+    dense_source: str | None = None       # what measured dense_ms: this layer's search, or the shape's one timing
     time_saved_ms: float | None = None    # dense_ms - kernel_ms, per call at N
     timings_are_estimates: bool = True
     n: int | None = None

@@ -2,8 +2,11 @@
 
 The group's first layer found its kernel with the full `run_graph` search. For the others the
 winner's source is verified on the new layer's pattern (a fresh seed, the batch's N values plus
-the harness's odd ones) and timed once by the harness. It is kept when its time is within
-``tolerance`` of what it is expected to take; otherwise the caller runs the full search.
+the harness's odd ones) and, on a GPU, timed once by the harness: the kernel and the vendor
+libraries that ran on the winner's layer, never dense again (dense cuBLAS is timed once per
+shape, `baselines.ShapeBaselines`). It is kept when its time is within ``tolerance`` of what it
+is expected to take; otherwise the caller runs the full search. On the interpreter nothing is
+timed (a CPU time of an interpreted kernel says nothing; the check uses the cost model).
 
 Expected time:
 - on a GPU: the winner's measured time on the first layer, scaled by the cost model's ratio of
@@ -13,12 +16,13 @@ Expected time:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from sparseditto.batch.baselines import ShapeBaselines, vendor_names
 from sparseditto.batch.models import LayerResult
 
-INTERPRETER_REPEATS = (1, 0)   # (repeats, warmup) of the timing on the interpreter: CPU time, for the record
+GPU_REPEATS = (50, 5)          # (repeats, warmup) of a reused layer's timing
 
 
 @dataclass
@@ -33,6 +37,8 @@ class BatchSettings:
     tolerance: float
     memory: Any
     checkpoint: str
+    baselines: ShapeBaselines = field(default_factory=ShapeBaselines)   # dense once per shape
+    cache_dir: str | None = None   # the driver's sparseditto.paths.cache_dir(): workers compile into it
 
     @property
     def gpu(self) -> bool:
@@ -69,12 +75,32 @@ def _verification(result) -> dict:
             "checks": [c.model_dump() for c in result.checks]}
 
 
-def _best_vendor(bench) -> tuple[str | None, float | None]:
-    ok = [b for b in bench.baselines if b.ok and b.timing is not None and b.name != "cublas_dense"]
-    if not ok:
-        return None, None
-    best = min(ok, key=lambda b: b.timing.median_ms)
-    return best.name, best.timing.median_ms
+def _vendor_times(bench) -> dict[str, float]:
+    return {b.name: b.timing.median_ms for b in bench.baselines
+            if b.ok and b.timing is not None and b.name != "cublas_dense"}
+
+
+def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings: BatchSettings):
+    """(observed ms, expected ms, dense ms, dense source, vendor times, basis) of the winner's kernel
+    on this layer, or the reason it failed its timing (a str)."""
+    from sparseditto import harness
+
+    vendors = vendor_names(winner.vendor_ms)
+    repeats, warmup = GPU_REPEATS
+    try:
+        timed = harness.bench(winner.source, A, settings.n, dtype=settings.dtype, backend=settings.backend,
+                              repeats=repeats, warmup=warmup, baselines=vendors or False, time_dense=False)
+    except harness.BenchError as exc:
+        return f"{winner.template} from {winner.name} failed its timing here: {exc}"
+    graph = timed.candidate_graph is not None
+    observed = (timed.candidate_graph or timed.candidate).median_ms
+    dense = settings.baselines.dense_for(A, settings.dtype, settings.n, settings.backend,
+                                         repeats=repeats, warmup=warmup)
+    lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
+    scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
+    expected = (winner.kernel_ms or observed) * scale
+    basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}"
+    return observed, expected, dense.for_basis(graph), dense.source, _vendor_times(timed), basis
 
 
 def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, report: dict,
@@ -98,24 +124,18 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
                                     backend=settings.backend)
     if not verify.ok:
         return f"{winner.template} from {winner.name} failed verification here: {verify.status}: {verify.message[:200]}"
-    repeats, warmup = (50, 5) if settings.gpu else INTERPRETER_REPEATS
-    try:
-        timed = harness.bench(winner.source, A, settings.n, dtype=settings.dtype, backend=settings.backend,
-                              repeats=repeats, warmup=warmup, baselines=True if settings.gpu else False)
-    except harness.BenchError as exc:
-        return f"{winner.template} from {winner.name} failed its timing here: {exc}"
-    vendor, vendor_ms = _best_vendor(timed)
+    vendor_ms: dict[str, float] = {}
     if settings.gpu:
-        observed = (timed.candidate_graph or timed.candidate).median_ms
-        dense_ms = (timed.dense_graph or timed.dense).median_ms
-        lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
-        scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
-        expected = (winner.kernel_ms or observed) * scale
-        basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}"
+        got = _gpu_timing(winner, winner_report, A, est, settings)
+        if isinstance(got, str):
+            return got
+        observed, expected, dense_ms, dense_source, vendor_ms, basis = got
     else:
-        observed, expected, dense_ms = est["kernel"], est["best"], est["dense"]
+        observed, expected, dense_ms, dense_source = est["kernel"], est["best"], est["dense"], "cost model"
         basis = (f"cost model: {observed * 1e3:.1f} us vs the best template's {expected * 1e3:.1f} us on this layer"
                  if observed and expected else "")
+    vendor = min(vendor_ms, key=vendor_ms.get) if vendor_ms else None
+    vendor_best = vendor_ms.get(vendor) if vendor else None
     if observed is None or expected is None:
         return f"no expected time for {winner.template} on this layer (the cost model does not know it)"
     if observed > expected * (1 + tol):
@@ -125,7 +145,8 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
         source_hash=winner.source_hash, kernel_format=winner.kernel_format, format_bytes=est["format_bytes"],
         run_id=winner.run_id, kernel_ms=observed, dense_ms=dense_ms, expected_ms=expected,
         speedup_vs_dense=(dense_ms / observed) if dense_ms and observed else None,
-        best_vendor=vendor, speedup_vs_vendor=(vendor_ms / observed) if vendor_ms and observed else None,
+        best_vendor=vendor, speedup_vs_vendor=(vendor_best / observed) if vendor_best and observed else None,
+        vendor_ms=vendor_ms, dense_source=dense_source,
         time_saved_ms=(dense_ms - observed) if dense_ms and observed else None,
         timings_are_estimates=not settings.gpu, n=settings.n, reason=f"{winner.name}'s kernel, verified here; {basis}",
         verified_ns=sorted({c.n for c in verify.checks}) or list(settings.n_values), verified_dtype=settings.dtype,

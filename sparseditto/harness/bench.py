@@ -44,9 +44,11 @@ class BenchError(RuntimeError):
 def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "auto",
           repeats: int = 50, warmup: int = 5, baselines=True, seed: int | None = None,
           timeout: float = 600.0, pool=None, check_static: bool = True, baseline_graphs: bool = False,
-          recheck_baselines: bool = False) -> BenchResult:
+          recheck_baselines: bool = False, time_dense: bool = True) -> BenchResult:
     """Time ``candidate`` on ``matrix`` @ B[K, n]. ``baselines`` is True (all), False (dense only),
-    or a list of baseline names. ``baseline_graphs`` also times the vendor baselines replayed from
+    or a list of baseline names. ``time_dense=False`` skips dense cuBLAS (``dense`` and the
+    speedups over it are None): for a caller that timed dense for this shape, dtype and N already
+    (a batch times it once per shape, not once per layer). ``baseline_graphs`` also times the vendor baselines replayed from
     CUDA graphs; ``recheck_baselines`` re-checks each of them on a fresh B after timing (see
     `baselines.measure_baselines`). ``seed=None`` draws a fresh one (the inputs of the timed
     launches must not be predictable). Raises `BenchError` when the candidate fails to run correctly."""
@@ -80,7 +82,8 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
                                       message="CUDA C++ (CuPy) candidates need a GPU", **common))
     payload = {"spec": spec, "matrix": matrix, "n": int(n), "dtype": dtype, "backend": exec_backend,
                "repeats": int(repeats), "warmup": int(warmup), "include": include, "seed": int(seed),
-               "baseline_graphs": bool(baseline_graphs), "recheck_baselines": bool(recheck_baselines)}
+               "baseline_graphs": bool(baseline_graphs), "recheck_baselines": bool(recheck_baselines),
+               "time_dense": bool(time_dense)}
     reply = get_pool(pool).call("bench", payload, backend=exec_backend, timeout=timeout)
     if reply.status == "ok" and "result" in reply.value:
         return BenchResult(**reply.value["result"])
@@ -233,25 +236,14 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     with torch.no_grad():
         B.copy_(torch.from_numpy(b64).to(device=device, dtype=tdtype))
     ref = Reference.compute(matrix, values, b64, dtype)
-    dense_a = a.to_torch(dtype=tdtype, device=device, layout="dense")
-    out_dense = torch.empty((m, n), dtype=tdtype, device=device)
-    dense = time_fn(lambda: torch.matmul(dense_a, B, out=out_dense), backend, repeats=repeats, warmup=warmup)
-    dense_graph = None
-    if on_gpu:
-        try:
-            dense_graph = time_cuda_graph(lambda: torch.matmul(dense_a, B, out=out_dense),
-                                          repeats=repeats, warmup=warmup)
-        except Exception as exc:
-            notes.append(f"CUDA graph capture of dense matmul failed: {type(exc).__name__}: {exc}")
-    dense_check = compare(out_dense.to(torch.float64).cpu().numpy(), ref.value, ref, what="dense")
-    if not dense_check.ok:
-        notes.append(f"dense torch.matmul disagrees with the fp64 reference: {dense_check.message}")
-    del dense_a, out_dense
-
-    baseline_results = [BaselineTiming(name="cublas_dense", ok=True, timing=dense, graph_timing=dense_graph,
-                                       note=None if on_gpu else "CPU torch.matmul, not cuBLAS")]
+    dense = dense_graph = None
+    baseline_results = []
+    if payload.get("time_dense", True):
+        dense, dense_graph = _time_dense(a, B, ref, m, n, tdtype, device, backend, repeats, warmup, notes)
+        baseline_results.append(BaselineTiming(name="cublas_dense", ok=True, timing=dense, graph_timing=dense_graph,
+                                               note=None if on_gpu else "CPU torch.matmul, not cuBLAS"))
     fresh = FreshInputs(a, B, dtype, payload["seed"]) if payload.get("recheck_baselines") else None
-    if fresh is not None:
+    if fresh is not None and dense is not None:
         baseline_results[0].rechecked, baseline_results[0].recheck_message = fresh.check("cublas_dense")
     include = payload["include"]
     others = [b for b in (BASELINE_NAMES if include is None else include) if b != "cublas_dense"]
@@ -275,13 +267,38 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         n=n, dtype=dtype, backend=backend, gpu_name=gpu_name, timings_are_gpu=on_gpu,
         candidate=candidate, candidate_graph=candidate_graph, conversion_ms=conversion_ms, packed_bytes=a_bytes,
         dense=dense, dense_graph=dense_graph, baselines=baseline_results,
-        speedup_vs_dense=_ratio(dense.median_ms, candidate.median_ms),
+        speedup_vs_dense=_ratio(dense.median_ms, candidate.median_ms) if dense is not None else None,
         speedup_vs_dense_graph=(_ratio(dense_graph.median_ms, candidate_graph.median_ms)
                                 if dense_graph is not None and candidate_graph is not None else None),
         speedup_vs_best_baseline=_ratio(best.timing.median_ms, candidate.median_ms) if best else None,
         best_baseline=best.name if best else None,
         reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
         l2_flush_bytes=int(flush_buffer().numel() * 2) if on_gpu else 0, notes=notes)
+
+
+def _time_dense(a, B, ref, m: int, n: int, tdtype, device, backend: str, repeats: int, warmup: int,
+                notes: list[str]):
+    """Dense torch.matmul on the densified A (eager, and on a GPU replayed from a CUDA graph),
+    checked against the fp64 reference (a disagreement is noted, not fatal)."""
+    import torch
+
+    from .numerics import compare
+    from .timing import time_cuda_graph, time_fn
+
+    dense_a = a.to_torch(dtype=tdtype, device=device, layout="dense")
+    out_dense = torch.empty((m, n), dtype=tdtype, device=device)
+    dense = time_fn(lambda: torch.matmul(dense_a, B, out=out_dense), backend, repeats=repeats, warmup=warmup)
+    dense_graph = None
+    if backend == "cuda":
+        try:
+            dense_graph = time_cuda_graph(lambda: torch.matmul(dense_a, B, out=out_dense),
+                                          repeats=repeats, warmup=warmup)
+        except Exception as exc:
+            notes.append(f"CUDA graph capture of dense matmul failed: {type(exc).__name__}: {exc}")
+    dense_check = compare(out_dense.to(torch.float64).cpu().numpy(), ref.value, ref, what="dense")
+    if not dense_check.ok:
+        notes.append(f"dense torch.matmul disagrees with the fp64 reference: {dense_check.message}")
+    return dense, dense_graph
 
 
 def _ratio(num: float, den: float) -> float:

@@ -136,10 +136,10 @@ class BenchResult(BaseModel):
     candidate_graph: Timing | None = None
     conversion_ms: float
     packed_bytes: int | None = None      # bytes of the arrays prepare() returned (outside "scratch")
-    dense: Timing
+    dense: Timing | None = None          # None only when bench(..., time_dense=False)
     dense_graph: Timing | None = None
     baselines: list[BaselineTiming] = Field(default_factory=list)
-    speedup_vs_dense: float
+    speedup_vs_dense: float | None = None
     speedup_vs_dense_graph: float | None = None
     speedup_vs_best_baseline: float | None = None
     best_baseline: str | None = None
