@@ -275,11 +275,7 @@ class SpMMKernel:
                              f"{result.status}: {result.message}")
         self.verified_ns.add(n)
 
-    def __call__(self, B):
-        import torch
-
-        self.check_input(B)
-        self._ensure_verified(int(B.shape[1]), B.device)
+    def _packed_for(self, B):
         key = (str(B.device), _dtype_name(B.dtype))
         with self._lock:
             packed = self._packed.get(key)
@@ -289,11 +285,30 @@ class SpMMKernel:
                 else:
                     packed = self._load().prepare(self.matrix, B.dtype, B.device)
                 self._packed[key] = packed
-        if self.source is None:
-            return torch.matmul(packed, B)
+        return packed
+
+    def __call__(self, B):
+        import torch
+
+        self.check_input(B)
         out = torch.empty((self.matrix.shape[0], B.shape[1]), dtype=B.dtype, device=B.device)
-        self._module.spmm(packed, B.contiguous(), out)
+        self.spmm_into(B.contiguous(), out)
         return out
+
+    def spmm_into(self, B, out) -> None:
+        """``out[:] = A @ B`` into the caller's ``out`` [M, N], with B and out passed to the kernel as
+        they are (any strides: a Triton template reads B's and C's strides, a CUDA C++ one copies
+        a column-strided B or C into a unit-stride stand-in). `patch_model` uses it to compute
+        y = x W^T as (W x^T)^T on views of x and y, without copying either."""
+        import torch
+
+        self.check_input(B)
+        self._ensure_verified(int(B.shape[1]), B.device)
+        packed = self._packed_for(B)
+        if self.source is None:
+            torch.matmul(packed, B, out=out)
+            return
+        self._module.spmm(packed, B, out)
 
 
 # ---- input validation --------------------------------------------------------------------------------

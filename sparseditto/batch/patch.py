@@ -6,6 +6,15 @@ B = x^T [in, N] (N = tokens), through the custom op ``sparseditto::bundle_linear
 it (the op itself stays opaque to the compiler). The module keeps its name, parameters and
 state_dict; only its ``forward`` is replaced (`unpatch_model` restores it).
 
+Without copies: B is the transposed *view* of x's rows and the kernel writes into the transposed
+view of y [N, out], so neither x^T nor y is materialised. Triton templates read B's and C's
+strides, so that is the whole cost; a CUDA C++ (CuPy) kernel walks columns with unit stride and
+makes its own unit-stride stand-ins (`kernel_templates.runtime.cuda_operands`: one copy of x^T
+in, one of C out; none at N = 1). The harness verifies kernels on contiguous B only, so the first
+call of each layer at each N runs both layouts once and compares them bitwise; a kernel that
+disagrees (one that ignores a stride) keeps the contiguous copies, with a warning. That check is
+skipped while a CUDA graph is being captured (the copying path runs until an eager call checks).
+
 A kernel runs only where it was verified: at the bundle's N values and dtype. Any other N or
 dtype, or a device the kernel cannot run on, takes the dense forward instead, with a warning the
 first time per layer and reason. A weight whose shape or sparsity structure differs from the one
@@ -38,6 +47,26 @@ class PatchedLinear:
     warned: set = field(default_factory=set)
     calls: int = 0                  # kernel calls (not the dense fallbacks)
     fallbacks: int = 0
+    strided_ok: dict = field(default_factory=dict)   # (device, N) -> strided views give the same bits
+
+    def linear_into(self, rows: torch.Tensor, y: torch.Tensor) -> None:
+        """y [N, out] = rows [N, in] @ W^T through the kernel, on transposed views when that was
+        checked to give the same bits as contiguous copies (see the module docstring)."""
+        key = (str(rows.device), rows.shape[0])
+        ok = self.strided_ok.get(key)
+        if ok is None and not _capturing(rows):
+            self.kernel.spmm_into(rows.t(), y.t())
+            copied = self.kernel(rows.t().contiguous())
+            ok = self.strided_ok[key] = bool(torch.equal(copied, y.t()))
+            if not ok:
+                self.warn_once("strided views", f"sparseditto: {self.name}'s kernel gives other results on "
+                               "strided views of x^T and y than on contiguous copies; it gets the copies from now on.")
+                y.copy_(copied.t())
+            return
+        if ok:
+            self.kernel.spmm_into(rows.t(), y.t())
+        else:
+            y.copy_(self.kernel(rows.t().contiguous()).t())
 
     def fallback_reason(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -53,20 +82,25 @@ class PatchedLinear:
             return "a CPU tensor without the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)"
         return None
 
-    def warn_once(self, reason: str) -> None:
+    def warn_once(self, reason: str, message: str | None = None) -> None:
         if reason not in self.warned:
             self.warned.add(reason)
-            warnings.warn(f"sparseditto: {self.name} runs dense for {reason}; later calls like this stay dense "
-                          "without another warning.", stacklevel=3)
+            warnings.warn(message or f"sparseditto: {self.name} runs dense for {reason}; later calls like this stay "
+                          "dense without another warning.", stacklevel=3)
 
 
 @torch.library.custom_op("sparseditto::bundle_linear", mutates_args=())
 def bundle_linear(x: torch.Tensor, key: str) -> torch.Tensor:
     """x @ W^T for the patched layer ``key``, as (W @ x^T)^T through its bundle kernel."""
     entry = _KERNELS[key]
-    rows = x.reshape(-1, x.shape[-1])
-    out = entry.kernel(rows.t().contiguous())          # [out_features, N]
-    return out.t().contiguous().reshape(*x.shape[:-1], entry.out_features)
+    rows = x.reshape(-1, x.shape[-1])                  # [N, in]: a view of a contiguous x
+    y = x.new_empty((rows.shape[0], entry.out_features))
+    entry.linear_into(rows, y)                         # y^T = W @ x^T, written through views
+    return y.reshape(*x.shape[:-1], entry.out_features)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 @bundle_linear.register_fake
