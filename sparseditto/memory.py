@@ -731,6 +731,17 @@ class Memory(TranscriptStore):
 
         return min(cands, key=median_ms)
 
+    def best_kernel(self, run_id: str) -> dict | None:
+        """A run's best verified candidate (its fastest verified one when no best was recorded) with
+        its source checked against the content hash (MemoryIntegrityError else); None without one.
+        Accepts a unique prefix. What `sparseditto export` writes out."""
+        with self._lock:
+            run = _decode(self.db["runs"].get(self._resolve_run_id(run_id)), _RUN_JSON)
+            cand = self._best_verified(run)
+            if cand is not None:
+                cand["source"] = self._checked_source(cand)
+            return cand
+
     def _checked_source(self, cand: dict) -> str:
         """The candidate's stored source after its content hash check (MemoryIntegrityError else)."""
         source, shash = cand.get("source"), cand.get("source_hash")

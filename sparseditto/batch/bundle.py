@@ -41,6 +41,8 @@ class BundleKernel(BaseModel):
     kernel_ms: float | None = None
     dense_ms: float | None = None
     timings_are_estimates: bool = True
+    run_id: str | None = None             # the run_graph search that found the kernel (memory / export)
+    sparsity: float | None = None
 
 
 class Bundle(BaseModel):
@@ -103,7 +105,8 @@ def _entry(layer: LayerResult, source_file: str) -> BundleKernel:
                         signature=layer.signature, verified_ns=list(layer.verified_ns),
                         verified_dtype=layer.verified_dtype or "float16", verification=dict(layer.verification),
                         kernel_ms=layer.kernel_ms, dense_ms=layer.dense_ms,
-                        timings_are_estimates=layer.timings_are_estimates)
+                        timings_are_estimates=layer.timings_are_estimates, run_id=layer.run_id,
+                        sparsity=layer.sparsity)
 
 
 def write_bundle(folder: Path, layers: list[LayerResult]) -> Path:

@@ -21,6 +21,7 @@ EPILOG = """examples:
   sparseditto run layer.mtx --target H100 -n 16      live progress of every agent, then a summary
   sparseditto run layer.mtx --json > result.json     the full Result as JSON
   sparseditto batch model/ --target H200 --out run1  a kernel per layer, report.html, bundle/
+  sparseditto export RUN_ID --out kernel.py          one kernel as a standalone module (python kernel.py checks it)
   sparseditto memory list                            what past runs found
   sparseditto targets                                the GPU table the planner costs kernels on
   langgraph dev --no-browser                         the same graph in LangGraph Studio (docs/studio.md)
@@ -193,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
                                  ".pt/.pth state_dict")
     _add_batch_options(p)
     p.set_defaults(func=commands.cmd_batch, resume_hint=RESUME_BATCH)
+
+    p = sub.add_parser("export", help="one kernel as a standalone Python module (torch, numpy, triton or cupy only)",
+                       description="Write the best verified kernel of a memory run (or, with --bundle, of a batch "
+                                   "bundle's layer) as one Python file that needs no SparseDitto: the kernel "
+                                   "source, its parameters and packed format (EXPORT), SpMM(weight)(B), and a "
+                                   "self-check: python kernel.py.")
+    p.add_argument("ref", metavar="RUN_ID",
+                   help="run id (or a unique prefix) in the memory; with --bundle a layer name or a layer's run id")
+    p.add_argument("--out", required=True, metavar="FILE.py", help="the module to write, e.g. kernel.py")
+    p.add_argument("--bundle", default=None, metavar="DIR", help="a batch's out folder or its bundle/ folder")
+    p.add_argument("--memory", default=None, metavar="FILE",
+                   help="SQLite memory file (default: $SPARSEDITTO_MEMORY, else the cache directory)")
+    p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser("memory", help="inspect the optimization memory (list, show RUN_ID, export)",
                        description="The SQLite memory of past runs: every candidate, step and outcome. The next "

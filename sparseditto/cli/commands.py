@@ -198,6 +198,15 @@ def cmd_bench(args) -> int:
 
 # ---- batch -------------------------------------------------------------------------------------
 
+def cmd_export(args) -> int:
+    """One kernel as a standalone module (sparseditto.batch.export)."""
+    from sparseditto.batch.export import export_kernel
+
+    path = export_kernel(args.ref, args.out, bundle=args.bundle, memory=args.memory)
+    print(f"wrote {path} (check it: python {path})", file=sys.stderr)
+    return 0
+
+
 def cmd_batch(args) -> int:
     """A kernel per layer of a model (sparseditto.run_batch)."""
     from sparseditto.batch.runner import run_batch
