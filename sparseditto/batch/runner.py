@@ -106,8 +106,11 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     refs = list_weights(model)
     selection = select_weights(refs, select)
     out_dir = _prepare_out(out)
+    from sparseditto.paths import cache_dir
+
     settings = BatchSettings(target=tgt, n_values=n_values, dtype=dtype, backend=resolved, budget=budget,
-                             tolerance=tolerance, memory=memory, checkpoint=str(out_dir / "checkpoint.sqlite"))
+                             tolerance=tolerance, memory=memory, checkpoint=str(out_dir / "checkpoint.sqlite"),
+                             cache_dir=str(cache_dir()))
     fingerprint = {"model": _model_label(model), "target": tgt.name, "n": n_values, "dtype": dtype,
                    "backend": resolved, "budget": budget, "select": select, "min_sparsity": min_sparsity,
                    "tolerance": tolerance, "previous": str(previous) if previous is not None else None}

@@ -10,6 +10,13 @@ themselves, so only a model on disk (not an in-memory nn.Module) can be sent out
 
 Local workers are spawned processes, each pinned to one GPU through CUDA_VISIBLE_DEVICES before
 torch is imported there. Ray tasks need the ``ray`` extra (``pip install 'sparseditto[ray]'``).
+
+Compiled kernels are shared: every worker uses the driver's cache directory
+(``settings.cache_dir``, set as SPARSEDITTO_CACHE_DIR before the worker's sandbox starts), and the
+sandbox points Triton's, CuPy's and the CUDA driver's caches under it
+(`sparseditto.harness.isolation.cache_subdirs`), so a kernel one worker compiled is a cache hit
+for every later worker and batch. A Ray cluster given by address keeps each node's own default
+cache directory (the driver's path need not exist there).
 """
 from __future__ import annotations
 
@@ -45,6 +52,8 @@ def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]]
     from sparseditto.batch.progress import Progress
     from sparseditto.batch.weights import list_weights
 
+    if settings.cache_dir:   # before the first harness call starts this process's sandbox
+        os.environ["SPARSEDITTO_CACHE_DIR"] = settings.cache_dir
     refs = {r.name: r for r in list_weights(model_path)}
     sink = _Collect()
     run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, Progress(False, 0),
@@ -81,6 +90,8 @@ def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: 
     if not jobs:
         return
     if workers == "ray":
+        if ray_address is not None:   # a remote cluster: its nodes keep their own cache directory
+            jobs = [(key, names, own, replace(s, cache_dir=None)) for key, names, own, s in jobs]
         results = _ray_results(jobs, model_path, prev, settings, ray_address)
     else:
         results = _local_results(jobs, model_path, prev, settings, int(workers))
