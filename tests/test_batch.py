@@ -1,18 +1,21 @@
 """Batch jobs over a model's layers, on the Triton interpreter (small synthetic checkpoints).
 
-One batch over a sharded safetensors checkpoint (module fixture) serves the report, bundle and
-patch tests; the re-pruned model, the .pt state_dict and the bad inputs run their own small
-batches. The kill -9 / resume test is in test_batch_resume.py.
+One batch over a sharded safetensors checkpoint (module fixture, with a real memory file) serves
+the report, bundle, patch and export tests; the re-pruned model and the .pt state_dict run their
+own small batches. The kill -9 / resume test is in test_batch_resume.py.
 """
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
 import textwrap
 import warnings
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from batch_models import llama_like, save_shards, small_unstructured, tiny_model
@@ -34,7 +37,7 @@ def tensors():
 def batch(tmp_path_factory, tensors, pool):
     root = tmp_path_factory.mktemp("batch")
     shards = save_shards(tensors, root / "model")
-    report = run_batch(shards, out=root / "out", **RUN)
+    report = run_batch(shards, out=root / "out", **{**RUN, "memory": str(root / "memory.sqlite")})
     return shards, root / "out", report
 
 
@@ -109,6 +112,8 @@ def test_patch_model_matches_dense_keeps_state_dict_and_falls_back(batch, tensor
         assert set(patched) == {f"layers.{i}.mlp.up" for i in range(3)}   # attn.q: dense won, not patched
         y = model(x)
         assert all(p.calls == 1 for p in patched.values())
+        # copy-free: the kernels ran on the transposed views of x and y (checked against copies once)
+        assert all(p.strided_ok == {("cpu", 16): True} for p in patched.values())
         scale = float(dense.abs().max())
         assert float((y - dense).abs().max()) / scale < 5e-3
         assert list(model.state_dict()) == list(state) and all(torch.equal(state[k], v) for k, v in model.state_dict().items())
@@ -124,6 +129,39 @@ def test_patch_model_matches_dense_keeps_state_dict_and_falls_back(batch, tensor
     assert unpatch_model(model) == 3
     with torch.no_grad():
         assert torch.equal(model(x), dense)
+
+
+# A kernel that reads B's storage as if B were contiguous: right on copies, wrong on x^T's view.
+STRIDE_BLIND = textwrap.dedent('''
+    import torch
+
+    def prepare(A, dtype, device):
+        return {"a": A.to_torch(dtype=dtype, device=device)}
+
+    def spmm(packed, B, out):
+        flat = torch.as_strided(B, B.shape, (B.shape[1], 1))
+        out.copy_(packed["a"] @ flat)
+''')
+
+
+def test_patch_keeps_copies_for_a_kernel_that_ignores_strides(tensors):
+    from sparseditto.api import SpMMKernel
+    from sparseditto.batch.patch import PatchedLinear
+    from sparseditto.io import load_matrix
+
+    W = tensors["layers.0.attn.q.weight"]
+    kernel = SpMMKernel(load_matrix(W, name="q"), STRIDE_BLIND, "stride_blind", verified_ns=[8],
+                        verified_dtype="float16", verify_new_n=False)
+    layer = PatchedLinear(name="q", kernel=kernel, verified_ns=frozenset([8]), verified_dtype="float16",
+                          out_features=W.shape[0])
+    x = torch.randn(8, W.shape[1], generator=torch.Generator().manual_seed(4)).half()
+    for _ in range(2):
+        y = torch.empty(8, W.shape[0], dtype=torch.float16)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            layer.linear_into(x, y)
+        assert torch.allclose(y.float(), (x.float() @ W.float().t()), atol=1e-2, rtol=1e-2)
+    assert layer.strided_ok == {("cpu", 8): False} and len(layer.warned) == 1
 
 
 def test_patch_model_refuses_a_changed_weight(batch, tensors):
@@ -223,3 +261,105 @@ def test_cli_batch_resumes_a_finished_batch_and_reports_bad_input(batch, capsys,
     assert f"{len(report.layers)} tensors in {report.groups} group(s)" in printed.out and "1 reused" in printed.out
     assert main(["batch", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---- sparseditto export: one kernel as a standalone module ----------------------------------------
+
+ALLOWED_THIRD_PARTY = {"torch", "numpy", "triton"}
+# The child refuses SparseDitto and scipy outright: the exported file must run without them.
+CHILD_EXPORT = textwrap.dedent('''
+    import importlib.abc, importlib.util, json, sys
+    class Refuse(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("sparseditto", "scipy", "kernel_templates"):
+                raise ImportError(f"the exported kernel imported {name}")
+    sys.meta_path.insert(0, Refuse())
+    import numpy as np, torch
+    spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
+    kernel = importlib.util.module_from_spec(spec)
+    sys.modules["kernel"] = kernel
+    spec.loader.exec_module(kernel)
+    W, B = np.load(sys.argv[2]), np.load(sys.argv[3])
+    k = kernel.SpMM(torch.from_numpy(W).half())
+    np.save(sys.argv[4], k(torch.from_numpy(B).half()).float().numpy())
+    other = W.copy(); other[0, :] = 1.0
+    try:
+        kernel.SpMM(other)
+        refused = ""
+    except ValueError as exc:
+        refused = str(exc)
+    print(json.dumps({"refused": refused, "template": kernel.EXPORT["template"],
+                      "modules": sorted(m for m in sys.modules if m.startswith(("sparseditto", "scipy")))}))
+''')
+
+
+def _imported_roots(path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            roots.add((node.module or "").split(".")[0])
+    return roots
+
+
+def test_export_from_the_memory_runs_standalone_and_matches_scipy(batch, tensors, tmp_path):
+    from sparseditto.cli.app import main
+
+    shards, out, report = batch
+    lead = report.layer("layers.0.mlp.up.weight")
+    path = tmp_path / "kernel.py"
+    assert main(["export", lead.run_id[:8], "--out", str(path), "--memory", str(out.parent / "memory.sqlite")]) == 0
+    roots = _imported_roots(path)
+    assert roots - sys.stdlib_module_names == ALLOWED_THIRD_PARTY, roots    # no sparseditto, scipy, cupy
+    W = tensors["layers.0.mlp.up.weight"].float().numpy()
+    B = np.random.default_rng(3).uniform(-1, 1, (W.shape[1], 16)).astype(np.float16).astype(np.float32)
+    np.save(tmp_path / "W.npy", W)
+    np.save(tmp_path / "B.npy", B)
+    env = dict(__import__("os").environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-I", "-c", CHILD_EXPORT, str(path), str(tmp_path / "W.npy"),
+                           str(tmp_path / "B.npy"), str(tmp_path / "C.npy")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["modules"] == [] and got["template"] == lead.template
+    assert "sparsity structure" in got["refused"]               # another structure is refused
+    ref = sp.csr_array(W.astype(np.float64)) @ B.astype(np.float64)
+    C = np.load(tmp_path / "C.npy")
+    assert float(np.abs(C - ref).max() / np.abs(ref).max()) < 2e-3
+
+
+def test_export_of_a_bundle_layer_passes_its_own_self_check(batch, tensors, tmp_path):
+    from sparseditto.cli.app import main
+
+    _, out, report = batch
+    path = tmp_path / "up1.py"
+    assert main(["export", "layers.1.mlp.up.weight", "--bundle", str(out), "--out", str(path)]) == 0
+    np.save(tmp_path / "W1.npy", tensors["layers.1.mlp.up.weight"].float().numpy())
+    env = dict(__import__("os").environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, "-I", str(path), "--weight", str(tmp_path / "W1.npy")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    check = json.loads(done.stdout.strip().splitlines()[-1])
+    verified = report.layer("layers.1.mlp.up.weight").verified_ns
+    assert check["ok"] and [c["n"] for c in check["checks"]] == sorted(verified) and 16 in verified
+
+
+def test_export_bad_refs_are_clear_errors(batch, tmp_path, capsys):
+    from sparseditto.cli.app import main
+
+    _, out, report = batch
+    memory = str(out.parent / "memory.sqlite")
+    assert main(["export", "nosuchrun", "--out", str(tmp_path / "k.py"), "--memory", memory]) == 2
+    assert "Unknown run id 'nosuchrun'" in capsys.readouterr().err
+    q = report.layer("layers.0.attn.q.weight")          # dense won: nothing to export
+    assert main(["export", q.run_id, "--out", str(tmp_path / "k.py"), "--memory", memory]) == 2
+    assert "best answer is dense" in capsys.readouterr().err
+    assert main(["export", "layers.9.nope", "--bundle", str(out), "--out", str(tmp_path / "k.py")]) == 2
+    assert "has no layer or run id 'layers.9.nope'" in capsys.readouterr().err
+    lead = report.layer("layers.0.mlp.up.weight")       # its run id is the kernel of three layers
+    assert main(["export", lead.run_id, "--bundle", str(out), "--out", str(tmp_path / "k.py")]) == 2
+    assert "give the layer name" in capsys.readouterr().err
+    assert main(["export", "layers.1.mlp.up.weight", "--bundle", str(out), "--out", str(tmp_path / "k.txt")]) == 2
+    assert "must end in .py" in capsys.readouterr().err
+    assert not list(tmp_path.glob("k.*"))

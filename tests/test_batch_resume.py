@@ -1,8 +1,8 @@
 """A batch killed with kill -9 and restarted with resume=True redoes no finished layer.
 
-The child process runs a real batch over a .pt state_dict of three weights in three groups (so
-each gets its own run_graph search); the parent SIGKILLs it as soon as the journal holds the
-first finished search, then resumes in-process, counting the searches it runs.
+The child process runs a real batch over a .pt state_dict of two weights in two groups (so each
+gets its own run_graph search); the parent SIGKILLs it as soon as the journal holds the first
+finished search, then resumes in-process, counting the searches it runs.
 """
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ def _searched(journal) -> dict[str, str]:
 
 
 def test_kill_minus_nine_then_resume_redoes_no_finished_layer(tmp_path, monkeypatch, pool):
-    sd = {"a.weight": small_unstructured(64, 64, 1), "b.weight": small_unstructured(64, 96, 2),
-          "c.weight": small_unstructured(96, 64, 3)}
+    sd = {"a.weight": small_unstructured(64, 64, 1), "b.weight": small_unstructured(64, 96, 2)}
     torch.save(sd, tmp_path / "model.pt")
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -57,7 +56,7 @@ def test_kill_minus_nine_then_resume_redoes_no_finished_layer(tmp_path, monkeypa
     child.wait(timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stderr.read()[-3000:]
     before = _searched(out / JOURNAL_NAME)     # what the journal holds after the kill
-    assert 1 <= len(before) < 3
+    assert len(before) == 1                   # killed between the two searches
 
     import sparseditto.api
 
