@@ -84,6 +84,8 @@ def test_workers_refuse_an_in_memory_module(tmp_path):
 @pytest.mark.gpu
 def test_a_second_batch_of_worker_processes_compiles_nothing_new(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    for name in ("TRITON_CACHE_DIR", "TRITON_HOME", "CUPY_CACHE_DIR", "CUDA_CACHE_PATH"):
+        monkeypatch.delenv(name, raising=False)   # the sandbox derives them from the cache dir (device_run.sh sets one)
     path, sd = _model(tmp_path)
     gpu = dict(RUN, backend="cuda", target="H200")
     first = run_batch(path, out=tmp_path / "out1", workers=2, **gpu)

@@ -123,6 +123,10 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     complete = False
     try:
         done = journal.done()
+        if workers is None and any(ref.name not in done for ref in selection.chosen):
+            from sparseditto.harness.sandbox import get_pool
+
+            get_pool().prestart(resolved)   # the sandbox imports torch/Triton while the layers are analyzed
         with Progress(progress, len(refs)) as bar:
             for ref, why in selection.skipped:
                 if ref.name not in done:

@@ -48,12 +48,15 @@ def group_checkpoint(out: Path, key: str) -> str:
 def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]], done: dict[str, LayerResult],
                settings, prev: dict[str, LayerResult]) -> list[LayerResult]:
     """Run one group in this process; returns the layers it finished (in order)."""
+    if settings.cache_dir:   # before this process's sandbox starts
+        os.environ["SPARSEDITTO_CACHE_DIR"] = settings.cache_dir
+    from sparseditto.harness.sandbox import get_pool
+
+    get_pool().prestart(settings.backend)   # the sandbox imports torch/Triton while this process imports the agents
     from sparseditto.batch.group import run_group
     from sparseditto.batch.progress import Progress
     from sparseditto.batch.weights import list_weights
 
-    if settings.cache_dir:   # before the first harness call starts this process's sandbox
-        os.environ["SPARSEDITTO_CACHE_DIR"] = settings.cache_dir
     refs = {r.name: r for r in list_weights(model_path)}
     sink = _Collect()
     run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, Progress(False, 0),

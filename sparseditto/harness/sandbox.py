@@ -324,6 +324,20 @@ class WorkerPool:
             self._workers[backend] = worker
         return worker
 
+    def prestart(self, backend: str) -> None:
+        """Start the backend's worker now without waiting for it, so its imports (torch, Triton:
+        seconds) overlap with what the caller does before its first call (a batch worker imports
+        the agents and reads its layers meanwhile). A start that fails is reported by that call."""
+        if backend not in EXEC_BACKENDS:
+            raise ValueError(f"Unknown execution backend {backend!r}; expected one of {EXEC_BACKENDS}.")
+        if self._closed:
+            return
+        with self._locks[backend]:
+            try:
+                self._get_worker(backend)
+            except WorkerStartError:
+                pass
+
     def _replace(self, backend: str) -> None:
         """Kill the worker and start its replacement now (it imports while the caller works)."""
         worker = self._workers.get(backend)
