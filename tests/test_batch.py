@@ -266,19 +266,24 @@ def test_cli_batch_resumes_a_finished_batch_and_reports_bad_input(batch, capsys,
 # ---- sparseditto export: one kernel as a standalone module ----------------------------------------
 
 ALLOWED_THIRD_PARTY = {"torch", "numpy", "triton"}
-# The child refuses SparseDitto and scipy outright: the exported file must run without them.
+# One fresh process that refuses SparseDitto and scipy outright (the exported files must run
+# without them): the memory run's kernel on W (C saved for the parent's scipy product, another
+# structure refused), then the bundle layer's file's own self-check on its real weight.
 CHILD_EXPORT = textwrap.dedent('''
-    import importlib.abc, importlib.util, json, sys
+    import contextlib, importlib.abc, importlib.util, io, json, sys
     class Refuse(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in ("sparseditto", "scipy", "kernel_templates"):
                 raise ImportError(f"the exported kernel imported {name}")
     sys.meta_path.insert(0, Refuse())
     import numpy as np, torch
-    spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
-    kernel = importlib.util.module_from_spec(spec)
-    sys.modules["kernel"] = kernel
-    spec.loader.exec_module(kernel)
+    def load(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    kernel, up1 = load("kernel", sys.argv[1]), load("up1", sys.argv[5])
     W, B = np.load(sys.argv[2]), np.load(sys.argv[3])
     k = kernel.SpMM(torch.from_numpy(W).half())
     np.save(sys.argv[4], k(torch.from_numpy(B).half()).float().numpy())
@@ -288,7 +293,11 @@ CHILD_EXPORT = textwrap.dedent('''
         refused = ""
     except ValueError as exc:
         refused = str(exc)
-    print(json.dumps({"refused": refused, "template": kernel.EXPORT["template"],
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = up1.self_check(["--weight", sys.argv[6]])
+    print(json.dumps({"refused": refused, "template": kernel.EXPORT["template"], "self_check": code,
+                      "check": json.loads(printed.getvalue()),
                       "modules": sorted(m for m in sys.modules if m.startswith(("sparseditto", "scipy")))}))
 ''')
 
@@ -303,22 +312,25 @@ def _imported_roots(path) -> set[str]:
     return roots
 
 
-def test_export_from_the_memory_runs_standalone_and_matches_scipy(batch, tensors, tmp_path):
+def test_exported_kernels_run_without_sparseditto_and_match_scipy(batch, tensors, tmp_path):
+    """A memory run's kernel and a bundle layer's kernel, exported by the CLI, in a fresh process."""
     from sparseditto.cli.app import main
 
     shards, out, report = batch
     lead = report.layer("layers.0.mlp.up.weight")
-    path = tmp_path / "kernel.py"
+    path, up1 = tmp_path / "kernel.py", tmp_path / "up1.py"
     assert main(["export", lead.run_id[:8], "--out", str(path), "--memory", str(out.parent / "memory.sqlite")]) == 0
-    roots = _imported_roots(path)
-    assert roots - sys.stdlib_module_names == ALLOWED_THIRD_PARTY, roots    # no sparseditto, scipy, cupy
+    assert main(["export", "layers.1.mlp.up.weight", "--bundle", str(out), "--out", str(up1)]) == 0
+    for exported in (path, up1):
+        roots = _imported_roots(exported)
+        assert roots - sys.stdlib_module_names == ALLOWED_THIRD_PARTY, roots    # no sparseditto, scipy, cupy
     W = tensors["layers.0.mlp.up.weight"].float().numpy()
     B = np.random.default_rng(3).uniform(-1, 1, (W.shape[1], 16)).astype(np.float16).astype(np.float32)
-    np.save(tmp_path / "W.npy", W)
-    np.save(tmp_path / "B.npy", B)
+    for name, value in (("W", W), ("B", B), ("W1", tensors["layers.1.mlp.up.weight"].float().numpy())):
+        np.save(tmp_path / f"{name}.npy", value)
     env = dict(__import__("os").environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-I", "-c", CHILD_EXPORT, str(path), str(tmp_path / "W.npy"),
-                           str(tmp_path / "B.npy"), str(tmp_path / "C.npy")],
+                           str(tmp_path / "B.npy"), str(tmp_path / "C.npy"), str(up1), str(tmp_path / "W1.npy")],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
@@ -327,22 +339,10 @@ def test_export_from_the_memory_runs_standalone_and_matches_scipy(batch, tensors
     ref = sp.csr_array(W.astype(np.float64)) @ B.astype(np.float64)
     C = np.load(tmp_path / "C.npy")
     assert float(np.abs(C - ref).max() / np.abs(ref).max()) < 2e-3
-
-
-def test_export_of_a_bundle_layer_passes_its_own_self_check(batch, tensors, tmp_path):
-    from sparseditto.cli.app import main
-
-    _, out, report = batch
-    path = tmp_path / "up1.py"
-    assert main(["export", "layers.1.mlp.up.weight", "--bundle", str(out), "--out", str(path)]) == 0
-    np.save(tmp_path / "W1.npy", tensors["layers.1.mlp.up.weight"].float().numpy())
-    env = dict(__import__("os").environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-I", str(path), "--weight", str(tmp_path / "W1.npy")],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
-    check = json.loads(done.stdout.strip().splitlines()[-1])
+    # the bundle layer's file checks itself at every N the batch verified it for
     verified = report.layer("layers.1.mlp.up.weight").verified_ns
-    assert check["ok"] and [c["n"] for c in check["checks"]] == sorted(verified) and 16 in verified
+    assert got["self_check"] == 0 and got["check"]["ok"] and 16 in verified
+    assert [c["n"] for c in got["check"]["checks"]] == sorted(verified)
 
 
 def test_export_bad_refs_are_clear_errors(batch, tmp_path, capsys):
@@ -363,3 +363,13 @@ def test_export_bad_refs_are_clear_errors(batch, tmp_path, capsys):
     assert main(["export", "layers.1.mlp.up.weight", "--bundle", str(out), "--out", str(tmp_path / "k.txt")]) == 2
     assert "must end in .py" in capsys.readouterr().err
     assert not list(tmp_path.glob("k.*"))
+
+
+def test_export_refuses_a_kernel_that_needs_another_library():
+    from sparseditto.batch.export import module_text
+
+    fields = {"source": "import scipy.sparse as sp\n\ndef prepare(A, dtype, device):\n    return sp\n",
+              "template": "llm_kernel", "layer": "w", "matrix_shape": [4, 4], "dtype": "float16",
+              "verified_ns": [1], "verification": {}}
+    with pytest.raises(ValueError, match=r"may not import: \['sp'\]"):
+        module_text(fields)
