@@ -1,7 +1,7 @@
 """Batch jobs over a model's layers, on the Triton interpreter (small synthetic checkpoints).
 
 One batch over a sharded safetensors checkpoint (module fixture, with a real memory file) serves
-the report, bundle, patch and export tests; the re-pruned model and the .pt state_dict run their
+the report, bundle, patch and export tests (the bundle and both exports share one fresh process); the re-pruned model and the .pt state_dict run their
 own small batches. The kill -9 / resume test is in test_batch_resume.py.
 """
 from __future__ import annotations
@@ -66,39 +66,6 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and "NOT GPU timings" in html.replace("Not GPU", "NOT GPU")
     assert "layers.1.mlp.up.weight" in html and "reused" in html
-
-
-def test_bundle_loads_in_a_fresh_process_without_the_agents(batch, tensors):
-    shards, out, report = batch
-    bundle = load_bundle(out)
-    assert set(bundle.kernels) == {f"layers.{i}.mlp.up.weight" for i in range(3)}
-    entry = bundle.kernels["layers.1.mlp.up.weight"]
-    assert entry.packed_format["format"] and entry.verification["ok"] and 16 in entry.verified_ns
-    child = textwrap.dedent(f'''
-        import sys, json, torch
-        from safetensors import safe_open
-        from sparseditto import load_bundle
-        from sparseditto.io import load_matrix
-        name = "layers.1.mlp.up.weight"
-        import glob
-        W = None
-        for f in glob.glob({str(shards)!r} + "/*.safetensors"):
-            with safe_open(f, framework="pt") as h:
-                if name in h.keys():
-                    W = h.get_tensor(name)
-        b = load_bundle({str(out)!r})
-        k = b.kernel(name, load_matrix(W, name=name))
-        B = torch.randn(W.shape[1], 16, generator=torch.Generator().manual_seed(1)).half()
-        C = k(B)
-        ref = (W.double() @ B.double())
-        err = float((C.double() - ref).abs().max() / ref.abs().max())
-        agents = sorted(m for m in sys.modules if m.startswith(("sparseditto.graphs", "langgraph")))
-        print(json.dumps({{"err": err, "agents": agents}}))
-    ''')
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["err"] < 2e-3 and got["agents"] == []
 
 
 def test_patch_model_matches_dense_keeps_state_dict_and_falls_back(batch, tensors):
@@ -266,9 +233,10 @@ def test_cli_batch_resumes_a_finished_batch_and_reports_bad_input(batch, capsys,
 # ---- sparseditto export: one kernel as a standalone module ----------------------------------------
 
 ALLOWED_THIRD_PARTY = {"torch", "numpy", "triton"}
-# One fresh process that refuses SparseDitto and scipy outright (the exported files must run
+# One fresh process. First, refusing SparseDitto and scipy outright (the exported files must run
 # without them): the memory run's kernel on W (C saved for the parent's scipy product, another
-# structure refused), then the bundle layer's file's own self-check on its real weight.
+# structure refused), then the bundle layer's file's own self-check on its real weight. Then,
+# SparseDitto allowed: the bundle itself loaded and run through load_bundle, without the agents.
 CHILD_EXPORT = textwrap.dedent('''
     import contextlib, importlib.abc, importlib.util, io, json, sys
     class Refuse(importlib.abc.MetaPathFinder):
@@ -296,9 +264,20 @@ CHILD_EXPORT = textwrap.dedent('''
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         code = up1.self_check(["--weight", sys.argv[6]])
+    modules = sorted(m for m in sys.modules if m.startswith(("sparseditto", "scipy")))
+    del sys.meta_path[0]
+    from sparseditto import load_bundle
+    from sparseditto.io import load_matrix
+    name = "layers.1.mlp.up.weight"
+    W1 = torch.from_numpy(np.load(sys.argv[6])).half()
+    bundled = load_bundle(sys.argv[7]).kernel(name, load_matrix(W1, name=name))
+    B1 = torch.randn(W1.shape[1], 16, generator=torch.Generator().manual_seed(1)).half()
+    ref = W1.double() @ B1.double()
+    err = float((bundled(B1).double() - ref).abs().max() / ref.abs().max())
+    agents = sorted(m for m in sys.modules if m.startswith(("sparseditto.graphs", "langgraph")))
     print(json.dumps({"refused": refused, "template": kernel.EXPORT["template"], "self_check": code,
-                      "check": json.loads(printed.getvalue()),
-                      "modules": sorted(m for m in sys.modules if m.startswith(("sparseditto", "scipy")))}))
+                      "check": json.loads(printed.getvalue()), "modules": modules,
+                      "bundle_err": err, "agents": agents}))
 ''')
 
 
@@ -312,11 +291,16 @@ def _imported_roots(path) -> set[str]:
     return roots
 
 
-def test_exported_kernels_run_without_sparseditto_and_match_scipy(batch, tensors, tmp_path):
-    """A memory run's kernel and a bundle layer's kernel, exported by the CLI, in a fresh process."""
+def test_bundle_and_exported_kernels_run_in_a_fresh_process(batch, tensors, tmp_path):
+    """A memory run's kernel and a bundle layer's kernel exported by the CLI (no SparseDitto
+    needed), and the bundle itself (no agents needed), in one fresh process."""
     from sparseditto.cli.app import main
 
     shards, out, report = batch
+    bundle = load_bundle(out)
+    assert set(bundle.kernels) == {f"layers.{i}.mlp.up.weight" for i in range(3)}
+    entry = bundle.kernels["layers.1.mlp.up.weight"]
+    assert entry.packed_format["format"] and entry.verification["ok"] and 16 in entry.verified_ns
     lead = report.layer("layers.0.mlp.up.weight")
     path, up1 = tmp_path / "kernel.py", tmp_path / "up1.py"
     assert main(["export", lead.run_id[:8], "--out", str(path), "--memory", str(out.parent / "memory.sqlite")]) == 0
@@ -330,7 +314,8 @@ def test_exported_kernels_run_without_sparseditto_and_match_scipy(batch, tensors
         np.save(tmp_path / f"{name}.npy", value)
     env = dict(__import__("os").environ, TRITON_INTERPRET="1")
     done = subprocess.run([sys.executable, "-I", "-c", CHILD_EXPORT, str(path), str(tmp_path / "W.npy"),
-                           str(tmp_path / "B.npy"), str(tmp_path / "C.npy"), str(up1), str(tmp_path / "W1.npy")],
+                           str(tmp_path / "B.npy"), str(tmp_path / "C.npy"), str(up1), str(tmp_path / "W1.npy"),
+                           str(out)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
@@ -343,6 +328,7 @@ def test_exported_kernels_run_without_sparseditto_and_match_scipy(batch, tensors
     verified = report.layer("layers.1.mlp.up.weight").verified_ns
     assert got["self_check"] == 0 and got["check"]["ok"] and 16 in verified
     assert [c["n"] for c in got["check"]["checks"]] == sorted(verified)
+    assert got["bundle_err"] < 2e-3 and got["agents"] == []     # load_bundle ran without the graph
 
 
 def test_export_bad_refs_are_clear_errors(batch, tmp_path, capsys):
