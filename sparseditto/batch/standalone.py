@@ -25,8 +25,8 @@ THIRD_PARTY = frozenset({"torch", "triton", "cupy", "numpy"})
 # Project modules (the trusted ones a kernel may import, sparseditto.harness.static_checks) are
 # inlined; so is what the export's entry needs besides: the SparseMatrix class, the signature.
 PROJECT_PREFIX = "sparseditto"
-# A Triton kernel's file also gets the interpreter's NumPy >= 2.4 fix (for TRITON_INTERPRET=1).
 ENTRY_NEEDS = {"sparseditto.matrix": {"SparseMatrix"}, "sparseditto.pattern_features": {"structure_signature"}}
+# A Triton kernel's file also gets the interpreter's NumPy >= 2.4 fix (for TRITON_INTERPRET=1).
 TRITON_NEEDS = {"sparseditto.harness.interpreter_compat": {"patch_triton_interpreter"}}
 
 
@@ -62,7 +62,7 @@ def _project_binding(node: ast.stmt) -> list[tuple[str, str, str | None]] | None
         out = []
         for alias in node.names:
             full = f"{node.module}.{alias.name}"
-            if importlib.util.find_spec(node.module) is not None and _is_submodule(full):
+            if _is_submodule(full):     # `from sparseditto.kernel_templates import runtime as rt`
                 out.append((alias.asname or alias.name, full, None))
             else:
                 out.append((alias.asname or alias.name, node.module, alias.name))
