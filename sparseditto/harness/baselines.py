@@ -21,165 +21,33 @@ from typing import Callable
 import numpy as np
 
 from .results import BaselineTiming
+from .vendor_kernels import BY_BASELINE, VendorUnavailable, choose_bsr_block, is_2to4_rows  # noqa: F401
 
-BASELINE_NAMES = ("cublas_dense", "cusparse_csr_torch", "cusparse_csr_cupy", "cusparselt_2to4",
-                  "triton_bsr_torch")
-CPU_BASELINES = ("cublas_dense", "cusparse_csr_torch")
-BSR_BLOCK_SIZES = (32, 16, 64)  # 32 first: it wins ties (the usual default)
-
-
-class BaselineUnavailable(Exception):
-    """This baseline cannot run on this matrix/dtype/device; the message says why."""
+BASELINE_NAMES = tuple(BY_BASELINE)   # cublas_dense, cusparse_csr_torch, cusparse_csr_cupy, cusparselt_2to4, triton_bsr_torch
+CPU_BASELINES = tuple(name for name, k in BY_BASELINE.items() if k.runs_on_cpu)
 
 
-def is_2to4_rows(matrix) -> tuple[bool, str]:
-    """Every group of 4 consecutive columns of every row holds at most 2 nonzeros (K % 4 == 0)."""
-    m, k = matrix.shape
-    if k % 4:
-        return False, f"K = {k} is not a multiple of 4"
-    if matrix.nnz == 0:
-        return True, ""
-    groups = matrix.row_ids() * (k // 4) + matrix.indices.astype(np.int64) // 4
-    worst = int(np.bincount(groups).max())
-    if worst > 2:
-        return False, f"a group of 4 columns holds {worst} nonzeros (not 2:4 along rows)"
-    return True, ""
+# The conversions live in vendor_kernels (one copy: a vendor path is also a candidate kernel).
+BaselineUnavailable = VendorUnavailable
 
 
-def choose_bsr_block(matrix) -> int:
-    """Block size among 16/32/64 that stores the fewest elements (nonzero blocks x b^2)."""
-    best, best_cost = 32, None
-    rows = matrix.row_ids()
-    cols = matrix.indices.astype(np.int64)
-    for b in BSR_BLOCK_SIZES:
-        n_col_blocks = -(-matrix.shape[1] // b)
-        nblocks = np.unique((rows // b) * n_col_blocks + cols // b).size if matrix.nnz else 0
-        cost = nblocks * b * b
-        if best_cost is None or cost < best_cost:
-            best, best_cost = b, cost
-    return best
+def _builder(name: str):
+    """(run() -> output tensor, note) for baseline ``name``: the vendor kernel's prepare once, then
+    its ``apply`` (the call a user would write); raises BaselineUnavailable when it cannot run."""
+    kernel = BY_BASELINE[name]
+
+    def build(ctx) -> tuple[Callable, str | None]:
+        why = kernel.unavailable(ctx["matrix"], ctx["dtype"], "cuda" if ctx["device"] == "cuda" else "interpret")
+        if why:
+            raise BaselineUnavailable(why)
+        packed = kernel.prepare(ctx["matrix"], ctx["tdtype"], ctx["device"])
+        B = ctx["B"]
+        return (lambda: kernel.apply(packed, B)), packed.get("note")
+
+    return build
 
 
-# ---- builders: each returns (run() -> output tensor, note) or raises BaselineUnavailable ----------
-
-def _dense(ctx) -> tuple[Callable, str | None]:
-    import torch
-
-    a = ctx["matrix"].to_torch(dtype=ctx["tdtype"], device=ctx["device"], layout="dense")
-    out = torch.empty((a.shape[0], ctx["B"].shape[1]), dtype=ctx["tdtype"], device=ctx["device"])
-    note = None if ctx["device"] == "cuda" else "CPU torch.matmul (interpreter backend), not cuBLAS"
-    return (lambda: torch.matmul(a, ctx["B"], out=out)), note
-
-
-def _csr_torch(ctx) -> tuple[Callable, str | None]:
-    import torch
-
-    m = ctx["matrix"]
-    index = torch.int32 if m.nnz < 2 ** 31 - 1 else torch.int64
-    a = torch.sparse_csr_tensor(
-        torch.from_numpy(m.indptr).to(index), torch.from_numpy(m.indices.astype(np.int64)).to(index),
-        torch.from_numpy(m.data).to(ctx["tdtype"]), size=tuple(m.shape)).to(ctx["device"])
-    B = ctx["B"]
-    note = None if ctx["device"] == "cuda" else "CPU torch CSR (interpreter backend), not cuSPARSE"
-    return (lambda: torch.sparse.mm(a, B)), note
-
-
-def _csr_cupy(ctx) -> tuple[Callable, str | None]:
-    if ctx["device"] != "cuda":
-        raise BaselineUnavailable("needs a CUDA GPU")
-    try:
-        import cupy
-        import cupyx.scipy.sparse as cusparse
-    except ImportError as exc:
-        raise BaselineUnavailable(f"CuPy is not installed ({exc})") from None
-    import torch
-
-    m = ctx["matrix"]
-    # cupyx's sparse matrices hold only bool/float32/float64/complex values: half-precision
-    # weights are timed in float32 (what a CuPy user would have to do), and the note says so.
-    tdtype, note = ctx["tdtype"], None
-    if tdtype in (torch.float16, torch.bfloat16):
-        tdtype, note = torch.float32, f"cupyx has no {str(ctx['tdtype']).replace('torch.', '')} SpMM: timed in float32"
-    values = torch.from_numpy(m.data).to(device="cuda", dtype=tdtype)
-    indptr = torch.from_numpy(m.indptr.astype(np.int32)).cuda()
-    indices = torch.from_numpy(m.indices).cuda()
-    a = cusparse.csr_matrix((cupy.from_dlpack(values), cupy.from_dlpack(indices), cupy.from_dlpack(indptr)),
-                            shape=tuple(m.shape))
-    b = cupy.from_dlpack(ctx["B"].to(tdtype).contiguous())
-    streams: dict[int, object] = {}
-
-    def run():
-        # torch's current stream at call time (not at build time), so that the call also lands on
-        # the capturing stream when it is recorded into a CUDA graph
-        ptr = torch.cuda.current_stream().cuda_stream
-        stream = streams.get(ptr)
-        if stream is None:
-            stream = streams[ptr] = cupy.cuda.ExternalStream(ptr)
-        with stream:
-            return a @ b
-
-    return run, note
-
-
-def _cusparselt(ctx) -> tuple[Callable, str | None]:
-    import torch
-
-    if ctx["device"] != "cuda":
-        raise BaselineUnavailable("needs a CUDA GPU")
-    if ctx["dtype"] not in ("float16", "bfloat16"):
-        raise BaselineUnavailable(f"2:4 semi-structured sparsity needs float16/bfloat16, got {ctx['dtype']}")
-    major, minor = torch.cuda.get_device_capability()
-    if major < 8:
-        raise BaselineUnavailable(f"2:4 sparse tensor cores need sm80+, this GPU is sm{major}{minor}")
-    ok, why = is_2to4_rows(ctx["matrix"])
-    if not ok:
-        raise BaselineUnavailable(f"matrix is not 2:4 along rows: {why}")
-    from torch.sparse import to_sparse_semi_structured
-
-    a = to_sparse_semi_structured(
-        ctx["matrix"].to_torch(dtype=ctx["tdtype"], device="cuda", layout="dense"))
-    B = ctx["B"]
-    return (lambda: torch.mm(a, B)), f"backend {type(a).__name__}"
-
-
-def _triton_bsr(ctx) -> tuple[Callable, str | None]:
-    import torch
-
-    if ctx["device"] != "cuda":
-        raise BaselineUnavailable("needs a CUDA GPU (torch's Triton BSR kernels)")
-    try:
-        from torch.sparse._triton_ops import bsr_dense_mm
-    except ImportError as exc:
-        raise BaselineUnavailable(f"torch.sparse._triton_ops unavailable ({exc})") from None
-    if bsr_dense_mm is None:
-        raise BaselineUnavailable("torch was built without Triton support for BSR")
-    m = ctx["matrix"]
-    b = choose_bsr_block(m)
-    M, K = m.shape
-    n = ctx["B"].shape[1]
-    Mp, Kp, Np = -(-M // b) * b, -(-K // b) * b, -(-n // 16) * 16
-    dense = torch.zeros((Mp, Kp), dtype=ctx["tdtype"], device="cuda")
-    dense[:M, :K] = m.to_torch(dtype=ctx["tdtype"], device="cuda", layout="dense")
-    a = dense.to_sparse_bsr((b, b))
-    B = ctx["B"]
-    if (Kp, Np) != tuple(B.shape):
-        padded = torch.zeros((Kp, Np), dtype=ctx["tdtype"], device="cuda")
-        padded[:K, :n] = B
-        B = padded
-    out = torch.empty((Mp, Np), dtype=ctx["tdtype"], device="cuda")
-    note = f"block {b}x{b}"
-    if (Mp, Kp, Np) != (M, K, n):
-        note += f"; zero-padded to M={Mp}, K={Kp}, N={Np} (bsr_dense_mm needs N % 16 == 0 and whole blocks)"
-    return (lambda: bsr_dense_mm(a, B, out=out)[:M, :n]), note
-
-
-BUILDERS = {
-    "cublas_dense": _dense,
-    "cusparse_csr_torch": _csr_torch,
-    "cusparse_csr_cupy": _csr_cupy,
-    "cusparselt_2to4": _cusparselt,
-    "triton_bsr_torch": _triton_bsr,
-}
+BUILDERS = {name: _builder(name) for name in BASELINE_NAMES}
 
 
 def check_names(include) -> tuple[str, ...]:

@@ -70,7 +70,7 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
     spec = as_spec(candidate)
     exec_backend = resolve_backend(backend)
     common = dict(backend=exec_backend, gpu_timings=exec_backend == "cuda")
-    if check_static and not spec.is_builtin_dense:
+    if check_static and not spec.is_builtin:
         static = check_source(spec.source)
         if not static.ok:
             raise BenchError(VerifyResult(

@@ -10,9 +10,10 @@ import re
 from dataclasses import dataclass, field
 
 from .source_loader import source_hash
+from .vendor_kernels import VENDOR_NAMES
 
 CANDIDATE_BACKENDS = ("triton", "cuda", "builtin")
-BUILTIN_TEMPLATES = ("dense",)
+BUILTIN_TEMPLATES = VENDOR_NAMES   # dense cuBLAS and the vendor sparse libraries (harness code, no source)
 _CUPY_IMPORT = re.compile(r"^\s*(import\s+cupy|from\s+cupy\b)", re.MULTILINE)
 
 
@@ -23,6 +24,11 @@ class CandidateSpec:
     template: str = "custom"
     params: dict = field(default_factory=dict)
     source_hash: str = ""
+
+    @property
+    def is_builtin(self) -> bool:
+        """A vendor path run by the harness itself (dense cuBLAS, cuSPARSE, ...): no source to check."""
+        return self.backend == "builtin"
 
     @property
     def is_builtin_dense(self) -> bool:
@@ -37,6 +43,13 @@ def source_backend(source: str) -> str:
     """The kernel language of a raw candidate source: 'cuda' when it imports CuPy (the only way a
     candidate reaches CUDA C++: cupy.RawModule / RawKernel), else 'triton'."""
     return "cuda" if _CUPY_IMPORT.search(source) else "triton"
+
+
+def vendor_spec(name: str) -> CandidateSpec:
+    """The spec of vendor path ``name`` (one of `BUILTIN_TEMPLATES`), a candidate like any other."""
+    if name not in BUILTIN_TEMPLATES:
+        raise ValueError(f"Unknown vendor kernel {name!r}; expected one of {BUILTIN_TEMPLATES}.")
+    return CandidateSpec(source="", backend="builtin", template=name)
 
 
 def as_spec(candidate) -> CandidateSpec:

@@ -48,8 +48,8 @@ def compile_candidate(candidate, backend: str = "auto", *, matrix=None, dtype: s
                              backend=exec_backend, failure_class=failure_class,
                              violations=list(violations))
 
-    if spec.is_builtin_dense:
-        return result(True, "builtin dense (torch.matmul -> cuBLAS): nothing to compile")
+    if spec.is_builtin:
+        return result(True, f"vendor path {spec.template} (library code run by the harness): nothing to compile")
     static = check_source(spec.source)
     if not static.ok:
         return result(False, "static checks failed:\n" + "\n".join(static.violations),

@@ -35,18 +35,12 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-class BuiltinDense:
-    """The trusted cuBLAS floor: ``torch.matmul`` on the densified A (never a candidate source)."""
+def is_trusted(module) -> bool:
+    """A vendor kernel of the harness (dense cuBLAS, cuSPARSE, ...), not a candidate module: it runs
+    without the gate and the tracers (it *is* the library calls they refuse in candidates)."""
+    from .vendor_kernels import VENDOR_KERNELS
 
-    @staticmethod
-    def prepare(A, dtype, device) -> dict:
-        return {"dense": A.to_torch(dtype=dtype, device=device, layout="dense")}
-
-    @staticmethod
-    def spmm(packed, B, out) -> None:
-        import torch
-
-        torch.matmul(packed["dense"], B, out=out)
+    return any(module is k for k in VENDOR_KERNELS.values())
 
 
 def classify_exception(exc: BaseException, phase: str) -> tuple[str, str]:
@@ -172,8 +166,10 @@ def load_candidate(spec, wctx):
     """The candidate's entry points (or the builtin dense shim); import failures become
     CandidateFailure. Looking the functions up happens inside the gate as well: a module can
     swap its own class for one whose attribute access runs code."""
-    if spec.is_builtin_dense:
-        return BuiltinDense
+    if spec.is_builtin:
+        from .vendor_kernels import vendor_kernel
+
+        return vendor_kernel(spec.template)
     from types import SimpleNamespace
 
     from .source_loader import import_path, write_source
@@ -201,8 +197,11 @@ def call_prepare(module, matrix, dtype: str, device: str, wctx) -> dict:
         synchronize(device)
         return packed
 
-    if module is BuiltinDense:
-        packed = prepare()
+    if is_trusted(module):
+        try:
+            packed = prepare()
+        except Exception as exc:   # VendorUnavailable (e.g. sm80+ only) or the library refusing this matrix
+            raise failure_from_exception(exc, "prepare") from None
     else:
         packed = run_candidate(wctx, "prepare", prepare)
     if type(packed) is not dict:
@@ -234,7 +233,7 @@ def call_spmm(module, packed: dict, B, out, device: str, wctx, *, source: str | 
         module.spmm(packed, B, out)
         synchronize(device)
 
-    if module is BuiltinDense:
+    if is_trusted(module):
         try:
             spmm()
         except BaseException as exc:

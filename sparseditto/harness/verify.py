@@ -103,7 +103,7 @@ def run_and_verify(candidate, matrix, *, n_values=(1, 7, 16), dtype: str = "floa
     start = time.perf_counter()
     common = dict(backend=exec_backend, gpu_timings=exec_backend == "cuda", seed=seed)
     ns = verification_ns(n_values, exec_backend) if extra_ns else n_values
-    if check_static and not spec.is_builtin_dense:
+    if check_static and not spec.is_builtin:
         static = check_source(spec.source)
         if not static.ok:
             return VerifyResult(
