@@ -23,6 +23,7 @@ from langgraph.types import Command
 from sparseditto.agents.kit import (decision, emit, memory_gpu_key, record_step, run_hook, run_memory,
                                     start_memory_run)
 from sparseditto.agents.state import Context, State, effective_context
+from sparseditto.harness.vendor_kernels import is_vendor_kernel
 
 NEIGHBOURS = 3
 
@@ -37,8 +38,11 @@ def normalize_exact(hit: dict) -> dict:
         "median_ms": timings.get("median_ms"), "speedup_vs_dense": hit.get("best_speedup_vs_dense"),
         "gpu": hit.get("gpu"), "created": hit.get("created"),
     }
-    if best_template == "dense":
-        out.update(template="dense", params={}, source=None,
+    if hit.get("origin") == "vendor":   # the run's answer was a vendor path: reused like dense, rebuilt
+        out.update(params={}, source=None, source_hash=None,
+                   reason=f"the vendor path {hit.get('template')} was the fastest verified kernel of that run")
+    elif best_template == "dense":
+        out.update(template="dense", params={}, source=None, origin="vendor",
                    reason=f"dense won that run (fastest sparse was {hit.get('template')})")
     return out
 
@@ -64,14 +68,14 @@ def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[di
     out = []
     for h in near:
         hit = normalize_neighbour(h)
-        if hit["template"] in (None, "dense"):
-            # Dense won there (often just launch-bound at that size); its fastest verified sparse
-            # kernel is still the best-informed place to start the sparse search here.
+        if hit["template"] is None or is_vendor_kernel(hit["template"]):
+            # Dense or a vendor library won there (often just launch-bound at that size); its fastest
+            # verified generated kernel is still the best-informed place to start the search here.
             fastest = _fastest_sparse(mem, h["run_id"])
             if fastest is None:
                 continue
             hit.update(template=fastest["template"], params=fastest.get("params") or {},
-                       note="dense won that run; this was its best verified sparse kernel")
+                       note=f"{h.get('best_template') or 'dense'} won that run; this was its best verified generated kernel")
         out.append(hit)
     return out
 
@@ -83,7 +87,7 @@ def _fastest_sparse(mem, run_id: str) -> dict | None:
         cands = mem.get_run(run_id)["candidates"]
     except Exception:
         return None
-    verified = [c for c in cands if c.get("status") == "verified"]
+    verified = [c for c in cands if c.get("status") == "verified" and c.get("origin") != "vendor"]
 
     def key(c: dict) -> float:
         t = c.get("timings") or {}
@@ -123,7 +127,7 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
             emit("analyzer", f"memory unavailable: {exc}")
         update["memory_hits"] = hits
         exact = next((h for h in hits if h["kind"] == "exact"), None)
-        if exact is not None and exact["template"] != "dense":
+        if exact is not None and exact.get("origin") != "vendor" and exact["template"] != "dense":
             spec = {"template": exact["template"], "params": exact["params"], "source": exact["source"],
                     "origin": "memory", "expected_ms": exact.get("median_ms"), "pinned": True,
                     "rationale": (f"memory exact hit (run {str(exact['run_id'])[:8]}): re-verify the stored "
@@ -133,7 +137,8 @@ def analyzer(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
                                       template=exact["template"], params=exact["params"]))
         elif exact is not None:
             decisions.append(decision("analyzer", "memory_exact_hit",
-                                      f"memory exact hit: dense was best for this pattern ({exact.get('reason')})"))
+                                      f"memory exact hit: {exact['template']} was best for this pattern "
+                                      f"({exact.get('reason')}); finalize measures the vendor paths again"))
         elif hits:
             h = hits[0]
             decisions.append(decision(

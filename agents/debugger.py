@@ -22,17 +22,9 @@ from langgraph.types import Command
 from sparseditto.agents.kit import ask_policy, decision, emit, record_step, remember_candidate, run_hook
 from sparseditto.agents.policy import FailureReport
 from sparseditto.agents.records import build_record, candidate_of
-from sparseditto.agents.state import Context, State, effective_context, resolved_backend
+from sparseditto.agents.state import Context, State, effective_context, resolved_backend, verify_n_values
 
 LOG_TAIL = 4000
-
-
-def verify_n_values(ctx: Context) -> list[int]:
-    """The requested N values plus an odd one (exercises masks and tails), sorted and unique."""
-    values = sorted({int(n) for n in ctx.n_values})
-    if not any(v % 2 for v in values):
-        values.append(5 if max(values) > 5 else max(values) + 1)
-    return sorted(set(values))
 
 
 def check_candidate(candidate, matrix, ctx: Context) -> dict:

@@ -246,9 +246,9 @@ class ExpertPolicy:
     def _exact_hit(self, exact: dict, inp: PlanningInput, tried: set) -> PlanDecision | None:
         template = exact.get("template") or "dense"
         params = exact.get("params") or {}
-        if template == "dense":
+        if template == "dense" or exact.get("origin") == "vendor":
             return self._stop(
-                f"memory exact hit (run {exact.get('run_id', '?')}): dense was best for this pattern, "
+                f"memory exact hit (run {exact.get('run_id', '?')}): {template} was best for this pattern, "
                 f"{exact.get('reason') or 'no sparse kernel beat it'}", inp)
         key = params_key(template, params)
         if key not in tried:

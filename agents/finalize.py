@@ -1,11 +1,14 @@
 """Finalize node: what the answer is, how it was chosen, and how much faster it is.
 
-It picks the answer honestly: the fastest verified candidate only if it beats dense measured in
-the same benchmark run, and again in an independent re-timing (on the Triton interpreter, where
-timings are CPU timings, the roofline cost model on the target decides and the result says so);
-else dense with the reason. The verdict
-carries the speedups too (measured on a GPU, estimated by the cost model on the interpreter), so
-`Result` only reads them. With ``approve`` a human accepts or rejects the kernel first.
+It measures the vendor paths as candidates (agents/vendors.py: dense cuBLAS, cuSPARSE via torch and
+CuPy, cuSPARSELt 2:4, torch's Triton BSR, each verified and timed like a generated kernel), then
+applies the selection rule (agents/selection.py): the fastest verified kernel wins, vendor paths
+included; a generated kernel replaces the fastest vendor path only if it beats it by
+MEASURED_MARGIN in its run and again in an independent re-timing of both. On the Triton
+interpreter the roofline cost model ranks generated kernels against dense's estimate, and the
+result says so. The verdict carries the speedups (against dense and every vendor path) and the
+comparison with the best vendor path, so `Result` only reads them. With ``approve`` a human
+accepts or rejects a generated kernel first.
 """
 from __future__ import annotations
 
@@ -16,102 +19,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from sparseditto.agents.costing import dense_estimate_ms
-from sparseditto.agents.kit import (bench_dense, decision, emit, finish_memory_run, forget_run, plan_target,
-                                    record_step, retime_speedup, run_hook)
-from sparseditto.agents.state import Context, State, effective_context, resolved_backend
-
-# A sparse kernel replaces dense only with a margin: a 1% "win" is timing noise (measured) or
-# model error (cost model), and dense is the safer kernel to ship.
-MEASURED_MARGIN = 1.02     # measured speedup over dense in the same run must exceed this
-MODEL_MARGIN = 0.95        # cost-model estimate must be below this fraction of dense's
-
-
-def choose_best(state: dict, ctx: Context) -> dict:
-    """The answer: the best verified candidate if it beats dense, else dense, with the reason."""
-    gpu = resolved_backend(ctx) == "cuda"
-    verified = [c for c in state.get("candidates") or [] if c.get("status") == "verified"]
-    if not verified:
-        failed = [c for c in state.get("candidates") or []]
-        why = ("no candidate was tried" if not failed else
-               f"none of {len(failed)} candidate attempt(s) verified "
-               f"({', '.join(sorted({c.get('failure_class') or c.get('status') for c in failed}))})")
-        stop = state.get("stop_reason")
-        if stop and not failed:
-            why = stop
-        return {"template": "dense", "selection": "no_candidate", "reason": f"dense is best: {why}", "record": None}
-    if gpu:
-        best = min(verified, key=lambda c: c.get("median_ms") or float("inf"))
-        speed = best.get("speedup_vs_dense")
-        if speed is not None and speed > MEASURED_MARGIN:
-            return {"template": best["template"], "selection": "measured", "record": best,
-                    "reason": f"{best['template']} beat dense {speed:.2f}x in the same benchmark run "
-                              f"({best['median_ms'] * 1e3:.1f} us vs {best['dense_ms'] * 1e3:.1f} us)"}
-        return {"template": "dense", "selection": "measured", "record": None,
-                "reason": (f"dense is best: the fastest verified candidate {best['template']} ran at "
-                           f"{best['median_ms'] * 1e3:.1f} us vs dense {(best.get('dense_ms') or float('nan')) * 1e3:.1f} us "
-                           f"in the same run (a kernel must beat dense by {MEASURED_MARGIN - 1:.0%})")}
-    # Interpreter: CPU timings say nothing about the GPU; rank verified kernels by the cost model.
-    target, _ = plan_target(ctx)
-    dense_est = dense_estimate_ms(state, ctx)
-    with_est = [c for c in verified if c.get("expected_ms") is not None]
-    if not with_est:
-        return {"template": "dense", "selection": "cost_model", "record": None,
-                "reason": "dense is best: no verified candidate has a cost-model estimate, and interpreter "
-                          "timings cannot rank kernels for a GPU"}
-    best = min(with_est, key=lambda c: c["expected_ms"])
-    if dense_est is not None and best["expected_ms"] < dense_est * MODEL_MARGIN:
-        return {"template": best["template"], "selection": "cost_model", "record": best,
-                "reason": (f"{best['template']} verified; chosen by the roofline cost model on {target.name} "
-                           f"({best['expected_ms'] * 1e3:.1f} us vs dense {dense_est * 1e3:.1f} us estimated) because "
-                           "interpreter timings are CPU timings, not GPU timings")}
-    return {"template": "dense", "selection": "cost_model", "record": None,
-            "reason": (f"dense is best: the best verified candidate {best['template']} is estimated at "
-                       f"{best['expected_ms'] * 1e3:.1f} us vs dense {dense_est * 1e3:.1f} us on {target.name} "
-                       f"(needs {1 - MODEL_MARGIN:.0%} better; interpreter timings cannot rank GPU kernels)")}
-
-
-def confirmed(verdict: dict, retimed: float | None, error: str | None = None) -> dict:
-    """The measured verdict after the winner's independent re-timing: the kernel stays the answer
-    only if both measured speedups clear MEASURED_MARGIN, and the lower one is what it reports."""
-    rec = verdict["record"]
-    first = float(rec["speedup_vs_dense"])
-    name = verdict["template"]
-    if error is not None or retimed is None:
-        return {"template": "dense", "selection": "measured", "record": None,
-                "reason": f"dense is best: {name} beat dense {first:.2f}x but failed when re-timed ({error})"}
-    low = min(first, float(retimed))
-    if low > MEASURED_MARGIN:
-        return {**verdict, "record": {**rec, "speedup_vs_dense": low},
-                "reason": (f"{name} beat dense {first:.2f}x in its benchmark run and {retimed:.2f}x in an independent "
-                           f"re-timing ({rec['median_ms'] * 1e3:.1f} us vs {rec['dense_ms'] * 1e3:.1f} us in the first; "
-                           f"the lower speedup is reported)")}
-    return {"template": "dense", "selection": "measured", "record": None,
-            "reason": (f"dense is best: {name} beat dense {first:.2f}x in its benchmark run but {retimed:.2f}x when "
-                       f"re-timed (a kernel must beat dense by {MEASURED_MARGIN - 1:.0%} in both)")}
-
-
-def speedups(state: dict, ctx: Context, rec: dict | None) -> tuple[dict[str, float], bool]:
-    """(speedups of the answer, whether they are cost-model estimates). On a GPU: measured against
-    dense and against each vendor library timed in the same run; on the interpreter: the roofline
-    estimate against dense's (CPU timings are no speedups)."""
-    gpu = resolved_backend(ctx) == "cuda"
-    if rec is None:
-        return ({"dense": 1.0} if gpu and state.get("dense") else {}), not gpu
-    if gpu:
-        out = {}
-        if rec.get("speedup_vs_dense"):
-            out["dense"] = float(rec["speedup_vs_dense"])
-        # vendor libraries are timed with eager launches, so they are compared with the
-        # candidate's eager time (like for like; the graph-launched ratio would flatter us)
-        own = rec.get("eager_ms") or rec.get("median_ms")
-        for name, ms in (rec.get("baselines") or {}).items():
-            if ms and own and name != "cublas_dense":
-                out[name] = float(ms) / float(own)
-        return out, False
-    dense_est = dense_estimate_ms(state, ctx)
-    if dense_est and rec.get("expected_ms"):
-        return {"dense": dense_est / rec["expected_ms"]}, True
-    return {}, True
+from sparseditto.agents.kit import decision, emit, finish_memory_run, forget_run, record_step, retime_speedup, run_hook
+from sparseditto.agents.selection import (choose_best, confirmed, is_vendor, needs_retiming, rejected, speedups,
+                                          vendor_comparison, verified_records)
+from sparseditto.agents.state import Context, State, effective_context
+from sparseditto.agents.vendors import has_vendor_records, measure_vendor_paths
 
 
 def _approved(answer) -> bool:
@@ -121,26 +33,33 @@ def _approved(answer) -> bool:
 
 
 def finalize(state: State, runtime: Runtime[Context]) -> Command[Literal["__end__"]]:
-    """Measure dense if nothing did, choose the answer, optionally ask a human, close the run."""
+    """Measure the vendor paths, choose the answer, optionally ask a human, close the run. (On a
+    resume after the approval interrupt the node runs again, measurements included: LangGraph
+    re-executes an interrupted node from its start.)"""
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "finalize", state)
     update: dict[str, Any] = {}
-    if not state.get("dense") and state.get("matrix_key"):
+    if state.get("matrix_key") and not has_vendor_records(state):
         try:
-            dense = bench_dense(state, ctx)
-        except Exception as exc:
-            emit("finalize", f"dense timing failed: {exc}")
+            measured = measure_vendor_paths(state, ctx, dense_estimate_ms(state, ctx) if state.get("report") else None)
+        except Exception as exc:   # a harness failure costs the vendor candidates, never the answer
+            emit("finalize", f"vendor paths could not be measured: {type(exc).__name__}: {exc}")
         else:
-            update["dense"] = dense
-            state = {**state, "dense": dense}
+            update.update({k: v for k, v in measured.items() if k != "candidates"})
+            update["candidates"] = measured["candidates"]
+            state = {**state, **{k: v for k, v in measured.items() if k not in ("candidates", "decisions")},
+                     "candidates": list(state.get("candidates") or []) + measured["candidates"]}
     verdict = choose_best(state, ctx)
-    if verdict["selection"] == "measured" and verdict["record"] is not None:
-        emit("finalize", f"re-timing {verdict['template']} against dense before choosing it")
+    if needs_retiming(verdict):
+        against = verdict.get("against")
+        emit("finalize", f"re-timing {verdict['template']} against {against['template'] if against else 'dense'} "
+                         "before choosing it")
+        _, vendors = verified_records(state)
         try:
-            verdict = confirmed(verdict, retime_speedup(state, ctx, verdict["record"]))
+            verdict = confirmed(verdict, vendors, retime_speedup(state, ctx, verdict["record"], against))
         except Exception as exc:  # the kernel failed while re-timed: it is not shipped
-            verdict = confirmed(verdict, None, f"{type(exc).__name__}: {exc}"[:300])
-    if ctx.approve and verdict["record"] is not None:
+            verdict = confirmed(verdict, vendors, None, f"{type(exc).__name__}: {exc}"[:300])
+    if ctx.approve and verdict["record"] is not None and not is_vendor(verdict["record"]):
         answer = interrupt({
             "question": f"Accept {verdict['template']} as the kernel for this matrix? (true / false)",
             "chosen": {k: verdict["record"].get(k) for k in ("template", "params", "median_ms", "speedup_vs_dense",
@@ -148,15 +67,16 @@ def finalize(state: State, runtime: Runtime[Context]) -> Command[Literal["__end_
             "reason": verdict["reason"],
         })
         if not _approved(answer):
-            verdict = {"template": "dense", "selection": "rejected", "record": None,
-                       "reason": f"dense is best: the reviewer rejected {verdict['template']} ({answer!r})"}
+            verdict = rejected(state, verdict, f"the reviewer rejected {verdict['template']} ({answer!r})")
     d = decision("finalize", "choose", verdict["reason"], template=verdict["template"])
     emit("finalize", verdict["reason"])
     record_step(ctx, state, "finalize", "outcome", d)
-    gains, estimated = speedups(state, ctx, verdict["record"])
+    gains, estimated = speedups(state, ctx, verdict)
     final = {"template": verdict["template"], "selection": verdict["selection"], "reason": verdict["reason"],
-             "candidate": verdict["record"], "speedups": gains, "speedups_are_estimates": estimated}
+             "candidate": verdict["record"], "speedups": gains, "speedups_are_estimates": estimated,
+             **vendor_comparison(state, verdict)}
     finish_memory_run(ctx, state, final)
     forget_run(state.get("run_id", ""))
-    update.update(final=final, best=verdict["record"], done=True, decisions=[d], current=None)
+    update.update(final=final, best=verdict["record"], done=True, decisions=update.get("decisions", []) + [d],
+                  current=None)
     return Command(goto=END, update=update)

@@ -8,8 +8,8 @@
 * the target a plan is for and the GPU that measures;
 * the trajectory memory, written only from here during a run: the run's start and end, its steps,
   and each candidate record;
-* dense's timing (the profiler's benchmarks measure it beside every candidate; finalize times it
-  alone when nothing did).
+* timings: the record fields of a benchmark (`timing_fields`, one basis for generated kernels and
+  vendor paths), dense's record, and the winner's independent re-timing (`retime_speedup`).
 """
 from __future__ import annotations
 
@@ -368,27 +368,60 @@ def kernel_timings(res, gpu: bool) -> tuple[float, float, str]:
     return res.candidate.median_ms, res.dense.median_ms, "eager"
 
 
-def retime_speedup(state: dict, ctx: Context, record: dict) -> float:
-    """Speedup over dense of a kernel about to be shipped, from an independent re-timing (a fresh
-    benchmark run with dense beside it, and the re-verification after timing).
+def timing_fields(res) -> dict:
+    """The measured fields of a `CandidateRecord` from a `BenchResult`: the same for a generated
+    kernel (profiler) and a vendor path (agents/vendors.py), so both are ranked on one basis. GPU
+    speedups only from GPU timings; interpreter ratios are kept apart as CPU ratios."""
+    gpu = res.timings_are_gpu
+    median_ms, dense_ms, basis = kernel_timings(res, gpu)
+    return dict(
+        median_ms=median_ms, timing_basis=basis, eager_ms=res.candidate.median_ms, p10_ms=res.candidate.p10_ms,
+        p90_ms=res.candidate.p90_ms, graph_ms=res.candidate_graph.median_ms if res.candidate_graph else None,
+        dense_ms=dense_ms, dense_eager_ms=res.dense.median_ms, conversion_ms=res.conversion_ms,
+        speedup_vs_dense=dense_ms / median_ms if gpu and median_ms > 0 else None,
+        speedup_vs_dense_eager=res.speedup_vs_dense if gpu else None,
+        cpu_speedup_vs_dense=None if gpu else res.speedup_vs_dense,
+        timings_are_gpu=gpu, gpu_name=res.gpu_name, n=res.n, notes=list(res.notes))
+
+
+def _bench_for_retime(state: dict, ctx: Context, spec) -> tuple[float, float, str, float]:
+    """(ms, dense ms, basis, eager ms) of one fresh benchmark run of ``spec``, re-verified after it."""
+    from sparseditto import harness
+    from sparseditto.artifacts import get_matrix
+
+    res = harness.bench(spec, get_matrix(state["matrix_key"]), n=main_n(ctx), dtype=ctx.dtype,
+                        backend=resolved_backend(ctx), repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx),
+                        baselines=False)
+    if not res.reverified:
+        raise RuntimeError(f"re-verification after the re-timing of {spec.template} failed: {res.reverify_message}")
+    median_ms, dense_ms, basis = kernel_timings(res, res.timings_are_gpu)
+    return median_ms, dense_ms, basis, res.candidate.median_ms
+
+
+def retime_speedup(state: dict, ctx: Context, record: dict, against: dict | None = None) -> tuple[float, float]:
+    """(speedup over ``against``, speedup over dense) of a kernel about to be shipped, from an
+    independent re-timing: a fresh benchmark run of it (dense beside it, re-verified after timing)
+    and, when the competitor is a vendor path other than dense, a fresh run of that path by the
+    same method in the same worker. ``against`` None or dense: both numbers are the dense ratio.
 
     Why: one benchmark's median is not always the kernel's time. On the H200 (2026-12-01) the same
     csr_rowsplit instance measured 23.3 us in its run and 39-42 us in three re-timings, and tc_dense
     16.9 us in one run and 40.6 us in another, while dense cuBLAS stayed at 18.4-19.7 us; run_graph
-    shipped both once, at 0.46x and 0.90x of dense. Raises when the kernel fails while re-timed."""
-    from sparseditto import harness
+    shipped both once, at 0.46x and 0.90x of dense. Raises when either kernel fails while re-timed."""
     from sparseditto.agents.records import make_candidate
-    from sparseditto.artifacts import get_matrix
+    from sparseditto.harness import vendor_spec
 
     spec = {"template": record["template"], "params": record.get("params") or {}}
-    cand = make_candidate(spec, record["source"], record.get("origin") or "template")
-    res = harness.bench(cand, get_matrix(state["matrix_key"]), n=main_n(ctx), dtype=ctx.dtype,
-                        backend=resolved_backend(ctx), repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx),
-                        baselines=False)
-    if not res.reverified:
-        raise RuntimeError(f"re-verification after the re-timing failed: {res.reverify_message}")
-    median_ms, dense_ms, _ = kernel_timings(res, res.timings_are_gpu)
-    return dense_ms / median_ms
+    ours, dense_ms, ours_basis, ours_eager = _bench_for_retime(
+        state, ctx, make_candidate(spec, record["source"], record.get("origin") or "template"))
+    vs_dense = dense_ms / ours
+    if against is None or against.get("template") == "dense":
+        return vs_dense, vs_dense
+    theirs, _, their_basis, theirs_eager = _bench_for_retime(state, ctx, vendor_spec(against["template"]))
+    if ours_basis != their_basis:   # one has no graph timing: compare eager with eager
+        ours, theirs = ours_eager, theirs_eager
+    return theirs / ours, vs_dense
+
 
 def dense_record(res) -> dict:
     """Dense cuBLAS timing from a `BenchResult`; ``median_ms`` is the graph-launched time when there
@@ -398,16 +431,3 @@ def dense_record(res) -> dict:
     main = graph if (graph and res.timings_are_gpu and res.candidate_graph is not None) else eager
     return {**main, "n": res.n, "gpu_name": res.gpu_name, "timings_are_gpu": res.timings_are_gpu,
             "graph": graph, "eager": eager}
-
-
-def bench_dense(state: dict, ctx: Context) -> dict:
-    """Time dense alone through the harness's builtin dense entry (when no candidate ran)."""
-    from sparseditto import harness
-    from sparseditto.artifacts import get_matrix
-    from sparseditto.kernel_templates.registry import get_template
-
-    matrix = get_matrix(state["matrix_key"])
-    cand = get_template("dense").instantiate({})
-    res = harness.bench(cand, matrix, n=main_n(ctx), dtype=ctx.dtype, backend=resolved_backend(ctx),
-                        repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx), baselines=False)
-    return dense_record(res)

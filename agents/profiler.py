@@ -17,7 +17,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 
 from sparseditto.agents.costing import roofline_for
-from sparseditto.agents.kit import decision, dense_record, emit, kernel_timings, record_step, remember_candidate, run_hook
+from sparseditto.agents.kit import decision, dense_record, emit, record_step, remember_candidate, run_hook, timing_fields
 from sparseditto.agents.records import build_record, candidate_of
 from sparseditto.agents.state import (Context, State, effective_context, main_n, resolved_backend, resolved_repeats,
                                       resolved_warmup)
@@ -117,30 +117,25 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
         return Command(goto="planner", update={"candidates": [record.model_dump(mode="json")], "current": None,
                                                "decisions": [d]})
 
+    gpu = res.timings_are_gpu   # the benchmark says what its timings are; they rank only as that
     # An LLM's kernel packs A its own way: it is costed with the bytes its prepare() returned.
     measured_bytes = res.packed_bytes if current.get("origin") == "llm" else None
     est = roofline_for(state, ctx, spec["template"], spec.get("params") or {}, a_bytes=measured_bytes)
-    median_ms, dense_ms, basis = kernel_timings(res, gpu)
+    timed = timing_fields(res)
+    median_ms, dense_ms, basis = timed["median_ms"], timed["dense_ms"], timed["timing_basis"]
     pct = 100.0 * est["measured_ms"] / median_ms if (gpu and est and median_ms > 0) else None
     best = state.get("best")
     metrics, ncu_note = _ncu(ctx, candidate, matrix, n, best is None or median_ms < (best.get("median_ms") or float("inf")))
     summary = bottleneck_summary(median_ms, gpu, est, pct, metrics, res.gpu_name, (state.get("report") or {}).get("nnz"))
     record = build_record(
-        current, "verified", median_ms=median_ms, timing_basis=basis, eager_ms=res.candidate.median_ms,
-        p10_ms=res.candidate.p10_ms, p90_ms=res.candidate.p90_ms,
-        graph_ms=res.candidate_graph.median_ms if res.candidate_graph else None,
-        dense_ms=dense_ms, dense_eager_ms=res.dense.median_ms, conversion_ms=res.conversion_ms,
-        speedup_vs_dense=dense_ms / median_ms if gpu and median_ms > 0 else None,
-        speedup_vs_dense_eager=res.speedup_vs_dense if gpu else None,
-        cpu_speedup_vs_dense=None if gpu else res.speedup_vs_dense,
+        current, "verified", **timed,
         speedup_vs_best_baseline=res.speedup_vs_best_baseline if gpu else None, best_baseline=res.best_baseline,
         baselines={b.name: (b.timing.median_ms if b.ok and b.timing else None) for b in res.baselines},
         baseline_notes={b.name: (b.error or b.note) for b in res.baselines if not b.ok or b.note},
         expected_ms=est["estimate_ms"] if est else spec.get("expected_ms"),
         pct_of_roofline=pct, bottleneck=summary, metrics=metrics, ncu_note=ncu_note,
         a_bytes=est.get("a_bytes") if est else None, a_bytes_measured=est.get("a_bytes_measured") if est else None,
-        roofline_ms=est["measured_ms"] if est else None,
-        timings_are_gpu=res.timings_are_gpu, gpu_name=res.gpu_name, n=n, notes=list(res.notes))
+        roofline_ms=est["measured_ms"] if est else None)
     record.memory_candidate_id = remember_candidate(ctx, state, record, "profiler")
     improved = best is None or _better(record.model_dump(), best, gpu)
     if gpu:

@@ -30,7 +30,8 @@ class CandidateRecord(BaseModel):
     attempt: int = 1
     template: str
     params: dict[str, Any] = Field(default_factory=dict)
-    origin: str | None = None            # template | memory | llm
+    origin: str | None = None            # template | memory | llm | vendor (a library path: dense cuBLAS, cuSPARSE, ...)
+    vendor: str | None = None            # origin "vendor": the library, in words ("cuSPARSE CSR SpMM via torch.sparse")
     rationale: str = ""
     source: str | None = None
     source_hash: str | None = None
@@ -83,7 +84,7 @@ def build_record(current: dict, status: str, **outcome: Any) -> CandidateRecord:
     node found out (``status`` and any `CandidateRecord` field)."""
     spec = current["spec"]
     fields: dict[str, Any] = dict(
-        index=current.get("index"), attempt=current.get("attempt", 1), template=spec["template"],
+        index=current.get("index"), attempt=current.get("attempt", 1), template=spec["template"], vendor=spec.get("vendor"),
         params=spec.get("params") or {}, origin=current.get("origin") or spec.get("origin"),
         rationale=spec.get("rationale", ""), source=current.get("source"), source_hash=current.get("source_hash"),
         backend=current.get("backend"), expected_ms=spec.get("expected_ms"), verify=current.get("verify"))

@@ -307,3 +307,11 @@ def resolved_warmup(ctx: Context) -> int:
 def main_n(ctx: Context) -> int:
     """The N that benchmarks and cost estimates use: the first of the requested N values."""
     return int(ctx.n_values[0])
+
+
+def verify_n_values(ctx: Context) -> list[int]:
+    """The requested N values plus an odd one (exercises masks and tails), sorted and unique."""
+    values = sorted({int(n) for n in ctx.n_values})
+    if not any(v % 2 for v in values):
+        values.append(5 if max(values) > 5 else max(values) + 1)
+    return sorted(set(values))

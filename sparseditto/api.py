@@ -39,12 +39,13 @@ from sparseditto.matrix import SparseMatrix
 class BestKernel(BaseModel):
     """The answer: a verified candidate, or dense, with how and why it was chosen."""
 
-    template: str                        # 'dense' when nothing beat dense
+    template: str                        # 'dense' when nothing beat dense; a vendor path's name when it won
     params: dict[str, Any] = Field(default_factory=dict)
-    source: str | None = None
+    source: str | None = None            # None for dense and the vendor paths (library code, rebuilt from A)
     source_hash: str | None = None
     backend: str | None = None
-    origin: str | None = None
+    origin: str | None = None            # template | memory | llm | vendor
+    vendor: str | None = None            # origin "vendor": the library, in words
     selection: str = "measured"          # measured | cost_model | no_candidate | rejected
     reason: str = ""
     median_ms: float | None = None
@@ -76,6 +77,10 @@ class Result(BaseModel):
     dense: dict[str, Any] | None = None
     speedups: dict[str, float] = Field(default_factory=dict)
     speedups_are_estimates: bool = False
+    best_vendor: str | None = None                   # the fastest verified vendor path (measured runs)
+    speedup_vs_best_vendor: float | None = None      # the answer against it (1.0 when it is the answer)
+    best_generated: str | None = None                # our fastest verified generated kernel
+    vendor_lead: float | None = None                 # a vendor answer: how many times faster than best_generated
     memory_hits: list[dict[str, Any]] = Field(default_factory=list)
     decisions: list[dict[str, Any]] = Field(default_factory=list)
     token_usage: RunTokenUsage = Field(default_factory=RunTokenUsage)   # LLM tokens: totals + by_role
@@ -122,6 +127,9 @@ class Result(BaseModel):
             run = str(exact.get("run_id") or "")[:8]
             if exact.get("template") in (None, "dense"):
                 return f"exact hit: run {run} found dense best for this pattern"
+            if exact.get("origin") == "vendor":
+                return (f"exact hit: run {run} found the vendor path {exact['template']} best for this pattern; "
+                        "the vendor paths were measured again")
             reused = any(c.origin == "memory" and c.status == "verified" for c in self.candidates)
             return (f"exact hit: run {run} had verified {exact['template']} for this pattern; "
                     + ("re-verified and reused" if reused else "its kernel failed re-verification, so it searched"))
@@ -141,10 +149,16 @@ class Result(BaseModel):
         if b.template == "dense":
             lines.append(b.reason if b.reason.startswith("dense is best") else f"dense is best: {b.reason}")
         else:
-            lines.append(f"best: {b.template} {_fmt_params(b.params)} ({b.origin or 'template'}) - {b.reason}")
+            if b.origin == "vendor":
+                lines.append(self.vendor_line())
+            lines.append(f"{'why' if b.origin == 'vendor' else 'best'}: "
+                         + (b.reason if b.origin == "vendor" else
+                            f"{b.template} {_fmt_params(b.params)} ({b.origin or 'template'}) - {b.reason}"))
             if self.speedups:
                 label = "estimated speedup (roofline model)" if self.speedups_are_estimates else "speedup"
                 lines.append(f"{label}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in self.speedups.items()))
+            if self.best_vendor and self.speedup_vs_best_vendor and b.origin != "vendor":
+                lines.append(f"against the best vendor path ({self.best_vendor}): {self.speedup_vs_best_vendor:.2f}x")
             if b.bottleneck and self.timings_are_gpu:   # on the interpreter it only repeats "not a GPU timing"
                 lines.append(f"profile: {b.bottleneck}")
         lines.append(f"candidates: {self.candidate_counts() or 'none'}; policy: {self.policy_label}; "
@@ -166,6 +180,15 @@ class Result(BaseModel):
         if self.events:
             lines.append(f"events: {len(self.events)} (e.g. {self.events[0].get('event') or self.events[0]})")
         return "\n".join(lines)
+
+    def vendor_line(self) -> str:
+        """The plain statement of a vendor answer: which library, and by how much it beat ours."""
+        b = self.best
+        what = f"{b.template} ({b.vendor})" if b.vendor else b.template
+        if self.vendor_lead and self.best_generated:
+            return (f"best: the vendor library {what}: it beat our best generated kernel {self.best_generated} "
+                    f"{self.vendor_lead:.2f}x, so result.kernel runs the library")
+        return f"best: the vendor library {what} (no generated kernel verified), so result.kernel runs the library"
 
     def candidate_counts(self) -> str:
         """'2 verified, 1 wrong_result': each attempt by its outcome."""
@@ -198,6 +221,10 @@ class SpMMKernel:
     use in the sandbox (``verify_new_n=True``, the default; a failure is a clear ValueError) or
     refused. B must be a 2-D floating-point tensor with A's column count; the dense answer
     (``template == 'dense'``) refuses integer B instead of computing in a silently wrong dtype.
+
+    ``source`` None: a vendor path (``template`` names it: dense cuBLAS, cusparse_csr_torch, ...),
+    rebuilt from ``matrix`` by the harness's vendor kernel, with the same prepare-once / apply-per-call
+    contract; a vendor path other than dense runs only at the dtype and N it was verified for.
     """
 
     def __init__(self, matrix: SparseMatrix, source: str | None, template: str = "dense", *,
@@ -219,7 +246,16 @@ class SpMMKernel:
         return (f"SpMMKernel({self.template}, A={self.matrix.shape}, nnz={self.matrix.nnz}, "
                 f"verified N={sorted(self.verified_ns)}, dtype={self.verified_dtype})")
 
+    @property
+    def checked(self) -> bool:
+        """Whether calls are held to the verified N values and dtype (all but the dense answer)."""
+        return self.source is not None or self.template != "dense"
+
     def _load(self):
+        if self._module is None and self.source is None:
+            from sparseditto.harness.vendor_kernels import vendor_kernel
+
+            self._module = vendor_kernel(self.template)   # ValueError for an unknown vendor path
         if self._module is None:
             # The harness's loader: a content-addressed file (Triton needs real source files).
             from sparseditto.harness.source_loader import load_module
@@ -251,7 +287,7 @@ class SpMMKernel:
             raise ValueError(f"B has dtype {B.dtype}; the kernel computes in floating point "
                              f"({', '.join(KERNEL_DTYPES)}): convert B first (an integer product would "
                              f"silently overflow or truncate).")
-        if self.source is not None:
+        if self.checked:
             if self.verified_dtype is not None and name != self.verified_dtype:
                 raise ValueError(f"This kernel was verified for {self.verified_dtype} inputs, got B in {name}; "
                                  f"pass B.to(torch.{self.verified_dtype}) or run run_graph with dtype={name!r}.")
@@ -259,7 +295,7 @@ class SpMMKernel:
                 raise ValueError("B is on the 'meta' device and has no values.")
 
     def _ensure_verified(self, n: int, device) -> None:
-        if self.source is None or not self.verified_ns or n in self.verified_ns:
+        if not self.checked or not self.verified_ns or n in self.verified_ns:
             return
         if not self.verify_new_n:
             raise ValueError(f"This kernel was verified for N in {sorted(self.verified_ns)}, not N={n}; "
@@ -267,7 +303,8 @@ class SpMMKernel:
         from sparseditto import harness
 
         backend = "cuda" if getattr(device, "type", str(device)) == "cuda" else "interpret"
-        result = harness.run_and_verify(self.source, self.matrix, n_values=(n,), dtype=self.verified_dtype or "float16",
+        what = self.source if self.source is not None else harness.vendor_spec(self.template)
+        result = harness.run_and_verify(what, self.matrix, n_values=(n,), dtype=self.verified_dtype or "float16",
                                         backend=backend, extra_ns=False)
         self.verifications.append({"n": n, "status": result.status, "seed": result.seed, "message": result.message})
         if not result.ok:
@@ -280,11 +317,7 @@ class SpMMKernel:
         with self._lock:
             packed = self._packed.get(key)
             if packed is None:
-                if self.source is None:
-                    packed = self.matrix.to_torch(dtype=B.dtype, device=B.device)
-                else:
-                    packed = self._load().prepare(self.matrix, B.dtype, B.device)
-                self._packed[key] = packed
+                packed = self._packed[key] = self._load().prepare(self.matrix, B.dtype, B.device)
         return packed
 
     def __call__(self, B):
@@ -300,15 +333,10 @@ class SpMMKernel:
         they are (any strides: a Triton template reads B's and C's strides, a CUDA C++ one copies
         a column-strided B or C into a unit-stride stand-in). `patch_model` uses it to compute
         y = x W^T as (W x^T)^T on views of x and y, without copying either."""
-        import torch
-
         self.check_input(B)
         self._ensure_verified(int(B.shape[1]), B.device)
         packed = self._packed_for(B)
-        if self.source is None:
-            torch.matmul(packed, B, out=out)
-            return
-        self._module.spmm(packed, B, out)
+        self._module.spmm(packed, B, out)   # a generated kernel, or the vendor path's (dense: matmul out=)
 
 
 # ---- input validation --------------------------------------------------------------------------------
@@ -645,13 +673,14 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
     final = values.get("final") or {}
     rec = final.get("candidate") or None
     dense = values.get("dense")
-    gpu = ctx.backend == "cuda"
+    gpu = ctx.backend == "cuda" or bool((rec or {}).get("timings_are_gpu"))
     measured_on = (dense or {}).get("gpu_name") or (rec or {}).get("gpu_name") or (
         "CPU (Triton interpreter)" if not gpu else "cuda")
     if rec:
         best = BestKernel(
             template=rec["template"], params=rec.get("params") or {}, source=rec.get("source"),
             source_hash=rec.get("source_hash"), backend=rec.get("backend"), origin=rec.get("origin"),
+            vendor=rec.get("vendor"),
             selection=final.get("selection", "measured"), reason=final.get("reason", ""),
             median_ms=rec.get("median_ms"), dense_ms=rec.get("dense_ms"), expected_ms=rec.get("expected_ms"),
             speedup_vs_dense=rec.get("speedup_vs_dense"), pct_of_roofline=rec.get("pct_of_roofline"),
@@ -671,6 +700,7 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         candidates=[CandidateRecord.model_validate(c) for c in values.get("candidates") or []],
         best=best, dense=dense, speedups=dict(final.get("speedups") or {}),
         speedups_are_estimates=bool(final.get("speedups_are_estimates", not gpu)),
+        **{k: final.get(k) for k in ("best_vendor", "speedup_vs_best_vendor", "best_generated", "vendor_lead")},
         memory_hits=[{k: v for k, v in h.items() if k != "source"} for h in values.get("memory_hits") or []],
         decisions=list(values.get("decisions") or []),
         token_usage=RunTokenUsage.model_validate(values.get("token_usage") or {}),
@@ -691,7 +721,7 @@ def _sandbox_layers(ctx) -> dict:
 def _verified_ns(ctx) -> list[int]:
     """The N values every accepted candidate was verified at: the debugger's list plus the odd
     ones the harness adds."""
-    from sparseditto.agents.debugger import verify_n_values
+    from sparseditto.agents.state import verify_n_values
     from sparseditto.harness.verify import verification_ns
 
     return list(verification_ns(verify_n_values(ctx), ctx.backend))

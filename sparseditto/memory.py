@@ -742,6 +742,15 @@ class Memory(TranscriptStore):
                 cand["source"] = self._checked_source(cand)
             return cand
 
+    def _chosen_vendor(self, run: dict) -> dict | None:
+        """The run's answer when it was a vendor path (dense cuBLAS, cuSPARSE, ...): a candidate of
+        origin 'vendor', stored without a source. None when the answer was a generated kernel."""
+        if not run.get("best_candidate_id"):
+            return None
+        rows = list(self.db.query("SELECT c.*, NULL AS source, 'builtin' AS backend FROM candidates c "
+                                  "WHERE c.id = ? AND c.origin = 'vendor'", [run["best_candidate_id"]]))
+        return _decode(rows[0], _CANDIDATE_JSON) if rows else None
+
     def _checked_source(self, cand: dict) -> str:
         """The candidate's stored source after its content hash check (MemoryIntegrityError else)."""
         source, shash = cand.get("source"), cand.get("source_hash")
@@ -768,10 +777,11 @@ class Memory(TranscriptStore):
             if row is None:
                 return None
             run = _decode(self.db["runs"].get(row[0]), _RUN_JSON)
-            cand = self._best_verified(run)
+            cand = self._chosen_vendor(run) or self._best_verified(run)
             if cand is None:
                 return None
-            self._checked_source(cand)
+            if cand.get("origin") != "vendor":   # a vendor path has no source: it is rebuilt from the matrix
+                self._checked_source(cand)
             return {
                 "run_id": run["id"], "candidate_id": cand["id"], "template": cand["template"],
                 "params": cand["params"], "source": cand["source"], "source_hash": cand["source_hash"],

@@ -60,8 +60,10 @@ def check_trajectory(result: Result) -> None:
             assert c.speedup_vs_dense is None  # CPU timings are never passed off as speedups
         else:
             assert c.failure_class, f"failed candidate {c.template} without a failure class"
-    final = [d for d in result.decisions if d["node"] == "finalize"]
+    final = [d for d in result.decisions if d["node"] == "finalize" and d["action"] == "choose"]
     assert len(final) == 1 and final[0]["rationale"] == result.best.reason
+    vendors = [d for d in result.decisions if d["action"] == "vendor_paths"]
+    assert len(vendors) == 1 and "dense verified" in vendors[0]["rationale"], "dense is measured as a vendor candidate"
 
 
 PATTERNS = {
@@ -140,8 +142,9 @@ def test_reviewer_rejection_falls_back_to_dense(run_dir):
 def test_dense_matrix_stops_early_with_dense(run_dir):
     A = generate.dense(64, 64, dtype="float16", seed=0)
     result = run(A, run_dir)
-    assert result.candidates == []
+    assert [(c.template, c.origin, c.status) for c in result.candidates] == [("dense", "vendor", "verified")]
     assert result.best.template == "dense" and result.best.reason.startswith("dense is best")
+    assert result.best.origin == "vendor" and result.best.selection == "no_candidate"
     assert "dense" in result.stop_reason
     assert result.dense and result.dense["median_ms"] > 0  # dense is always measured
     B = torch.randn(64, 4, dtype=torch.float16)

@@ -1,0 +1,86 @@
+"""The selection rule with vendor paths as candidates (issue 11): the fastest verified kernel wins.
+
+Real graph runs on the CPU: every kernel (the generated one, dense, torch's CSR) is verified and
+benchmarked for real in the interpreter's worker; only the timing numbers of each benchmark are
+replaced (``harness.bench`` is wrapped, its result's timings set from a table and marked as GPU
+timings), so that the measured rule decides as it would on a GPU.
+"""
+import numpy as np
+import pytest
+import torch
+
+from sparseditto import generate, harness, run_graph
+from sparseditto.harness.results import Timing
+
+VENDOR_MS = {"dense": 0.040, "cusparse_csr_torch": 0.010}
+
+
+def stub_timings(monkeypatch, generated_ms: float) -> list[str]:
+    real = harness.bench
+    calls: list[str] = []
+
+    def timed(candidate, matrix, n, **kw):
+        res = real(candidate, matrix, n, **kw)           # the real run, re-verification included
+        name = candidate.template
+        calls.append(name)
+        ms = VENDOR_MS.get(name, generated_ms)
+        t = lambda v: Timing(median_ms=v, p10_ms=v, p90_ms=v, repeats=res.candidate.repeats)
+        return res.model_copy(update={
+            "timings_are_gpu": True, "gpu_name": "stub GPU (timings replaced)", "candidate": t(ms),
+            "candidate_graph": t(ms * 0.9), "dense": t(VENDOR_MS["dense"]), "dense_graph": t(VENDOR_MS["dense"] * 0.9),
+            "speedup_vs_dense": VENDOR_MS["dense"] / ms})
+
+    monkeypatch.setattr(harness, "bench", timed)
+    return calls
+
+
+def run(A, tmp_path, **kw):
+    return run_graph(A, target="A100", n=8, dtype="float32", budget=1, checkpoint=tmp_path / "ckpt.sqlite",
+                     memory=str(tmp_path / "memory.sqlite"), **kw)
+
+
+def product_ok(A, kernel):
+    B = torch.randn(A.shape[1], 8, dtype=torch.float32)
+    ref = A.to_scipy().astype(np.float64) @ B.double().numpy()
+    np.testing.assert_allclose(kernel(B).double().numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture()
+def matrix():
+    return generate.unstructured(16, 32, 0.85, seed=11)
+
+
+def test_a_faster_vendor_path_is_the_answer_and_is_reused_from_memory(monkeypatch, tmp_path, matrix):
+    stub_timings(monkeypatch, generated_ms=0.050)      # ours 5x slower than torch's cuSPARSE (the R-MAT case)
+    result = run(matrix, tmp_path)
+    vendors = {c.template: c for c in result.candidates if c.origin == "vendor"}
+    assert set(vendors) == {"dense", "cusparse_csr_torch"} and all(c.status == "verified" for c in vendors.values())
+    assert all(c.verify and c.verify["checks"] > 0 for c in vendors.values()), "verified before timing counts"
+    ours = [c for c in result.candidates if c.origin != "vendor" and c.status == "verified"]
+    assert ours, "the generated kernel verified too"
+    assert result.best.template == "cusparse_csr_torch" and result.best.origin == "vendor"
+    assert result.best_vendor == "cusparse_csr_torch" and result.speedup_vs_best_vendor == pytest.approx(1.0)
+    assert result.vendor_lead == pytest.approx(5.0) and result.best_generated == ours[0].template
+    text = result.summary()
+    assert "vendor library cusparse_csr_torch" in text and "5.00x" in text and ours[0].template in text
+    assert result.speedups["dense"] == pytest.approx(4.0)
+    assert type(result.kernel._load()).__name__ != "module" and result.kernel.source is None
+    product_ok(matrix, result.kernel)                  # torch CSR on the CPU, for real
+
+    again = run(matrix, tmp_path)                       # the memory's exact hit is the vendor answer
+    assert again.memory_hits[0]["template"] == "cusparse_csr_torch" and again.memory_hits[0]["origin"] == "vendor"
+    assert [c.origin for c in again.candidates] == ["vendor", "vendor"], "no search: the library won here"
+    assert again.best.template == "cusparse_csr_torch" and "vendor path cusparse_csr_torch" in again.memory_line()
+
+
+def test_a_generated_kernel_that_beats_every_vendor_path_wins_after_its_retiming(monkeypatch, tmp_path, matrix):
+    calls = stub_timings(monkeypatch, generated_ms=0.005)
+    result = run(matrix, tmp_path)
+    assert result.best.origin != "vendor" and result.best.source
+    assert calls.count(result.best.template) == 2, "benchmarked, then re-timed once"
+    assert calls.count("cusparse_csr_torch") == 2, "the rival re-timed by the same method"
+    assert result.best_vendor == "cusparse_csr_torch" and result.speedup_vs_best_vendor == pytest.approx(2.0)
+    assert result.speedups["cusparse_csr_torch"] == pytest.approx(2.0) and result.speedups["dense"] > 7
+    assert "beat the fastest vendor path cusparse_csr_torch" in result.best.reason
+    assert "against the best vendor path (cusparse_csr_torch): 2.00x" in result.summary()
+    product_ok(matrix, result.kernel)
