@@ -84,3 +84,35 @@ def test_a_generated_kernel_that_beats_every_vendor_path_wins_after_its_retiming
     assert "beat the fastest vendor path cusparse_csr_torch" in result.best.reason
     assert "against the best vendor path (cusparse_csr_torch): 2.00x" in result.summary()
     product_ok(matrix, result.kernel)
+
+
+def test_a_vendor_answer_in_a_bundle_loads_without_agents_and_patches_a_model(tmp_path, monkeypatch):
+    """The bundle records a vendor layer by name (no source file); loading rebuilds the library
+    path from the weight; patch_model runs it (torch CSR on the CPU) inside nn.Linear."""
+    from sparseditto.batch.bundle import load_bundle, write_bundle
+    from sparseditto.batch.models import LayerResult
+    from sparseditto.batch.patch import patch_model, unpatch_model
+    from sparseditto.io import load_matrix
+    from sparseditto.pattern_features import structure_signature
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    lin = torch.nn.Linear(32, 16, bias=True)
+    with torch.no_grad():
+        lin.weight.mul_(torch.rand_like(lin.weight) > 0.8)
+    A = load_matrix(lin.weight.detach(), name="0.weight")
+    layer = LayerResult(name="0.weight", shape=(16, 32), dtype="float32", status="searched", template="cusparse_csr_torch",
+                        origin="vendor", signature=structure_signature(A), verified_ns=[4], verified_dtype="float32")
+    assert layer.has_kernel
+    bundle = load_bundle(write_bundle(tmp_path / "bundle", [layer]))
+    entry = bundle.kernels["0.weight"]
+    assert entry.origin == "vendor" and entry.source_file is None and entry.template == "cusparse_csr_torch"
+    with pytest.raises(ValueError, match="vendor path"):
+        bundle.source("0.weight")
+    model = torch.nn.Sequential(lin)
+    patched = patch_model(model, bundle)
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        y = lin(x)
+    assert patched["0"].calls == 1 and patched["0"].kernel.source is None
+    np.testing.assert_allclose(y.numpy(), (x @ lin.weight.T + lin.bias).detach().numpy(), rtol=1e-5, atol=1e-5)
+    assert unpatch_model(model) == 1

@@ -4,7 +4,9 @@
 packed-format metadata (format name and the bytes of A it moves), the matrix's structure
 signature and shape, the N values and dtype it was verified for, and that verification (status,
 seed, checks). Each kernel source is one file, ``bundle/kernels/<sha256>.py`` (layers that share
-a kernel share the file). `load_bundle(dir)` reads it back, checks every source against its hash,
+a kernel share the file). A layer whose answer is a vendor path (cuSPARSE via torch, ...) has no
+source file: its entry says ``origin: "vendor"`` and names the path, and loading rebuilds the
+library's format from the layer's weight (the harness's vendor kernels, no agents needed). `load_bundle(dir)` reads it back, checks every source against its hash,
 and hands out callables through `sparseditto.api.SpMMKernel` (the same contract as
 ``result.kernel``), so deployment needs neither the graph nor an LLM nor the memory.
 """
@@ -31,8 +33,9 @@ class BundleKernel(BaseModel):
     weight_shape: tuple[int, ...]
     template: str
     params: dict[str, Any] = Field(default_factory=dict)
-    source_hash: str
-    source_file: str                      # relative to the bundle folder
+    source_hash: str | None = None        # None for a vendor path
+    source_file: str | None = None        # relative to the bundle folder; None for a vendor path
+    origin: str = "generated"             # generated | vendor (template names the vendor path)
     packed_format: dict[str, Any] = Field(default_factory=dict)   # {"format", "params", "bytes"}
     signature: str
     verified_ns: list[int]
@@ -57,6 +60,8 @@ class Bundle(BaseModel):
         from sparseditto.harness.source_loader import source_hash
 
         entry = self._entry(name)
+        if entry.source_file is None:
+            raise ValueError(f"Bundle {self.path}: {name} runs the vendor path {entry.template}, which has no source.")
         text = (Path(self.path) / entry.source_file).read_text(encoding="utf-8")
         if source_hash(text) != entry.source_hash:
             raise ValueError(f"Bundle {self.path}: the source of {name} ({entry.source_file}) does not match its "
@@ -89,17 +94,18 @@ class Bundle(BaseModel):
 
         self.check_weight(name, matrix)
         entry = self._entry(name)
-        return SpMMKernel(matrix, self.source(name), entry.template, verified_ns=entry.verified_ns,
+        source = None if entry.origin == "vendor" else self.source(name)
+        return SpMMKernel(matrix, source, entry.template, verified_ns=entry.verified_ns,
                           verified_dtype=entry.verified_dtype, backend="auto", verify_new_n=False)
 
 
-def _entry(layer: LayerResult, source_file: str) -> BundleKernel:
+def _entry(layer: LayerResult, source_file: str | None) -> BundleKernel:
     from sparseditto.batch.weights import WeightRef
 
     m_shape = WeightRef(layer.name, layer.shape, layer.dtype, lambda: None).matrix_shape
     return BundleKernel(layer=layer.name, matrix_shape=m_shape, weight_shape=tuple(layer.shape),
                         template=layer.template, params=dict(layer.params), source_hash=layer.source_hash,
-                        source_file=source_file,
+                        source_file=source_file, origin="generated" if source_file else "vendor",
                         packed_format={"format": layer.kernel_format, "params": dict(layer.params),
                                        "bytes": layer.format_bytes},
                         signature=layer.signature, verified_ns=list(layer.verified_ns),
@@ -115,8 +121,14 @@ def write_bundle(folder: Path, layers: list[LayerResult]) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     kernels = {}
+    from sparseditto.harness.vendor_kernels import is_vendor_kernel
+
     for layer in layers:
-        if not layer.has_kernel or not layer.source or not layer.signature:
+        if not layer.has_kernel or not layer.signature:
+            continue
+        if not layer.source:
+            if is_vendor_kernel(layer.template):   # a vendor path: recorded by name, rebuilt when loaded
+                kernels[layer.name] = _entry(layer, None)
             continue
         path = write_source(layer.source, folder)
         kernels[layer.name] = _entry(layer, str(path.relative_to(folder)))
@@ -143,7 +155,18 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         raise ValueError(f"{manifest} is bundle version {data.get('version')!r}; this SparseDitto reads "
                          f"version {BUNDLE_VERSION}.")
     bundle = Bundle(path=str(folder), kernels={k: BundleKernel.model_validate(v) for k, v in data["kernels"].items()})
-    missing = [k.source_file for k in bundle.kernels.values() if not (folder / k.source_file).is_file()]
+    missing = [k.source_file for k in bundle.kernels.values()
+               if k.source_file is not None and not (folder / k.source_file).is_file()]
+    unknown = [f"{k.layer}: {k.template}" for k in bundle.kernels.values()
+               if k.source_file is None and not _known_vendor(k.template)]
+    if unknown:
+        raise ValueError(f"Bundle {folder} names vendor path(s) this SparseDitto does not have: {unknown[:5]}.")
     if missing:
         raise ValueError(f"Bundle {folder} is missing kernel source file(s): {missing[:5]}.")
     return bundle
+
+
+def _known_vendor(name: str) -> bool:
+    from sparseditto.harness.vendor_kernels import is_vendor_kernel
+
+    return is_vendor_kernel(name)

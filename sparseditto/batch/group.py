@@ -41,7 +41,8 @@ def searched_layer(base: LayerResult, result, report: dict, settings: BatchSetti
     """A LayerResult from a full run_graph search."""
     b = result.best
     est = estimates(report, settings, b.template, b.params)
-    rec = next((c for c in result.candidates if c.status == "verified" and c.source_hash == b.source_hash), None)
+    rec = next((c for c in result.candidates if c.status == "verified" and (
+        c.source_hash == b.source_hash if b.source_hash else (c.origin == "vendor" and c.template == b.template))), None)
     if settings.gpu:
         kernel_ms, dense_ms = b.median_ms, b.dense_ms or (result.dense or {}).get("median_ms")
     else:
@@ -63,7 +64,7 @@ def searched_layer(base: LayerResult, result, report: dict, settings: BatchSetti
         dense_source=f"search of {base.name}" if settings.gpu else "cost model",
         time_saved_ms=(dense_ms - kernel_ms) if dense_ms and kernel_ms else None,
         timings_are_estimates=result.speedups_are_estimates, n=settings.n, reason=reason,
-        verified_ns=list(result.verified_ns), verified_dtype=result.dtype if b.template != "dense" else None,
+        verified_ns=list(result.verified_ns), verified_dtype=result.dtype if b.template != "dense" else None, origin=b.origin,
         verification=dict(rec.verify or {}, status=rec.status) if rec else {}, seconds=round(seconds, 3)))
 
 
@@ -87,7 +88,7 @@ def _search(A, base: LayerResult, report: dict, settings: BatchSettings, why: st
 
 
 def _shared(done: LayerResult, base: LayerResult) -> LayerResult:
-    keep = {k: getattr(done, k) for k in ("template", "params", "source", "source_hash", "kernel_format",
+    keep = {k: getattr(done, k) for k in ("template", "params", "source", "source_hash", "origin", "kernel_format",
                                            "format_bytes", "run_id", "kernel_ms", "dense_ms", "expected_ms",
                                            "speedup_vs_dense", "best_vendor", "speedup_vs_vendor", "time_saved_ms",
                                            "timings_are_estimates", "n", "verified_ns", "verified_dtype",

@@ -34,7 +34,9 @@ class LayerResult(BaseModel):
     template: str | None = None           # chosen kernel; 'dense' when nothing beats dense
     params: dict[str, Any] = Field(default_factory=dict)
     source_hash: str | None = None
-    source: str | None = None             # the kernel source (the bundle writes it to its own file)
+    source: str | None = None             # the kernel source (the bundle writes it to its own file); None for
+                                          # dense and a vendor path (rebuilt from the weight when loaded)
+    origin: str | None = None             # template | memory | llm | vendor (the chosen kernel's)
     kernel_format: str | None = None
     format_bytes: float | None = None     # bytes of A the format moves (cost model)
     run_id: str | None = None             # the run_graph run that searched it (or the group's leader)

@@ -88,7 +88,7 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
     vendors = vendor_names(winner.vendor_ms)
     repeats, warmup = GPU_REPEATS
     try:
-        timed = harness.bench(winner.source, A, settings.n, dtype=settings.dtype, backend=settings.backend,
+        timed = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
                               repeats=repeats, warmup=warmup, baselines=vendors or False, time_dense=False)
     except harness.BenchError as exc:
         return f"{winner.template} from {winner.name} failed its timing here: {exc}"
@@ -101,6 +101,14 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
     expected = (winner.kernel_ms or observed) * scale
     basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}"
     return observed, expected, dense.for_basis(graph), dense.source, _vendor_times(timed), basis
+
+
+def _runnable(winner: LayerResult):
+    """What the harness runs for the winner: its source, or the vendor path itself (no source:
+    cuSPARSE, ... is verified and timed on this layer as the same library)."""
+    from sparseditto import harness
+
+    return harness.vendor_spec(winner.template) if harness.is_vendor_kernel(winner.template) else winner.source
 
 
 def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, report: dict,
@@ -120,7 +128,7 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
             run_id=winner.run_id, kernel_ms=est["dense"] if not settings.gpu else winner.dense_ms,
             dense_ms=est["dense"] if not settings.gpu else winner.dense_ms, speedup_vs_dense=1.0, time_saved_ms=0.0,
             timings_are_estimates=not settings.gpu, n=settings.n))
-    verify = harness.run_and_verify(winner.source, A, n_values=settings.n_values, dtype=settings.dtype,
+    verify = harness.run_and_verify(_runnable(winner), A, n_values=settings.n_values, dtype=settings.dtype,
                                     backend=settings.backend)
     if not verify.ok:
         return f"{winner.template} from {winner.name} failed verification here: {verify.status}: {verify.message[:200]}"
@@ -142,6 +150,7 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
         return f"{winner.template} from {winner.name} is not within {tol:.0%} of its expected time ({basis})"
     return base.model_copy(update=dict(
         status="reused", template=winner.template, params=dict(winner.params), source=winner.source,
+        origin=winner.origin,
         source_hash=winner.source_hash, kernel_format=winner.kernel_format, format_bytes=est["format_bytes"],
         run_id=winner.run_id, kernel_ms=observed, dense_ms=dense_ms, expected_ms=expected,
         speedup_vs_dense=(dense_ms / observed) if dense_ms and observed else None,
