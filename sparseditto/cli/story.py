@@ -104,9 +104,14 @@ def story(result, check: KernelCheck | None = None) -> list[tuple[str, str]]:
     lines.append(("plan", f"roofline model on {target}: {ranked}" + ("" if dense in table[:6] else
                                                                          f", ..., dense {_us(dense['estimate_ms'])}"
                                                                          if dense else "")))
-    for c in result.candidates:
+    vendors = [c for c in result.candidates if c.origin == "vendor"]
+    for c in (c for c in result.candidates if c.origin != "vendor"):
         lines.append(("tried", f"{c.template}" + (f" (attempt {c.attempt})" if c.attempt > 1 else "")
                                + (" from memory" if c.origin == "memory" else "") + f": {_verdict(c, gpu)}"))
+    if vendors:
+        lines.append(("vendors", ", ".join(f"{c.template} {c.status}" for c in vendors)
+                      + ": the libraries a user could call, verified and timed as candidates too"
+                      + ("" if gpu else " (CPU timings here: only dense competes, by its cost-model estimate)")))
     tried = {c.template for c in result.candidates}
     untried = [t["name"] for t in table if t["name"] not in tried and t["name"] != "dense"]
     if untried:
@@ -118,6 +123,8 @@ def story(result, check: KernelCheck | None = None) -> list[tuple[str, str]]:
     b = result.best
     if b.template == "dense":
         lines.append(("chosen", f"dense (cuBLAS): {b.reason}"))
+    elif b.origin == "vendor":
+        lines.append(("chosen", f"{result.vendor_line()}; {b.reason}"))
     else:
         speed = result.speedups.get("dense")
         if speed is None:
