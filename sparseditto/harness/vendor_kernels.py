@@ -72,6 +72,14 @@ def _name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+class CopiedOut:
+    """A library call without an out= form: ``spmm`` copies its result into ``out`` (part of its cost)."""
+
+    @classmethod
+    def spmm(cls, packed, B, out) -> None:
+        out.copy_(cls.apply(packed, B))
+
+
 class Dense:
     name, baseline, library = "dense", "cublas_dense", "cuBLAS dense GEMM (torch.matmul)"
     runs_on_cpu = True
@@ -136,7 +144,7 @@ class CsrTorch:
         torch.addmm(out, packed["csr"].value, B, beta=0, out=out)
 
 
-class CsrCupy:
+class CsrCupy(CopiedOut):
     name, baseline, library = "cusparse_csr_cupy", "cusparse_csr_cupy", "cuSPARSE CSR SpMM via CuPy (cupyx)"
     runs_on_cpu = False
 
@@ -186,12 +194,8 @@ class CsrCupy:
         with stream:
             return torch.from_dlpack(packed["csr"].value @ cupy.from_dlpack(b.contiguous()))
 
-    @staticmethod
-    def spmm(packed, B, out) -> None:
-        out.copy_(CsrCupy.apply(packed, B))
 
-
-class SemiStructured24:
+class SemiStructured24(CopiedOut):
     name, baseline, library = "cusparselt_2to4", "cusparselt_2to4", "cuSPARSELt 2:4 via torch semi-structured"
     runs_on_cpu = False
 
@@ -225,12 +229,8 @@ class SemiStructured24:
 
         return torch.mm(packed["a"].value, B)
 
-    @staticmethod
-    def spmm(packed, B, out) -> None:
-        out.copy_(SemiStructured24.apply(packed, B))
 
-
-class TritonBsr:
+class TritonBsr(CopiedOut):
     name, baseline, library = "triton_bsr_torch", "triton_bsr_torch", "torch's Triton BSR kernels (bsr_dense_mm)"
     runs_on_cpu = False
 
@@ -277,10 +277,6 @@ class TritonBsr:
             b_pad[:K, :n].copy_(B)
         bsr_dense_mm(packed["bsr"].value, B if b_pad is None else b_pad, out=c_pad)
         return c_pad[:M, :n]
-
-    @staticmethod
-    def spmm(packed, B, out) -> None:
-        out.copy_(TritonBsr.apply(packed, B))
 
 
 VENDOR_KERNELS = {k.name: k for k in (Dense, CsrTorch, CsrCupy, SemiStructured24, TritonBsr)}
