@@ -777,11 +777,12 @@ class Memory(TranscriptStore):
             if row is None:
                 return None
             run = _decode(self.db["runs"].get(row[0]), _RUN_JSON)
-            cand = self._chosen_vendor(run) or self._best_verified(run)
+            sourced = self._best_verified(run)
+            if sourced is not None:   # checked even when a vendor path won: a tampered memory is reported
+                self._checked_source(sourced)
+            cand = self._chosen_vendor(run) or sourced   # a vendor path has no source: rebuilt from the matrix
             if cand is None:
                 return None
-            if cand.get("origin") != "vendor":   # a vendor path has no source: it is rebuilt from the matrix
-                self._checked_source(cand)
             return {
                 "run_id": run["id"], "candidate_id": cand["id"], "template": cand["template"],
                 "params": cand["params"], "source": cand["source"], "source_hash": cand["source_hash"],
