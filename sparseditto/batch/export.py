@@ -56,6 +56,11 @@ def from_memory(run_id: str, memory=None) -> dict[str, Any]:
         raise ValueError(f"Run {run['id'][:8]} has no verified kernel to export.")
     if "dense" in (cand["template"], run.get("best_template")):
         raise ValueError(f"Run {run['id'][:8]}'s best answer is dense (torch.matmul): there is no kernel to export.")
+    from sparseditto.harness.vendor_kernels import is_vendor_kernel
+
+    if is_vendor_kernel(run.get("best_template")):
+        raise ValueError(f"Run {run['id'][:8]}'s best answer is the vendor library path {run['best_template']}: "
+                         "there is no generated kernel to export (call the library, or result.kernel).")
     m, k = run["shape_m"], run["shape_k"]
     params = cand.get("params") or {}
     timings = cand.get("timings") or {}
