@@ -73,11 +73,16 @@ LLM_BF16_CORE = {("unstructured_magnitude_50", 16), ("nm_2of4", 16)}
 
 def llm_cases(preset: str) -> list[Case]:
     if preset == "quick":
-        # Small enough for the Triton interpreter, large enough that the cost model (which decides on
-        # a CPU) picks a sparse kernel on three of them; float32 on one so that torch's CPU CSR (which
-        # has no half kernels) is a vendor path even there.
-        picks = [((256, 512), "unstructured_magnitude_90", 1, "float16"), ((1024, 512), "nm_2of4", 16, "float16"),
-                 ((512, 1024), "block32_75", 16, "bfloat16"), ((1024, 1024), "row_pruned_50", 8, "float32")]
+        # Small enough for the Triton interpreter (CI runs the whole preset in well under two minutes),
+        # large enough that the cost model (which decides on a CPU) picks a sparse kernel on three of
+        # them, each clearing finalize's 5% model margin (estimates 0.92-0.93x dense); the lightly
+        # pruned weight (10%: near dense) is answered with dense cuBLAS without a sparse candidate.
+        # N = 1 where verification's odd N (1 and 3) already include it: one N class fewer in the
+        # interpreter. float32 on one so that torch's CPU CSR (which has no half kernels) is a vendor
+        # path even there. The cheapest sparse case comes first: a run's first case also gets the
+        # memory repeat (re-verifying the remembered kernel).
+        picks = [((512, 512), "row_pruned_50", 8, "float32"), ((256, 512), "unstructured_magnitude_10", 1, "float16"),
+                 ((1024, 512), "nm_2of4", 1, "float16"), ((512, 512), "block32_75", 16, "bfloat16")]
         return [Case(suite="llm", matrix=llm_pattern(p, *shape), n=n, dtype=d) for shape, p, n, d in picks]
     shapes, patterns, ns = ((LLM_SHAPES_CORE, LLM_PATTERNS_CORE, LLM_N_CORE) if preset == "core"
                             else (LLM_SHAPES_FULL, LLM_PATTERNS_FULL, LLM_N_FULL))

@@ -122,19 +122,27 @@ class OpTracer:
 
         tracer = self
 
+        def dispatch(mode, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            tracer.ops[name] = tracer.ops.get(name, 0) + 1
+            if name not in ALLOWED_OPS and not (name in INTERPRETER_OPS and tracer._from_interpreter()):
+                tracer._refuse("vendor_op", f"spmm ran the torch operator aten::{name}, which is not "
+                                            f"allowed inside a kernel (only Triton/CUDA launches, "
+                                            f"allocation, copies, indexing, element-wise ops and "
+                                            f"simple reductions; matmul-like ops call vendor libraries)")
+            if name == "_local_scalar_dense" and tracer.ops[name] > MAX_SCALAR_READS:
+                tracer._refuse("scalar_reads", f"spmm read more than {MAX_SCALAR_READS} tensor elements "
+                                               f"to the host one by one (the work must run in the kernel)")
+            return func(*args, **(kwargs or {}))
+
         class _Dispatch(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func.overloadpacket.__name__
-                tracer.ops[name] = tracer.ops.get(name, 0) + 1
-                if name not in ALLOWED_OPS and not (name in INTERPRETER_OPS and tracer._from_interpreter()):
-                    tracer._refuse("vendor_op", f"spmm ran the torch operator aten::{name}, which is not "
-                                                f"allowed inside a kernel (only Triton/CUDA launches, "
-                                                f"allocation, copies, indexing, element-wise ops and "
-                                                f"simple reductions; matmul-like ops call vendor libraries)")
-                if name == "_local_scalar_dense" and tracer.ops[name] > MAX_SCALAR_READS:
-                    tracer._refuse("scalar_reads", f"spmm read more than {MAX_SCALAR_READS} tensor elements "
-                                                   f"to the host one by one (the work must run in the kernel)")
-                return func(*args, **(kwargs or {}))
+            __torch_dispatch__ = dispatch
+
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._disable_dynamo, whose
+        # first call imports torch._dynamo (~2 s of every worker's start-up). Nothing in the worker
+        # runs torch.compile (its code generation is refused inside a candidate's scope), so the
+        # plain function is what runs, without that import.
+        _Dispatch.__torch_dispatch__ = dispatch
 
         class _Functions(TorchFunctionMode):
             def __torch_function__(self, func, types, args=(), kwargs=None):
