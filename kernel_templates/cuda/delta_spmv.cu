@@ -113,6 +113,20 @@ __device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __
     }
 }
 
+// Group j of lane q's run into (v, d), or an empty group (value 0, delta 0) past the row's end.
+template <int DB, int L>
+__device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const void* __restrict__ deltas, int base,
+                                           int j, int groups, int q, uint4& v, typename DeltaWord<DB>::type& d) {
+    if (j < groups) {
+        const long long at = static_cast<long long>(base) + j * L + q;
+        v = delta_ldg16(vals + at);
+        d = DeltaWord<DB>::load(deltas, at);
+    } else {
+        v = make_uint4(0u, 0u, 0u, 0u);
+        d = DeltaWord<DB>::zero();
+    }
+}
+
 template <typename T, int NV, int L, int DB, int WARPS, int PIPE>
 __global__ void __launch_bounds__(WARPS * 32)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
@@ -155,16 +169,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
         uint4 v[PIPE];
         typename DW::type d[PIPE];
 #pragma unroll
-        for (int p = 0; p < PIPE; ++p) {
-            if (p < groups) {
-                const long long at = static_cast<long long>(base) + p * L + q;
-                v[p] = delta_ldg16(vals + at);
-                d[p] = DW::load(deltas, at);
-            } else {
-                v[p] = make_uint4(0u, 0u, 0u, 0u);
-                d[p] = DW::zero();
-            }
-        }
+        for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, base, p, groups, q, v[p], d[p]);
         load_meta(rg + gridDim.x);
         if (!staged) {                                // once per CTA, after its first loads of A
             stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);
@@ -186,15 +191,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 #pragma unroll
                     for (int t = 0; t < NV; ++t) acc[t] = fmaf(a, b[t], acc[t]);
                 }
-                const int j = j0 + p + PIPE;
-                if (j < groups) {
-                    const long long at = static_cast<long long>(base) + j * L + q;
-                    v[p] = delta_ldg16(vals + at);
-                    d[p] = DW::load(deltas, at);
-                } else {
-                    v[p] = make_uint4(0u, 0u, 0u, 0u);
-                    d[p] = DW::zero();
-                }
+                load_group<DB, L>(vals, deltas, base, j0 + p + PIPE, groups, q, v[p], d[p]);
             }
         }
 #pragma unroll
