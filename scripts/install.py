@@ -86,7 +86,9 @@ class Pip:
         self.reports: list[dict] = []
 
     def __call__(self, what: str, args: list[str]) -> None:
-        cmd = [sys.executable, "-m", "pip", "install", "-q", *args]
+        # --no-compile: pip would byte-compile every module of torch and the dev tools (most never
+        # imported); Python compiles what is imported on first use. Fresh-clone setup 121 s -> 69 s.
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", *args]
         report = None
         if self.dry_run:
             report = Path(tempfile.mkstemp(suffix=".json")[1])
