@@ -48,6 +48,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE
+from sparseditto.delta_format import packing_score as delta_packing_score
+
 VALUE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 LAUNCH_S = 2.5e-6            # one kernel launch, eager (DESIGN: ~2-4 us)
 INT16_COLUMN_LIMIT = 32768   # int16 column ids hold 0..32767
@@ -389,8 +392,6 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 
 
-from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE  # noqa: E402
-from sparseditto.delta_format import packing_score as delta_packing_score  # noqa: E402
 
 
 def delta_entries(stats: "ReportStats", bits: int) -> float:

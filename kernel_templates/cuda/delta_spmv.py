@@ -151,8 +151,7 @@ def spmm(packed: dict, B, out) -> None:
     key = (N, b.dtype, b.device, b.stride(0), target.stride(0))
 
     def make_plan() -> dict:
-        name = plan_launch(packed, N, b.dtype, 1)["name"]
-        kernel = packed["kernels"][name]
+        kernel = packed["kernels"][kernel_name(b.dtype, nv_for(N, packed["kp"]), packed["lanes"], packed["bits"])]
         plan = plan_launch(packed, N, b.dtype, rt.sm_count(b.device), int(kernel.num_regs))
         if plan["smem"] > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = plan["smem"]

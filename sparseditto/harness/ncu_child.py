@@ -6,7 +6,6 @@ launches (JIT compile, caches), then exactly one ``spmm`` inside the NVTX range 
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -43,12 +42,9 @@ def main(argv: list[str]) -> int:
     from . import guard
     from .isolation import cache_subdirs
     from .source_loader import default_cache_dir
-    from .worker import WorkerContext
+    from .worker import WorkerContext, import_trusted_modules
 
-    from .static_checks import SPARSEDITTO_MODULES
-
-    for name in SPARSEDITTO_MODULES:   # trusted imports run code generation (dataclasses): before the gate
-        importlib.import_module(name)
+    import_trusted_modules()          # before the gate: their imports generate code
     cache = str(default_cache_dir())
     gate = guard.install(guard.Policy.for_worker(os.getcwd(), cache, [str(p) for p in cache_subdirs(cache).values()]))
     wctx = WorkerContext(gate=gate, backend="cuda", info={})

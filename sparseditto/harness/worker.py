@@ -109,6 +109,17 @@ def _read_from(log_path: str, offset: int) -> str:
     return text
 
 
+def import_trusted_modules() -> None:
+    """Import the trusted modules a candidate may import, before any guard scope opens. Their own
+    import runs library code generation (dataclasses exec their __init__), which the audit hook
+    refuses once a candidate scope is open (seen on the H200: tc_formats imported by tc_sp24, and
+    delta_format in the ncu child)."""
+    from .static_checks import SPARSEDITTO_MODULES
+
+    for name in SPARSEDITTO_MODULES:
+        importlib.import_module(name)
+
+
 def _preimport(backend: str) -> dict:
     import faulthandler
 
@@ -142,13 +153,7 @@ def _preimport(backend: str) -> dict:
             triton.runtime.driver.active.get_current_device()
         except Exception:
             pass
-    from .static_checks import SPARSEDITTO_MODULES
-
-    # The trusted modules a candidate may import: import them now, outside any scope. Their own
-    # import runs library code generation (dataclasses exec their __init__), which the audit hook
-    # refuses once a candidate scope is open (seen on the H200: tc_formats imported by tc_sp24).
-    for name in SPARSEDITTO_MODULES:
-        importlib.import_module(name)
+    import_trusted_modules()
 
     for target in TASKS.values():  # the task modules, by name (they import this module back)
         importlib.import_module(target.split(":")[0])
