@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from pathlib import Path
 
@@ -208,6 +209,8 @@ def run(args) -> list[dict]:
     variants = json.loads(args.variants) if args.variants else TEMPLATE_VARIANTS[args.preset]
     dense_cache: dict = {}
     for (label, m, k, style, sparsity) in preset["cases"]:
+        if args.cases and not re.search(args.cases, f"{label}/{style}/{sparsity}"):
+            continue
         base = prune(m, k, style, sparsity, seed=args.seed)
         for dtype in args.dtype:
             rng = np.random.default_rng([args.seed, m, k])
@@ -291,6 +294,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="*", help="override the preset's N values")
     ap.add_argument("--dtype", nargs="*", default=["float16"], choices=["float16", "bfloat16"])
     ap.add_argument("--variants", help='JSON {template: [launch params, ...]} to sweep instead of the preset\'s')
+    ap.add_argument("--cases", help="regex over 'SHAPE/style/sparsity' (e.g. '11008x4096/magnitude'): only those cases")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("out/llm_layers.json"))

@@ -104,13 +104,38 @@ def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params,
                 module.prepare(A, "bfloat16", "cpu")
             continue
         packed = module.prepare(A, "bfloat16", "cpu")
-        rows_per_group = module.PARAMS["WARPS"] * (32 // packed["lanes"])
+        rows_per_cta = module.PARAMS["WARPS"] * (32 // packed["lanes"])
         for n in range(1, 20):
             plan = module.plan_launch(packed, n, torch.bfloat16, 132)
             assert plan["name"] in module.reachable_kernels(torch.bfloat16, packed["kp"], packed["lanes"], packed["bits"])
-            assert plan["row_groups"] * rows_per_group >= shape[0] > (plan["row_groups"] - 1) * rows_per_group
-            assert 1 <= plan["grid"][0] <= plan["row_groups"] and plan["grid"][1] * plan["nv"] >= n
+            # one wave, no CTA without a row to stream
+            assert plan["streams"] == plan["grid"][0] * rows_per_cta
+            assert (plan["grid"][0] - 1) * rows_per_cta < shape[0]
+            assert plan["grid"][0] <= 132 * module.ctas_per_sm(plan["smem"], 64) and plan["grid"][1] * plan["nv"] >= n
             assert plan["smem"] == packed["kp"] * plan["nv"] * 4 <= module.SMEM_CAP
+
+
+@pytest.mark.parametrize("streams", [1, 7, 64, 500])
+def test_stream_split_gives_every_row_to_one_stream_and_balances_pieces(streams, tmp_path_factory):
+    """The kernel's sub-warps each stream split[s] .. split[s + 1]: every row exactly once, pieces
+    contiguous, each stream within one row of an equal share (rows are never cut)."""
+    module = load_candidate("delta_spmv", {}, tmp_path_factory)
+    rng = np.random.default_rng(streams)
+    groups = rng.integers(0, 12, size=300)
+    groups[40:90] = 0                               # a run of empty rows
+    groups[200] = 400                               # one row longer than a share
+    base = np.concatenate(([0], np.cumsum(groups * 8))).astype(np.int32)
+    split = module.stream_split(base, streams)
+    assert split.shape == (streams + 1, 2) and split.dtype == np.int32
+    assert split[0].tolist() == [0, 0] and split[-1].tolist() == [300, int(base[-1])]
+    assert (np.diff(split[:, 0]) >= 0).all()
+    assert (split[:, 1] == base[split[:, 0]]).all(), "a stream's first piece is its first row's"
+    targets = (int(base[-1]) * np.arange(streams + 1)) // streams
+    holder = np.clip(np.searchsorted(base, targets, side="right") - 1, 0, 299)    # the row a target falls in
+    half_row = (base[holder + 1] - base[holder]) / 2
+    assert (np.abs(split[:, 1] - targets) <= half_row).all(), "a cut is not at the row end nearest its share"
+    with pytest.raises(ValueError, match="at least one stream"):
+        module.stream_split(base, 0)
 
 
 def test_bad_inputs_are_clear_errors(tmp_path_factory):
@@ -152,15 +177,18 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("params,shape,density", [({}, (300, 1000), 0.5), ({}, (4096, 4096), 0.5),
-                                                  ({"WARPS": 4, "PIPE": 2}, (257, 3333), 0.1),
-                                                  ({"NV": 1}, (64, 11008), 0.3)])
-def test_gpu_verifies_against_fp64(params, shape, density, dtype):
+@pytest.mark.parametrize("params,shape,density,empty", [
+    ({}, (300, 1000), 0.5, (3,)), ({}, (4096, 4096), 0.5, (3,)),
+    ({"WARPS": 4, "PIPE": 2}, (257, 3333), 0.1, (3,)), ({"NV": 1}, (64, 11008), 0.3, (3,)),
+    # deep pipelines, few big CTAs: streams of many rows; a block of empty rows inside streams
+    ({"PIPE": 8, "WARPS": 16, "CTAS_PER_SM": 2}, (4096, 4096), 0.5, tuple(range(100, 700))),
+    ({"LANES": 4, "WARPS": 32, "CTAS_PER_SM": 1}, (3000, 2048), 0.05, tuple(range(0, 3000, 3)))])
+def test_gpu_verifies_against_fp64(params, shape, density, empty, dtype):
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    A = _matrix(*shape, density, seed=0, empty_rows=(3,), wide_gaps=True)
+    A = _matrix(*shape, density, seed=0, empty_rows=empty, wide_gaps=True)
     result = run_and_verify(get_template("delta_spmv").instantiate(params), A, n_values=(1, 2, 3, 8, 16, 17),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message

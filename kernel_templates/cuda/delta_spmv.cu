@@ -13,10 +13,12 @@
 // fp32) sits in shared memory, staged once per persistent CTA while its first loads of A are
 // already in flight.
 //
-// Thread layout: a CTA of WARPS warps loops over row groups (grid-stride, persistent); a warp owns
-// 32/L rows, lane q of a row its run; PIPE groups of loads are in flight per lane (register
-// buffers with compile-time indices); the L lanes of a row reduce with shuffles (fixed order:
-// deterministic), lane 0 stores. Needs dtypes.cuh in front (the registry inlines it): F16, BF16.
+// Thread layout: a sub-warp of L lanes streams one contiguous range of rows (a host-made split,
+// balanced by pieces, one range per sub-warp of a single resident wave: spmm's plan); lane q of a
+// row owns its run; PIPE groups of loads are in flight per lane (register buffers with
+// compile-time indices) and stay in flight across row ends; at a row's end its L lanes reduce
+// with shuffles (fixed order: deterministic) and lane 0 stores. Needs dtypes.cuh in front (the
+// registry inlines it): F16, BF16.
 
 typedef unsigned int u32;
 
@@ -130,58 +132,79 @@ __device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const
 template <typename T, int NV, int L, int DB, int WARPS, int PIPE>
 __global__ void __launch_bounds__(WARPS * 32)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
-           const int* __restrict__ group_base, const typename T::storage* __restrict__ B,
-           typename T::storage* __restrict__ C, int M, int K, int KP, int skew, int N, long long ldb, long long ldc,
-           int row_groups) {
+           const int* __restrict__ group_base, const int2* __restrict__ split,
+           const typename T::storage* __restrict__ B, typename T::storage* __restrict__ C, int M, int K, int KP,
+           int skew, int N, long long ldb, long long ldc) {
     static_assert(NV == 1 || NV == 2 || NV == 4 || NV == 8, "NV in 1, 2, 4, 8");
     static_assert(L == 4 || L == 8 || L == 16 || L == 32, "L in 4, 8, 16, 32");
     typedef DeltaWord<DB> DW;
-    constexpr int RPW = 32 / L;                       // rows per warp
+    constexpr int SUBS = 32 / L;                      // sub-warps (one row at a time each) per warp
     extern __shared__ __align__(16) float bs[];      // B[:, n0 : n0 + NV] as fp32, KP x NV (skewed rows)
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int q = lane % L, sub = lane / L;
+    const unsigned mask = L == 32 ? 0xffffffffu : (((1u << L) - 1u) << (sub * L));
     const int n0 = blockIdx.y * NV;
-    bool staged = false;
-    // A row group's metadata (where its pieces start, how many, the lane's first column) is loaded
-    // one row group ahead: otherwise each row pays two dependent memory latencies (metadata, then
-    // its values) before its stream starts, which dominates short rows.
-    int next_base = 0, next_end = 0, next_col = 0;
-    auto load_meta = [&](int rg) {
-        const int r = (rg * WARPS + warp) * RPW + sub;
-        if (rg < row_groups && r < M) {
-            next_base = group_base[r];
-            next_end = group_base[r + 1];
-            next_col = starts[static_cast<long long>(r) * L + q];
-        } else {
-            next_base = next_end = next_col = 0;
+    // This sub-warp's stream: rows [split[sw].x, split[sw + 1].x), whose pieces are contiguous,
+    // [split[sw].y, split[sw + 1].y). One stream per sub-warp instead of a grid-stride loop over
+    // rows: the PIPE loads in flight carry on across row ends, so a row no longer pays the
+    // pipeline's fill and drain (two memory latencies per row at 8 groups per lane).
+    const int sw = (blockIdx.x * WARPS + warp) * SUBS + sub;
+    const int2 lo = split[sw], hi = split[sw + 1];
+    int row = lo.x;
+    const int row_end = hi.x;
+    const int steps = (hi.y - lo.y) / L;
+    uint4 v[PIPE];
+    typename DW::type d[PIPE];
+#pragma unroll
+    for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
+    // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
+    // so a row change does not wait on its metadata.
+    int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;
+    if (row < row_end) {
+        cur_end = group_base[row + 1];
+        col = starts[static_cast<long long>(row) * L + q];
+    }
+    if (row + 1 < row_end) {
+        nxt_end = group_base[row + 2];
+        nxt_col = starts[static_cast<long long>(row + 1) * L + q];
+    }
+    stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
+    __syncthreads();
+    float acc[NV];
+#pragma unroll
+    for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
+    int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
+    // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
+    // store, move to the next row. Empty rows store zeros.
+    auto finish_rows = [&]() {
+        while (row < row_end && pos == cur_end) {
+#pragma unroll
+            for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+                for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
+            }
+            if (q == 0) {
+#pragma unroll
+                for (int t = 0; t < NV; ++t) {
+                    if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
+            ++row;
+            col = nxt_col;
+            cur_end = nxt_end;
+            if (row + 1 < row_end) {
+                nxt_end = group_base[row + 2];
+                nxt_col = starts[static_cast<long long>(row + 1) * L + q];
+            }
         }
     };
-    load_meta(blockIdx.x);
-
-    for (int rg = blockIdx.x; rg < row_groups; rg += gridDim.x) {
-        const int row = (rg * WARPS + warp) * RPW + sub;
-        const bool live = row < M;
-        const int base = next_base;
-        const int groups = (next_end - next_base) / L;
-        const int gmax = __reduce_max_sync(full, groups);
-        int col = next_col;
-        uint4 v[PIPE];
-        typename DW::type d[PIPE];
+    finish_rows();
+    for (int s0 = 0; s0 < steps; s0 += PIPE) {
 #pragma unroll
-        for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, base, p, groups, q, v[p], d[p]);
-        load_meta(rg + gridDim.x);
-        if (!staged) {                                // once per CTA, after its first loads of A
-            stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);
-            __syncthreads();
-            staged = true;
-        }
-        float acc[NV];
-#pragma unroll
-        for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
-        for (int j0 = 0; j0 < gmax; j0 += PIPE) {
-#pragma unroll
-            for (int p = 0; p < PIPE; ++p) {
+        for (int p = 0; p < PIPE; ++p) {
+            if (s0 + p < steps) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     col += DW::field(d[p], i);
@@ -191,18 +214,9 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 #pragma unroll
                     for (int t = 0; t < NV; ++t) acc[t] = fmaf(a, b[t], acc[t]);
                 }
-                load_group<DB, L>(vals, deltas, base, j0 + p + PIPE, groups, q, v[p], d[p]);
-            }
-        }
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-            for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(full, acc[t], off);
-        }
-        if (live && q == 0) {
-#pragma unroll
-            for (int t = 0; t < NV; ++t) {
-                if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+                load_group<DB, L>(vals, deltas, lo.y, s0 + p + PIPE, steps, q, v[p], d[p]);
+                pos += L;
+                if (pos == cur_end) finish_rows();
             }
         }
     }
@@ -211,7 +225,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
 #define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4>(const uint4*, const void*, \
-    const int*, const int*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long, int);
+    const int*, const int*, const int2*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long);
 #ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types
 SD_DELTA(F16, 1, 32, 4) SD_DELTA(F16, 2, 16, 8) SD_DELTA(F16, 4, 8, 4) SD_DELTA(F16, 8, 4, 8)
 SD_DELTA(BF16, 1, 4, 4) SD_DELTA(BF16, 8, 32, 8)

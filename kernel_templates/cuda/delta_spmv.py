@@ -25,8 +25,8 @@ META = {
         "LANES": ["auto", 4, 8, 16, 32],
         "DELTA_BITS": ["auto", 4, 8],
         "SKEW": ["auto", 0, 4, 5, 6, 7, 8],
-        "WARPS": [4, 8, 16],
-        "PIPE": [2, 4],
+        "WARPS": [4, 8, 16, 32],
+        "PIPE": [2, 4, 8],
         "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
@@ -72,10 +72,14 @@ def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
             f"{int(PARAMS['PIPE'])}>")
 
 
+def reachable_nvs(kp: int) -> tuple:
+    """Every NV plan_launch can pick for a B copy of KP rows under PARAMS."""
+    return tuple(nv for nv in _NV_CHOICES if nv <= nv_cap(kp)) if PARAMS["NV"] == "auto" else (int(PARAMS["NV"]),)
+
+
 def reachable_kernels(dtype, kp: int, lanes: int, bits: int) -> tuple:
     """Every kernel plan_launch can pick for this dtype, B-copy extent (KP) and packing under PARAMS."""
-    nvs = tuple(nv for nv in _NV_CHOICES if nv <= nv_cap(kp)) if PARAMS["NV"] == "auto" else (int(PARAMS["NV"]),)
-    return tuple(kernel_name(dtype, nv, lanes, bits) for nv in nvs)
+    return tuple(kernel_name(dtype, nv, lanes, bits) for nv in reachable_nvs(kp))
 
 
 def check_shape(shape) -> None:
@@ -107,9 +111,36 @@ def prepare(A, dtype, device) -> dict:
                "group_base": torch.from_numpy(fmt.group_base).to(device)}
     kernels = (rt.compile_cuda(CUDA_SRC, reachable_kernels(dtype, kp, fmt.lanes, fmt.bits), device,
                                "delta_spmv") if device.type == "cuda" else {})
-    return {**tensors, "arrays": ["values", "deltas", "starts", "group_base"], "shape": tuple(A.shape),
-            "nnz": fmt.nnz, "lanes": fmt.lanes, "bits": fmt.bits, "skew": fmt.skew, "kp": kp, "fillers": fmt.fillers,
-            "a_bytes": fmt.nbytes(2), "kernels": kernels, "scratch": {}}
+    packed = {**tensors, "arrays": ["values", "deltas", "starts", "group_base"], "shape": tuple(A.shape),
+              "nnz": fmt.nnz, "lanes": fmt.lanes, "bits": fmt.bits, "skew": fmt.skew, "kp": kp,
+              "fillers": fmt.fillers, "a_bytes": fmt.nbytes(2), "kernels": kernels, "splits": {}, "scratch": {}}
+    # Each kernel's stream split is made here, not at the first spmm: that call may be inside a CUDA
+    # graph capture, where a host-to-device copy is not allowed.
+    for nv in reachable_nvs(kp) if kernels else ():
+        kernel = kernels[kernel_name(dtype, nv, fmt.lanes, fmt.bits)]
+        plan = plan_launch(packed, nv, dtype, rt.sm_count(device), int(kernel.num_regs))
+        if plan["streams"] not in packed["splits"]:
+            packed["splits"][plan["streams"]] = torch.from_numpy(
+                stream_split(fmt.group_base, plan["streams"])).to(device)
+    return packed
+
+
+def stream_split(group_base: np.ndarray, streams: int) -> np.ndarray:
+    """[streams + 1, 2] int32: (first row, first piece) of each sub-warp's contiguous range of rows,
+    cut at the row boundary nearest to an equal share of the pieces (bytes), so that one resident
+    wave of sub-warps ends together; the last entry is (M, all pieces). Rows are never split: a
+    row's lanes reduce in registers, deterministic and without a second pass."""
+    if streams < 1:
+        raise ValueError(f"Expected at least one stream (sub-warp), got {streams}.")
+    base = np.asarray(group_base, dtype=np.int64)
+    m = base.size - 1
+    targets = (base[-1] * np.arange(streams + 1, dtype=np.int64)) // streams
+    after = np.clip(np.searchsorted(base, targets, side="left"), 0, m)
+    before = np.maximum(after - 1, 0)
+    rows = np.where(targets - base[before] < base[after] - targets, before, after)
+    rows[0], rows[-1] = 0, m
+    rows = np.maximum.accumulate(rows)
+    return np.stack([rows, base[rows]], axis=1).astype(np.int32)
 
 
 def ctas_per_sm(smem: int, regs: int) -> int:
@@ -127,19 +158,20 @@ def ctas_per_sm(smem: int, regs: int) -> int:
 
 def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one call (pure Python); ``regs`` is
-    the compiled kernel's registers per thread (the grid is sized to the CTAs that stay resident)."""
+    the compiled kernel's registers per thread. The grid is one wave of resident CTAs (fewer when
+    the matrix has fewer rows than sub-warps); each of its ``streams`` sub-warps of L lanes streams
+    one contiguous range of rows (`stream_split`)."""
     M, kp = packed["shape"][0], packed["kp"]
     nv = nv_for(N, kp)
     lanes, warps = int(packed["lanes"]), int(PARAMS["WARPS"])
-    rows_per_group = warps * (32 // lanes)
-    row_groups = max(1, -(-M // rows_per_group))
+    rows_per_cta = warps * (32 // lanes)
     smem = kp * nv * 4
-    grid = (min(row_groups, sms * ctas_per_sm(smem, regs)), -(-N // nv), 1)
+    grid = (max(1, min(-(-M // rows_per_cta), sms * ctas_per_sm(smem, regs))), -(-N // nv), 1)
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit of "
                          "65535; delta_spmv is a decode kernel (N <= 8), use a tensor-core template.")
     return {"name": kernel_name(dtype, nv, lanes, int(packed["bits"])), "grid": grid, "block": (warps * 32, 1, 1),
-            "smem": smem, "row_groups": row_groups, "nv": nv}
+            "smem": smem, "streams": grid[0] * rows_per_cta, "nv": nv}
 
 
 def spmm(packed: dict, B, out) -> None:
@@ -156,10 +188,14 @@ def spmm(packed: dict, B, out) -> None:
         if plan["smem"] > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = plan["smem"]
         plan["kernel"] = kernel
+        split = packed["splits"].get(plan["streams"])
+        if split is None:       # a kernel prepare did not plan for (not reached through spmm's own names)
+            split = packed["splits"][plan["streams"]] = torch.from_numpy(
+                stream_split(packed["group_base"].cpu().numpy(), plan["streams"])).to(b.device)
         plan["head"] = tuple(np.uint64(packed[name].data_ptr()) for name in ("values", "deltas", "starts",
-                                                                              "group_base"))
+                                                                              "group_base")) + (np.uint64(split.data_ptr()),)
         plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["kp"]), np.int32(packed["skew"]),
-                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)), np.int32(plan["row_groups"]))
+                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)))
         return plan
 
     rt.launch_cuda(packed, key, make_plan, b, target, out)
