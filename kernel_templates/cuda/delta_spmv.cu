@@ -66,17 +66,20 @@ __device__ __forceinline__ float piece_value(const uint4& v, int i) {
     return T::to_float(static_cast<u16>((i & 1) ? (w >> 16) : (w & 0xffffu)));
 }
 
+// B's row at byte offset `off` of the fp32 copy (off = physical column * 4 * NV): the kernel carries
+// the running column pre-scaled, so each entry costs one add and no address arithmetic.
 template <int NV>
-__device__ __forceinline__ void b_row(const float* bs, int col, float (&b)[NV]) {
+__device__ __forceinline__ void b_row(const float* bs, int off, float (&b)[NV]) {
+    const char* at = reinterpret_cast<const char*>(bs) + off;
     if (NV == 1) {
-        b[0] = bs[col];
+        b[0] = *reinterpret_cast<const float*>(at);
     } else if (NV == 2) {
-        const float2 x = reinterpret_cast<const float2*>(bs)[col];
+        const float2 x = *reinterpret_cast<const float2*>(at);
         b[0] = x.x; b[NV > 1 ? 1 : 0] = x.y;
     } else {
 #pragma unroll
         for (int t = 0; t < NV; t += 4) {
-            const float4 x = reinterpret_cast<const float4*>(bs + col * NV)[t / 4];
+            const float4 x = reinterpret_cast<const float4*>(at)[t / 4];
             b[t] = x.x; b[t + 1 < NV ? t + 1 : 0] = x.y; b[t + 2 < NV ? t + 2 : 0] = x.z; b[t + 3 < NV ? t + 3 : 0] = x.w;
         }
     }
@@ -89,8 +92,8 @@ __device__ __forceinline__ void b_row(const float* bs, int col, float (&b)[NV]) 
 // The copy is skewed: column k sits at physical row p = k + (k >> skew), so each block of 2^skew
 // columns is followed by one hole (zeroed: a gap filler's column may land there).
 template <typename T, int NV, int WARPS>
-__device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __restrict__ B, int K, int KP, int skew,
-                                        int N, int n0, long long ldb) {
+__device__ __forceinline__ void stage_b_general(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
+                                                int skew, int N, int n0, long long ldb) {
     constexpr int SB = 16;
     constexpr int THREADS = WARPS * 32;
     const int total = KP * NV;
@@ -115,6 +118,54 @@ __device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __
     }
 }
 
+// The common decode case, B's strip contiguous (N == NV, B [K, N] row-major, 16-byte aligned):
+// 16-byte loads of 8 values, all of a thread's loads issued before its first store (K = 4096, NV = 1:
+// two loads per thread instead of the general path's sixteen element loads and index divisions);
+// then the skew's holes are zeroed.
+template <typename T, int NV, int WARPS>
+__device__ __forceinline__ void stage_b_contiguous(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
+                                                   int skew) {
+    constexpr int SB = 4;
+    constexpr int THREADS = WARPS * 32;
+    const int chunks = K * NV / 8;                     // K * NV is a multiple of 8 (checked by the caller)
+    const uint4* src = reinterpret_cast<const uint4*>(B);
+    for (int c0 = threadIdx.x; c0 < chunks; c0 += SB * THREADS) {
+        uint4 v[SB];
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+            const int c = c0 + u * THREADS;
+            v[u] = c < chunks ? src[c] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < SB; ++u) {
+            const int c = c0 + u * THREADS;
+            if (c < chunks) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int e = c * 8 + i, k = e / NV, t = e % NV;       // NV is a power of two
+                    bs[(skew ? k + (k >> skew) : k) * NV + t] = piece_value<T>(v[u], i);
+                }
+            }
+        }
+    }
+    if (skew) {
+        const int period = (1 << skew) + 1;
+        for (int h = threadIdx.x; h < (KP / period) * NV; h += THREADS) {
+            bs[((h / NV) * period + (1 << skew)) * NV + h % NV] = 0.0f;
+        }
+    }
+}
+
+template <typename T, int NV, int WARPS>
+__device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __restrict__ B, int K, int KP, int skew,
+                                        int N, int n0, long long ldb) {
+    if (n0 == 0 && N == NV && ldb == NV && (K * NV) % 8 == 0 && (reinterpret_cast<unsigned long long>(B) & 15) == 0) {
+        stage_b_contiguous<T, NV, WARPS>(bs, B, K, KP, skew);
+    } else {
+        stage_b_general<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);
+    }
+}
+
 // Group j of lane q's run into (v, d), or an empty group (value 0, delta 0) past the row's end.
 template <int DB, int L>
 __device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const void* __restrict__ deltas, int base,
@@ -129,8 +180,8 @@ __device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const
     }
 }
 
-template <typename T, int NV, int L, int DB, int WARPS, int PIPE>
-__global__ void __launch_bounds__(WARPS * 32)
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
            const int* __restrict__ group_base, const int2* __restrict__ split,
            const typename T::storage* __restrict__ B, typename T::storage* __restrict__ C, int M, int K, int KP,
@@ -159,25 +210,29 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
     // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
     // so a row change does not wait on its metadata.
-    int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;
+    constexpr int SCALE = 4 * NV;                     // bytes per physical column of the B copy
+    int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;   // col: the running column, as a byte offset
     if (row < row_end) {
         cur_end = group_base[row + 1];
-        col = starts[static_cast<long long>(row) * L + q];
+        col = starts[static_cast<long long>(row) * L + q] * SCALE;
     }
     if (row + 1 < row_end) {
         nxt_end = group_base[row + 2];
-        nxt_col = starts[static_cast<long long>(row + 1) * L + q];
+        nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
     }
     stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
     __syncthreads();
-    float acc[NV];
+    // two accumulators per column (even and odd entries): half the dependent FMA chain per group
+    float acc[NV], acc2[NV];
 #pragma unroll
-    for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
+    for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
     int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
     // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
     // store, move to the next row. Empty rows store zeros.
     auto finish_rows = [&]() {
         while (row < row_end && pos == cur_end) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
 #pragma unroll
             for (int off = L / 2; off > 0; off >>= 1) {
 #pragma unroll
@@ -190,13 +245,13 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
                 }
             }
 #pragma unroll
-            for (int t = 0; t < NV; ++t) acc[t] = 0.0f;
+            for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
             ++row;
             col = nxt_col;
             cur_end = nxt_end;
             if (row + 1 < row_end) {
                 nxt_end = group_base[row + 2];
-                nxt_col = starts[static_cast<long long>(row + 1) * L + q];
+                nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
             }
         }
     };
@@ -207,12 +262,15 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
             if (s0 + p < steps) {
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    col += DW::field(d[p], i);
+                    col += DW::field(d[p], i) * SCALE;
                     const float a = piece_value<T>(v[p], i);
                     float b[NV];
                     b_row<NV>(bs, col, b);
 #pragma unroll
-                    for (int t = 0; t < NV; ++t) acc[t] = fmaf(a, b[t], acc[t]);
+                    for (int t = 0; t < NV; ++t) {
+                        if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
+                        else acc[t] = fmaf(a, b[t], acc[t]);
+                    }
                 }
                 load_group<DB, L>(vals, deltas, lo.y, s0 + p + PIPE, steps, q, v[p], d[p]);
                 pos += L;
@@ -224,7 +282,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
-#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4>(const uint4*, const void*, \
+#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, 1>(const uint4*, const void*, \
     const int*, const int*, const int2*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long);
 #ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types
 SD_DELTA(F16, 1, 32, 4) SD_DELTA(F16, 2, 16, 8) SD_DELTA(F16, 4, 8, 4) SD_DELTA(F16, 8, 4, 8)

@@ -28,10 +28,12 @@ META = {
         "WARPS": [4, 8, 16, 32],
         "PIPE": [2, 4, 8],
         "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
+        # __launch_bounds__' minimum resident CTAs: caps the registers (1: no cap) for more warps per SM
+        "MIN_CTAS": [1, 2, 3, 4],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
-    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto"},
+    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_CTAS": 1},
     "grid": [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": 0}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",
@@ -69,7 +71,7 @@ def nv_for(n: int, K: int) -> int:
 
 def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
     return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
-            f"{int(PARAMS['PIPE'])}>")
+            f"{int(PARAMS['PIPE'])}, {int(PARAMS['MIN_CTAS'])}>")
 
 
 def reachable_nvs(kp: int) -> tuple:

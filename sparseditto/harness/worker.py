@@ -162,6 +162,16 @@ def _preimport(backend: str) -> dict:
     # the first candidate's call (where the audit hook would refuse the run-time compiles).
     with tracing.OpTracer():
         (torch.ones(2) + 1).sum()
+    if backend == "cuda" and torch.cuda.is_available():
+        # On the GPU a candidate's first spmm still reached torch._dynamo's lazy import (its
+        # convert_frame compiles at import), refused inside the candidate's scope (seen on the H200
+        # once the tracer stopped importing it): import it here, trusted, with CUDA ops through the
+        # tracer. CPU workers skip the ~2 s.
+        import torch._dynamo  # noqa: F401
+
+        with tracing.OpTracer():
+            (torch.ones(2, device="cuda") + 1).sum()
+        torch.cuda.synchronize()
 
     info = {"pid": os.getpid(), "backend": backend, "torch": torch.__version__,
             "cuda": torch.cuda.is_available(), "interpreter_index_fix": patched}
