@@ -74,12 +74,12 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         return PATTERN_PREFERENCES[pattern]
     sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
-        # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv): the delta-coded
-        # CUDA-core SpMV is the fastest measured kernel at N <= 2 from 85% (1.4-2.2x cuBLAS at 90%)
-        # and at N = 1 from 65% (1.1-1.3x at 70%).
+        # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv, streamed rows):
+        # the delta-coded CUDA-core SpMV is the fastest measured kernel at N <= 2 from 50%
+        # (11008x4096: 1.2-1.3x cuBLAS at 50%, 1.6-1.7x at 70%, 2.6-2.8x at 90%).
         if sparsity >= 0.85 and n <= DELTA_MAX_N:
             return ("delta_spmv", "csr_rowsplit", "tc_bitmap", "csr_balanced")
-        if sparsity >= 0.65 and n == 1:
+        if sparsity >= 0.45 and n <= DELTA_MAX_N:
             return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
         if sparsity >= 0.95:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")

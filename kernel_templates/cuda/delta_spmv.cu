@@ -85,16 +85,17 @@ __device__ __forceinline__ void b_row(const float* bs, int off, float (&b)[NV]) 
     }
 }
 
-// B[:, n0 : n0 + NV] -> bs (fp32, K x NV, zeros past N). Every load of a batch of SB elements per
-// thread is issued before the first store, so staging costs about two memory latencies instead of
-// one per element: measured on the H200, a plain loop (16 dependent rounds per thread at K = 4096)
-// was a ~12 us floor under every shape.
+// B[:, n0 : n0 + NV] -> bs (fp32, K x NV, zeros past N), any layout of B. Every load of a batch of
+// SB elements per thread is issued before the first store, so staging costs a few memory latencies
+// instead of one per element: measured on the H200, a plain loop (16 dependent rounds per thread at
+// K = 4096) was a ~12 us floor under every shape. SB = 8, not 16: at 16 the batch spilled under the
+// register cap of MIN_WARPS = 24.
 // The copy is skewed: column k sits at physical row p = k + (k >> skew), so each block of 2^skew
 // columns is followed by one hole (zeroed: a gap filler's column may land there).
 template <typename T, int NV, int WARPS>
 __device__ __forceinline__ void stage_b_general(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
                                                 int skew, int N, int n0, long long ldb) {
-    constexpr int SB = 16;
+    constexpr int SB = 8;
     constexpr int THREADS = WARPS * 32;
     const int total = KP * NV;
     const int block = skew ? (1 << skew) + 1 : 0x7fffffff;
@@ -282,7 +283,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
-#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, 1>(const uint4*, const void*, \
+#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, 3>(const uint4*, const void*, \
     const int*, const int*, const int2*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long);
 #ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types
 SD_DELTA(F16, 1, 32, 4) SD_DELTA(F16, 2, 16, 8) SD_DELTA(F16, 4, 8, 4) SD_DELTA(F16, 8, 4, 8)

@@ -28,13 +28,16 @@ META = {
         "WARPS": [4, 8, 16, 32],
         "PIPE": [2, 4, 8],
         "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
-        # __launch_bounds__' minimum resident CTAs: caps the registers (1: no cap) for more warps per SM
-        "MIN_CTAS": [1, 2, 3, 4],
+        # warps per SM the registers must allow (__launch_bounds__' minimum CTAs = MIN_WARPS / WARPS;
+        # 0: no cap). H200, 11008x4096 at N = 1: uncapped the kernel takes ~100 registers, 16 warps
+        # per SM, and waits on its loads; 24 (80 registers, no spills) ran 1.1x faster at 50-70%;
+        # 32 (64 registers) spills and ran slower than uncapped.
+        "MIN_WARPS": [0, 16, 24, 32],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
-    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_CTAS": 1},
-    "grid": [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": 0}],
+    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24},
+    "grid": [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",
     "dtypes": ["float16", "bfloat16"],
@@ -71,7 +74,12 @@ def nv_for(n: int, K: int) -> int:
 
 def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
     return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
-            f"{int(PARAMS['PIPE'])}, {int(PARAMS['MIN_CTAS'])}>")
+            f"{int(PARAMS['PIPE'])}, {min_ctas()}>")
+
+
+def min_ctas() -> int:
+    """__launch_bounds__' minimum resident CTAs per SM for PARAMS' MIN_WARPS (1: no register cap)."""
+    return max(1, int(PARAMS["MIN_WARPS"]) // int(PARAMS["WARPS"]))
 
 
 def reachable_nvs(kp: int) -> tuple:

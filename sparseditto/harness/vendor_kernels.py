@@ -254,7 +254,7 @@ class TritonBsr(CopiedOut):
         dense = torch.zeros((Mp, Kp), dtype=dtype, device=device)
         dense[:M, :K] = A.to_torch(dtype=dtype, device=device, layout="dense")
         note = f"block {b}x{b}" + (f"; A zero-padded to {Mp}x{Kp}" if (Mp, Kp) != (M, K) else "") + \
-            "; B padded to N % 16 == 0 when needed (bsr_dense_mm needs whole blocks)"
+            "; B padded to a power-of-two N >= 16 when needed (bsr_dense_mm's column tiles)"
         return {"bsr": Held(dense.to_sparse_bsr((b, b))), "shape": (M, K), "padded": (Mp, Kp), "note": note,
                 "scratch": {}}
 
@@ -265,7 +265,9 @@ class TritonBsr(CopiedOut):
 
         (M, K), (Mp, Kp) = packed["shape"], packed["padded"]
         n = B.shape[1]
-        Np = -(-n // 16) * 16
+        # a power of two, at least 16: bsr_dense_mm tiles B's columns with tl.arange over the padded
+        # width (measured on the H200: N = 33 padded to 48 failed "arange's range must be a power of 2")
+        Np = max(16, 1 << (n - 1).bit_length())
         key = (n, str(B.dtype), str(B.device))
         bufs = packed["scratch"].get(key)
         if bufs is None:   # per N: the padded B and C (zeros outside the real block stay zero)

@@ -11,15 +11,16 @@ from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_pack
 APPLICABILITY = "fp16/bf16 values and K <= 25600 (an fp32 column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
               "padded to 8*L per row, passes = ceil(N / NV); time = max(bytes / bandwidth, measured floor "
-              "0.25 ns + 0.5 ns per column per slot) (H200 fit)")
+              "0.24 ps + 0.35 ps per column per slot) (H200 fit)")
 SMEM_CAP = 100 * 1024
-# Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode` (2026-12-01,
-# fp16, CUDA-graph launch, read-flushed cold L2) on 4096x4096, 11008x4096 and 4096x11008 at 50-90%:
-# ~0.25 ns + 0.5 ns per column of B per slot (11008x4096 50%: 26 / 41 / 63 us at N = 1 / 2 / 4 for
-# 23.8 M slots; 90%: 12.5 us for 4.6 M), plus ~9 us fixed (not added: estimates stay lower bounds).
-# Other GPUs get it scaled by their bandwidth (an assumption).
-SLOT_S = 0.25e-12
-SLOT_COLUMN_S = 0.5e-12
+# Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode --cases 11008x4096`
+# (2026-12-01, session 19: streamed rows, MIN_WARPS 24; fp16, CUDA-graph launch, read-flushed cold
+# L2) at 50/70/90%: 0.59 ps per slot at N = 1 and 0.94 at N = 2, i.e. ~0.24 ps + 0.35 ps per column
+# of B per slot (11008x4096 50%: 22 / 32 us at N = 1 / 2 for 23.3 M slots; 90%: 11 / 15 us for
+# 4.6 M), plus ~8-11 us fixed (not added: estimates stay lower bounds). Other GPUs get it scaled by
+# their bandwidth (an assumption).
+SLOT_S = 0.24e-12
+SLOT_COLUMN_S = 0.35e-12
 H200_BANDWIDTH_GBS = 4130.0
 
 
@@ -35,7 +36,9 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"WARPS": 4}, {"PIPE": 2}, {"SKEW": 0}]
+    # the default first (MIN_WARPS 24 was the fastest on every 11008x4096 case); then no register
+    # cap (16 warps per SM), smaller CTAs, and the plain B copy
+    return [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
