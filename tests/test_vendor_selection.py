@@ -116,3 +116,36 @@ def test_a_vendor_answer_in_a_bundle_loads_without_agents_and_patches_a_model(tm
     assert patched["0"].calls == 1 and patched["0"].kernel.source is None
     np.testing.assert_allclose(y.numpy(), (x @ lin.weight.T + lin.bias).detach().numpy(), rtol=1e-5, atol=1e-5)
     assert unpatch_model(model) == 1
+
+
+def _record(template: str, graph_ms, eager_ms, origin="template"):
+    rec = {"template": template, "status": "verified", "origin": origin, "timings_are_gpu": True,
+           "eager_ms": eager_ms, "median_ms": graph_ms if graph_ms is not None else eager_ms,
+           "timing_basis": "cuda_graph" if graph_ms is not None else "eager"}
+    if origin == "vendor":
+        rec["vendor"] = template
+    return rec
+
+
+def test_an_eager_only_vendor_path_does_not_put_every_comparison_on_eager_times():
+    """The H200 case (11008x4096 70%, N = 1): CuPy's cuSPARSE has no graph timing; the decode
+    kernel must still be compared with cuBLAS graph-replayed (16.9 vs 26.4 us), not eagerly, where
+    Python launch overhead decides (28.4 vs 37.0 us); and it must still beat the eager-only path."""
+    from sparseditto.agents.selection import choose_best, ratio, strongest_rival, vendor_comparison
+
+    ours = _record("delta_spmv", 0.0169, 0.0284)
+    dense = _record("dense", 0.0264, 0.0370, origin="vendor")
+    cupy = _record("cusparse_csr_cupy", None, 0.1775, origin="vendor")
+    assert ratio(dense, ours) == pytest.approx(0.0264 / 0.0169)
+    assert ratio(cupy, ours) == pytest.approx(0.1775 / 0.0284)        # eager with eager
+    rival, margin = strongest_rival([dense, cupy], ours)
+    assert rival is dense and margin == pytest.approx(0.0264 / 0.0169)
+    verdict = choose_best({"candidates": [ours, dense, cupy]}, None)
+    assert verdict["template"] == "delta_spmv" and verdict["basis"] == "cuda_graph"
+    assert verdict["margin"] == pytest.approx(0.0264 / 0.0169)
+    cmp = vendor_comparison({"candidates": [ours, dense, cupy]}, verdict)
+    assert cmp["best_vendor"] == "dense" and cmp["speedup_vs_best_vendor"] == pytest.approx(0.0264 / 0.0169)
+    # and a vendor path faster than ours like for like still wins, even if only eager-timed
+    fast_cupy = _record("cusparse_csr_cupy", None, 0.0200, origin="vendor")
+    verdict = choose_best({"candidates": [ours, dense, fast_cupy]}, None)
+    assert verdict["template"] == "cusparse_csr_cupy" and verdict["margin"] == pytest.approx(0.0284 / 0.0200)
