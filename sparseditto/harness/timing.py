@@ -16,6 +16,15 @@ kernels moved by 1-5%: the write flush flattered our speedups by up to 1.3x. Ins
 before a GEMV holds the previous layers' weights and activations, mostly clean, so the read flush is
 the representative cold cache.
 
+Why the GPU is kept ahead of the host: events time the GPU's timeline, so if the GPU reaches the
+start event before the host has submitted the launch, the wait is counted as kernel time. After the
+flush is queued, the host still records the event and submits the launch; in a sandboxed worker
+(audit hook, op tracer) that can take longer than the ~30 us flush. On the H200 (2026-12-01) the
+same cuBLAS call measured 34.9 us in a bench's candidate slot and 20.4 us in its dense slot, and
+delta_spmv 22.6 then 11.4 us in two identical benches. So a spin kernel of LEAD_US is queued after
+the flush and before the start event: the host has that long to submit the launch before the GPU
+can wait for it.
+
 Why a warm-up measured in milliseconds, not only in launches: a GPU that was idle (compiling,
 verifying) runs its first milliseconds of work at lower clocks. On the H200 a 15-40 us kernel timed
 right after such a gap measured up to 2x its time (csr_rowsplit 23 vs 39-42 us; tc_dense 16.9 vs
@@ -36,6 +45,8 @@ _DEFAULT_L2_BYTES = 128 * 1024 * 1024  # used when the device does not report it
 _FLUSH_BUFFERS: dict = {}
 WARM_MS = 30.0          # busy time before the first sample (module docstring)
 MAX_WARM_LAUNCHES = 4000
+# GPU time queued ahead of every timed launch (module docstring, "Why the GPU is kept ahead")
+LEAD_US = 100.0
 
 
 def check_repeats(repeats: int, warmup: int) -> None:
@@ -85,7 +96,7 @@ def _noop(i: int) -> None:
     return None
 
 
-def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float = WARM_MS, sync=None) -> int:
+def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float | None = None, sync=None) -> int:
     """Run ``step`` (a flush and a launch) at least ``warmup`` times and, when ``warmup`` > 0, until
     the GPU has been busy for ``min_ms`` (synchronized wall time); returns the launches made.
     Warm-up launch w gets ``before(-1 - w)`` / ``after(-1 - w)`` like the counted ones. ``sync``
@@ -94,6 +105,7 @@ def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float 
         import torch
 
         sync = torch.cuda.synchronize
+    min_ms = WARM_MS if min_ms is None else min_ms
     t0 = time.perf_counter()
     w = 0
     while w < warmup or (warmup > 0 and w < MAX_WARM_LAUNCHES and (time.perf_counter() - t0) * 1e3 < min_ms):
@@ -105,6 +117,16 @@ def warm_up(step: Callable[[], None], warmup: int, before, after, min_ms: float 
             sync()   # wall time of work done, not of work queued
     sync()
     return w
+
+
+def lead_cycles(device=None) -> int:
+    """GPU clock cycles of LEAD_US at the device's clock rate (torch reports it in kHz; 1.98 GHz
+    when it does not)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    khz = int(getattr(props, "clock_rate", 0) or 1_980_000)
+    return max(1, int(LEAD_US * khz / 1e3))
 
 
 def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush: bool, before, after) -> Timing:
@@ -123,10 +145,12 @@ def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush:
     warm_up(step, warmup, before, after)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+    lead = lead_cycles()
     for i in range(repeats):
         before(i)
         if buf is not None:
             flush_l2(buf)
+        torch.cuda._sleep(lead)
         starts[i].record()
         launch()
         ends[i].record()
