@@ -232,3 +232,32 @@ def test_warm_up_keeps_the_gpu_busy_for_milliseconds_not_only_launches():
     assert seen == [-1 - w for w in range(made)]
     assert warm_up(step, 50, lambda i: None, lambda i: None, min_ms=1.0, sync=lambda: None) == 50
     assert warm_up(step, 0, lambda i: None, lambda i: None, sync=lambda: None) == 0
+
+
+@pytest.mark.gpu
+def test_host_latency_before_a_launch_is_not_counted_as_kernel_time():
+    """The LEAD_US spin (harness/timing.py): a host that takes 60 us to submit a graph replay after
+    the start event must not add those 60 us to the kernel's median."""
+    import time as _time
+
+    import torch
+
+    from sparseditto.harness import timing
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
+    graph = timing.capture_graph(lambda: torch.mul(x, 2.0, out=y))
+
+    def replay_after(host_us):
+        def run():
+            t0 = _time.perf_counter()
+            while (_time.perf_counter() - t0) * 1e6 < host_us:
+                pass
+            graph.replay()
+        return run
+
+    prompt = timing._time_launches(replay_after(0), 30, 3, True, None, None).median_ms
+    slow_host = timing._time_launches(replay_after(60), 30, 3, True, None, None).median_ms
+    assert slow_host < prompt + 0.015, f"{slow_host * 1e3:.1f} us with a 60 us host delay vs {prompt * 1e3:.1f} us"
