@@ -192,3 +192,99 @@ def test_gpu_verifies_against_fp64(params, shape, density, empty, dtype):
     result = run_and_verify(get_template("delta_spmv").instantiate(params), A, n_values=(1, 2, 3, 8, 16, 17),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
+
+
+def _emulate_row_split(module, fmt, B, streams):
+    """The kernel's ROW_SPLIT walk in numpy (float64): each stream from split/heads/head_cols, rows
+    finished at their ends, parts of cut rows kept per (stream, slot) and added in stream order as
+    combine_part does. Returns C and how many times each row was written."""
+    from sparseditto.delta_format import logical_columns
+
+    split, heads = module.group_split(fmt.group_base, fmt.lanes, streams)
+    head_cols = module.head_columns(fmt, split, heads)
+    m, k = fmt.shape
+    L = fmt.lanes
+    bphys = np.zeros((int(logical_columns(k, fmt.skew).size), B.shape[1]))
+    logical = logical_columns(k, fmt.skew)
+    bphys[logical >= 0] = B[logical[logical >= 0]]
+    C = np.zeros((m, B.shape[1]))
+    writes = np.zeros(m, dtype=int)
+    parts = {}
+    gb = fmt.group_base.astype(np.int64)
+    for s in range(streams):
+        (row, p0), (row_end, p1) = split[s], split[s + 1]
+        head, nxt = heads[s], heads[s + 1]
+        row_stop = row_end + (1 if nxt[0] >= 0 else 0)
+        col = (head_cols[s * L:(s + 1) * L] if head[0] >= 0 else fmt.starts[row * L:(row + 1) * L]).astype(np.int64) \
+            if row < row_stop else np.zeros(L, dtype=np.int64)
+        acc = np.zeros(B.shape[1])
+        pos = int(p0)
+
+        def finish():
+            nonlocal row, col, acc
+            while row < row_end and pos == gb[row + 1]:
+                if head[0] >= 0 and row == split[s, 0]:
+                    parts[(s, 0)] = (row, acc.copy())
+                else:
+                    C[row] = acc
+                    writes[row] += 1
+                acc = np.zeros(B.shape[1])
+                row += 1
+                if row < row_stop:
+                    col = fmt.starts[row * L:(row + 1) * L].astype(np.int64)
+
+        finish()
+        for piece0 in range(int(p0), int(p1), L):
+            pieces = piece0 + np.arange(L)
+            for i in range(8):
+                col = col + fmt.field(pieces, i)
+                acc = acc + fmt.values[pieces * 8 + i] @ bphys[col]
+            pos += L
+            finish()
+        if nxt[0] >= 0:
+            slot = 0 if (head[0] >= 0 and row == split[s, 0]) else 1
+            parts[(s, slot)] = (row, acc.copy())
+    for s in range(1, streams + 1):          # every cut row, combined from streams a..b in order
+        a, b = heads[s]
+        if a < 0 or (s > a + 1 and heads[s - 1][0] == a):
+            continue
+        rows_, total = set(), np.zeros(B.shape[1])
+        for c in range(a, b + 1):
+            r, part = parts.pop((c, 1 if c == a else 0))
+            rows_.add(r)
+            total = total + part
+        assert len(rows_) == 1, "contributors worked on different rows"
+        C[rows_.pop()] = total
+        writes[r] += 1
+    assert not parts, f"parts nobody combined: {sorted(parts)}"
+    return C, writes
+
+
+@pytest.mark.parametrize("streams", [1, 3, 17, 64, 300])
+@pytest.mark.parametrize("lanes,skew", [(32, 0), (4, 0), (8, 5)])
+def test_row_split_streams_compute_the_exact_product(streams, lanes, skew, tmp_path_factory):
+    """ROW_SPLIT's launch metadata (group_split, head_columns) walked the kernel's way: every row
+    written once (directly, or combined from its streams in order), the product exact; with rows
+    long enough to span several streams, empty rows at cuts and more streams than groups."""
+    module = load_candidate("delta_spmv", {"ROW_SPLIT": 1}, tmp_path_factory)
+    rng = np.random.default_rng(streams + lanes)
+    dense = rng.standard_normal((40, 700)) * (rng.random((40, 700)) < 0.3)
+    dense[5] = rng.standard_normal(700)                  # a long row
+    dense[[0, 11, 12, 13, 39], :] = 0                    # empty rows, first and last among them
+    A = SparseMatrix.from_scipy(sp.csr_array(dense))
+    fmt = DeltaSlices.from_matrix(A, lanes=lanes, bits=4, skew=skew)
+    B = rng.standard_normal((700, 2))
+    C, writes = _emulate_row_split(module, fmt, B, streams)
+    assert (writes == 1).all(), f"rows written {writes.tolist()}"
+    np.testing.assert_allclose(C, dense @ B, rtol=1e-12, atol=1e-12)
+
+
+def test_group_split_cuts_at_groups_and_names_each_cut_rows_contributors(tmp_path_factory):
+    module = load_candidate("delta_spmv", {"ROW_SPLIT": 1}, tmp_path_factory)
+    base = np.array([0, 8, 8, 200, 208], dtype=np.int32)          # L = 8: rows of 1, 0, 24 and 1 groups
+    split, heads = module.group_split(base, 8, 4)
+    assert (split[:, 1] % 8 == 0).all() and split[-1].tolist() == [4, 208] and split[0].tolist() == [0, 0]
+    assert np.diff(split[:, 1]).max() - np.diff(split[:, 1]).min() <= 8, "shares within a group"
+    for s in range(1, 4):                                         # cuts 48, 104, 152: all inside row 2
+        assert split[s, 0] == 2 and heads[s].tolist() == [0, 3]
+    assert heads[0].tolist() == heads[4].tolist() == [-1, -1]

@@ -181,12 +181,43 @@ __device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const
     }
 }
 
-template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB>
+// A row cut between streams (ROW_SPLIT): each of its contributors a..b writes its partial sum to
+// ws and counts itself in counters[a]; the last to arrive adds the partials in stream order (fixed:
+// deterministic, whoever arrives last), stores the row, and resets the counter for the next launch.
+// Stream a wrote its part as its tail (slot 1), the later streams as their head (slot 0).
+template <typename T, int NV>
+__device__ __forceinline__ void combine_part(const float (&acc)[NV], int row, int a, int b, int slot, int sw, int streams,
+                                             float* __restrict__ ws, int* __restrict__ counters,
+                                             typename T::storage* __restrict__ C, int N, int n0, long long ldc) {
+    float* base = ws + static_cast<long long>(blockIdx.y) * streams * 16;
+#pragma unroll
+    for (int t = 0; t < NV; ++t) base[(sw * 2 + slot) * 8 + t] = acc[t];
+    __threadfence();
+    int* count = counters + static_cast<long long>(blockIdx.y) * streams + a;
+    if (atomicAdd(count, 1) == b - a) {
+        __threadfence();
+        float sum[NV];
+#pragma unroll
+        for (int t = 0; t < NV; ++t) sum[t] = 0.0f;
+        for (int c = a; c <= b; ++c) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) sum[t] += __ldcg(base + (c * 2 + (c == a ? 1 : 0)) * 8 + t);
+        }
+#pragma unroll
+        for (int t = 0; t < NV; ++t) {
+            if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(sum[t]);
+        }
+        *count = 0;
+    }
+}
+
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool ROW_SPLIT>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
-           const int* __restrict__ group_base, const int2* __restrict__ split,
+           const int* __restrict__ group_base, const int2* __restrict__ split, const int2* __restrict__ heads,
+           const int* __restrict__ head_cols, float* __restrict__ ws, int* __restrict__ counters,
            const typename T::storage* __restrict__ B, typename T::storage* __restrict__ C, int M, int K, int KP,
-           int skew, int N, long long ldb, long long ldc) {
+           int skew, int N, long long ldb, long long ldc, int streams) {
     static_assert(NV == 1 || NV == 2 || NV == 4 || NV == 8, "NV in 1, 2, 4, 8");
     static_assert(L == 4 || L == 8 || L == 16 || L == 32, "L in 4, 8, 16, 32");
     typedef DeltaWord<DB> DW;
@@ -200,11 +231,21 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     // [split[sw].y, split[sw + 1].y). One stream per sub-warp instead of a grid-stride loop over
     // rows: the PIPE loads in flight carry on across row ends, so a row no longer pays the
     // pipeline's fill and drain (two memory latencies per row at 8 groups per lane).
+    // ROW_SPLIT: the cuts are at group boundaries inside rows (balanced to a group, not to a row);
+    // heads[sw] = (a, b) when this stream starts inside a row cut among streams a..b (else a < 0),
+    // head_cols[sw * L + q] is lane q's running column there, and a stream whose end is inside a
+    // row also works on that row (row_stop), leaving its part to combine_part.
     const int sw = (blockIdx.x * WARPS + warp) * SUBS + sub;
     const int2 lo = split[sw], hi = split[sw + 1];
     int row = lo.x;
     const int row_end = hi.x;
     const int steps = (hi.y - lo.y) / L;
+    int2 head = make_int2(-1, -1), next_head = make_int2(-1, -1);
+    if (ROW_SPLIT) {
+        head = heads[sw];
+        next_head = heads[sw + 1];
+    }
+    const int row_stop = row_end + (next_head.x >= 0 ? 1 : 0);
     uint4 v[PIPE];
     typename DW::type d[PIPE];
 #pragma unroll
@@ -213,11 +254,12 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     // so a row change does not wait on its metadata.
     constexpr int SCALE = 4 * NV;                     // bytes per physical column of the B copy
     int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;   // col: the running column, as a byte offset
-    if (row < row_end) {
+    if (row < row_stop) {
         cur_end = group_base[row + 1];
-        col = starts[static_cast<long long>(row) * L + q] * SCALE;
+        col = (head.x >= 0 ? head_cols[static_cast<long long>(sw) * L + q]
+                           : starts[static_cast<long long>(row) * L + q]) * SCALE;
     }
-    if (row + 1 < row_end) {
+    if (row + 1 < row_stop) {
         nxt_end = group_base[row + 2];
         nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
     }
@@ -230,19 +272,26 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
     // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
     // store, move to the next row. Empty rows store zeros.
+    auto reduce_lanes = [&]() {
+#pragma unroll
+        for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
+        }
+    };
     auto finish_rows = [&]() {
         while (row < row_end && pos == cur_end) {
-#pragma unroll
-            for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
-#pragma unroll
-            for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-                for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
-            }
+            reduce_lanes();
             if (q == 0) {
+                if (ROW_SPLIT && head.x >= 0 && row == lo.x) {      // the end of a row begun upstream
+                    combine_part<T, NV>(acc, row, head.x, head.y, 0, sw, streams, ws, counters, C, N, n0, ldc);
+                } else {
 #pragma unroll
-                for (int t = 0; t < NV; ++t) {
-                    if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+                    for (int t = 0; t < NV; ++t) {
+                        if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+                    }
                 }
             }
 #pragma unroll
@@ -250,7 +299,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
             ++row;
             col = nxt_col;
             cur_end = nxt_end;
-            if (row + 1 < row_end) {
+            if (row + 1 < row_stop) {
                 nxt_end = group_base[row + 2];
                 nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
             }
@@ -279,13 +328,25 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
             }
         }
     }
+    if (ROW_SPLIT && next_head.x >= 0) {     // the stream ends inside row hi.x: leave its part
+        reduce_lanes();
+        if (q == 0) {
+            if (head.x >= 0 && row == lo.x) {  // the whole stream inside one row: it is a head part
+                combine_part<T, NV>(acc, row, head.x, head.y, 0, sw, streams, ws, counters, C, N, n0, ldc);
+            } else {
+                combine_part<T, NV>(acc, row, sw, next_head.y, 1, sw, streams, ws, counters, C, N, n0, ldc);
+            }
+        }
+    }
 }
 
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
-#define SD_DELTA(T, NV, L, DB) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, 3>(const uint4*, const void*, \
-    const int*, const int*, const int2*, const T::storage*, T::storage*, int, int, int, int, int, long long, long long);
-#ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types
-SD_DELTA(F16, 1, 32, 4) SD_DELTA(F16, 2, 16, 8) SD_DELTA(F16, 4, 8, 4) SD_DELTA(F16, 8, 4, 8)
-SD_DELTA(BF16, 1, 4, 4) SD_DELTA(BF16, 8, 32, 8)
+#define SD_DELTA(T, NV, L, DB, MB, RS) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, MB, RS>(const uint4*, \
+    const void*, const int*, const int*, const int2*, const int2*, const int*, float*, int*, const T::storage*, \
+    T::storage*, int, int, int, int, int, long long, long long, int);
+// NV = 8 runs without the register cap (delta_spmv.py, min_ctas): under it, it spills (ptxas, sm_90).
+#ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types, both splits
+SD_DELTA(F16, 1, 32, 4, 3, false) SD_DELTA(F16, 2, 16, 8, 3, true) SD_DELTA(F16, 4, 8, 4, 3, true)
+SD_DELTA(F16, 8, 4, 8, 1, false) SD_DELTA(BF16, 1, 4, 4, 3, true) SD_DELTA(BF16, 8, 32, 8, 1, true)
 #endif

@@ -33,10 +33,15 @@ META = {
         # per SM, and waits on its loads; 24 (80 registers, no spills) ran 1.1x faster at 50-70%;
         # 32 (64 registers) spills and ran slower than uncapped.
         "MIN_WARPS": [0, 16, 24, 32],
+        # 1: streams cut at group boundaries inside rows (balanced to a group; a cut row's parts are
+        # added in stream order by its last contributor); 0: cuts at row ends only. Not yet
+        # measured on a GPU: 0 by default.
+        "ROW_SPLIT": [0, 1],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
-    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24},
+    "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24,
+                 "ROW_SPLIT": 0},
     "grid": [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",
@@ -74,12 +79,13 @@ def nv_for(n: int, K: int) -> int:
 
 def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
     return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
-            f"{int(PARAMS['PIPE'])}, {min_ctas()}>")
+            f"{int(PARAMS['PIPE'])}, {min_ctas(nv)}, {'true' if int(PARAMS['ROW_SPLIT']) else 'false'}>")
 
 
-def min_ctas() -> int:
-    """__launch_bounds__' minimum resident CTAs per SM for PARAMS' MIN_WARPS (1: no register cap)."""
-    return max(1, int(PARAMS["MIN_WARPS"]) // int(PARAMS["WARPS"]))
+def min_ctas(nv: int) -> int:
+    """__launch_bounds__' minimum resident CTAs per SM for PARAMS' MIN_WARPS (1: no register cap).
+    NV = 8 keeps its registers (16 accumulators and an 8-wide B row): under the cap ptxas spills."""
+    return 1 if nv >= 8 else max(1, int(PARAMS["MIN_WARPS"]) // int(PARAMS["WARPS"]))
 
 
 def reachable_nvs(kp: int) -> tuple:
@@ -130,9 +136,18 @@ def prepare(A, dtype, device) -> dict:
         kernel = kernels[kernel_name(dtype, nv, fmt.lanes, fmt.bits)]
         plan = plan_launch(packed, nv, dtype, rt.sm_count(device), int(kernel.num_regs))
         if plan["streams"] not in packed["splits"]:
-            packed["splits"][plan["streams"]] = torch.from_numpy(
-                stream_split(fmt.group_base, plan["streams"])).to(device)
+            packed["splits"][plan["streams"]] = {name: torch.from_numpy(a).to(device)
+                                                 for name, a in split_arrays(fmt, plan["streams"]).items()}
     return packed
+
+
+def split_arrays(fmt: DeltaSlices, streams: int) -> dict:
+    """The launch metadata of ``streams`` sub-warps under PARAMS["ROW_SPLIT"]: "split" (first row,
+    first piece per stream), and with row splits "heads" and "head_cols" (`group_split`)."""
+    if not int(PARAMS["ROW_SPLIT"]):
+        return {"split": stream_split(fmt.group_base, streams)}
+    split, heads = group_split(fmt.group_base, fmt.lanes, streams)
+    return {"split": split, "heads": heads, "head_cols": head_columns(fmt, split, heads)}
 
 
 def stream_split(group_base: np.ndarray, streams: int) -> np.ndarray:
@@ -151,6 +166,53 @@ def stream_split(group_base: np.ndarray, streams: int) -> np.ndarray:
     rows[0], rows[-1] = 0, m
     rows = np.maximum.accumulate(rows)
     return np.stack([rows, base[rows]], axis=1).astype(np.int32)
+
+
+def group_split(group_base: np.ndarray, lanes: int, streams: int) -> tuple[np.ndarray, np.ndarray]:
+    """Streams cut at group boundaries (multiples of L pieces) at equal shares of the pieces, rows
+    cut where a share ends inside them: (split, heads), both [streams + 1, 2] int32.
+
+    split[s] = (R_s, P_s): the stream's first piece P_s and R_s, the row containing it (or, at a row
+    boundary, the first row starting there, so empty rows belong to the stream after them; the last
+    entry is (M, all pieces)). heads[s] = (a, b) when P_s lies inside row R_s: that row is shared by
+    streams a..b (a: where it begins, b: where its last piece is), else (-1, -1). Stream s then works
+    on rows R_s .. R_{s+1} - 1, and on R_{s+1} too when heads[s + 1] is set."""
+    if streams < 1:
+        raise ValueError(f"Expected at least one stream (sub-warp), got {streams}.")
+    base = np.asarray(group_base, dtype=np.int64)
+    m, total = base.size - 1, int(base[-1])
+    cuts = (total // lanes) * np.arange(streams + 1, dtype=np.int64) // streams * lanes
+    cuts[-1] = total
+    first = np.searchsorted(base, cuts, side="left")          # the first row starting at or after the cut
+    boundary = (first <= m) & (base[np.minimum(first, m)] == cuts)
+    rows = np.where(boundary, first, first - 1)
+    rows[0], rows[-1] = 0, m
+    inside = ~boundary
+    inside[0] = inside[-1] = False
+    heads = np.full((streams + 1, 2), -1, dtype=np.int64)
+    shared = rows[inside]
+    heads[inside, 0] = np.searchsorted(cuts, base[shared], side="right") - 1
+    heads[inside, 1] = np.searchsorted(cuts, base[shared + 1] - 1, side="right") - 1
+    return np.stack([rows, cuts], axis=1).astype(np.int32), heads.astype(np.int32)
+
+
+def head_columns(fmt: DeltaSlices, split: np.ndarray, heads: np.ndarray) -> np.ndarray:
+    """[streams * L] int32: for a stream starting inside a row, each lane's running column there
+    (its start plus the deltas of the row's groups before the cut), what the kernel would have
+    reached walking the row from its start; 0 for the other streams."""
+    L = fmt.lanes
+    streams = split.shape[0] - 1
+    out = np.zeros(streams * L, dtype=np.int64)
+    shift = np.uint64(fmt.bits) if fmt.bits == 8 else np.uint64(4)
+    field = np.uint64((1 << fmt.bits) - 1)
+    words = fmt.deltas.astype(np.uint64)
+    for s in np.flatnonzero(heads[:streams, 0] >= 0):
+        row, cut = int(split[s, 0]), int(split[s, 1])
+        begin = int(fmt.group_base[row])
+        done = words[begin:cut].reshape(-1, L)                 # [groups before the cut, L]
+        sums = sum(((done >> (shift * np.uint64(i))) & field).astype(np.int64) for i in range(8))
+        out[s * L:(s + 1) * L] = fmt.starts[row * L:(row + 1) * L].astype(np.int64) + sums.sum(axis=0)
+    return out.astype(np.int32)
 
 
 def ctas_per_sm(smem: int, regs: int) -> int:
@@ -198,14 +260,22 @@ def spmm(packed: dict, B, out) -> None:
         if plan["smem"] > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = plan["smem"]
         plan["kernel"] = kernel
-        split = packed["splits"].get(plan["streams"])
-        if split is None:       # a kernel prepare did not plan for (not reached through spmm's own names)
-            split = packed["splits"][plan["streams"]] = torch.from_numpy(
-                stream_split(packed["group_base"].cpu().numpy(), plan["streams"])).to(b.device)
-        plan["head"] = tuple(np.uint64(packed[name].data_ptr()) for name in ("values", "deltas", "starts",
-                                                                              "group_base")) + (np.uint64(split.data_ptr()),)
+        meta = packed["splits"].get(plan["streams"])
+        if meta is None:
+            raise RuntimeError(f"delta_spmv: no stream split for {plan['streams']} streams (prepare plans one per "
+                               "reachable kernel on this device; was the matrix prepared for another GPU?)")
+        split = meta["split"]
+        # a cut row's parts (16 floats per stream and column block) and its arrival counters; zeros
+        # here are safe inside a graph capture (a captured memset), and the kernel leaves them zero
+        work = (torch.zeros(plan["grid"][1] * plan["streams"] * 16, dtype=torch.float32, device=b.device),
+                torch.zeros(plan["grid"][1] * plan["streams"], dtype=torch.int32, device=b.device)) \
+            if "heads" in meta else (split, split)
+        plan["work"] = work
+        pointers = [packed[name] for name in ("values", "deltas", "starts", "group_base")] + [
+            split, meta.get("heads", split), meta.get("head_cols", split), *work]
+        plan["head"] = tuple(np.uint64(t.data_ptr()) for t in pointers)
         plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["kp"]), np.int32(packed["skew"]),
-                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)))
+                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)), np.int32(plan["streams"]))
         return plan
 
     rt.launch_cuda(packed, key, make_plan, b, target, out)
