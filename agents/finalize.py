@@ -19,7 +19,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, interrupt
 
 from sparseditto.agents.costing import dense_estimate_ms
-from sparseditto.agents.kit import decision, emit, finish_memory_run, forget_run, record_step, retime_speedup, run_hook
+from sparseditto.agents.kit import (decision, emit, finish_memory_run, forget_run, once, record_step, retime_speedup,
+                                    run_hook)
 from sparseditto.agents.selection import (choose_best, confirmed, is_vendor, needs_retiming, rejected, speedups,
                                           vendor_comparison, verified_records)
 from sparseditto.agents.state import Context, State, effective_context
@@ -32,18 +33,35 @@ def _approved(answer) -> bool:
     return answer is True or (isinstance(answer, str) and answer.strip().lower() in ("y", "yes", "true", "ok", "accept"))
 
 
+def _vendor_paths(state: dict, ctx: Context) -> dict:
+    """The vendor paths' state update, or {"error": why} (a harness failure costs the vendor
+    candidates, never the answer)."""
+    try:
+        return measure_vendor_paths(state, ctx, dense_estimate_ms(state, ctx) if state.get("report") else None)
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _retimed(state: dict, ctx: Context, record: dict, against: dict | None) -> dict:
+    """{"retimed": [vs rival, vs dense]} of the winner's re-timing, or {"error": why} (it failed)."""
+    try:
+        return {"retimed": list(retime_speedup(state, ctx, record, against))}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
 def finalize(state: State, runtime: Runtime[Context]) -> Command[Literal["__end__"]]:
-    """Measure the vendor paths, choose the answer, optionally ask a human, close the run. (On a
-    resume after the approval interrupt the node runs again, measurements included: LangGraph
-    re-executes an interrupted node from its start.)"""
+    """Measure the vendor paths, choose the answer, optionally ask a human, close the run. On a
+    resume after the approval interrupt LangGraph runs the node again from its start; the vendor
+    measurements (with their memory rows) and the re-timing run through `kit.once`, so the resumed
+    node gets what they returned before the prompt instead of measuring (and recording) again."""
     ctx = effective_context(runtime.context, state)
     run_hook(ctx, "finalize", state)
     update: dict[str, Any] = {}
     if state.get("matrix_key") and not has_vendor_records(state):
-        try:
-            measured = measure_vendor_paths(state, ctx, dense_estimate_ms(state, ctx) if state.get("report") else None)
-        except Exception as exc:   # a harness failure costs the vendor candidates, never the answer
-            emit("finalize", f"vendor paths could not be measured: {type(exc).__name__}: {exc}")
+        measured = once("finalize_vendor_paths", _vendor_paths, state, ctx)
+        if "error" in measured:
+            emit("finalize", f"vendor paths could not be measured: {measured['error']}")
         else:
             update.update({k: v for k, v in measured.items() if k != "candidates"})
             update["candidates"] = measured["candidates"]
@@ -55,10 +73,8 @@ def finalize(state: State, runtime: Runtime[Context]) -> Command[Literal["__end_
         emit("finalize", f"re-timing {verdict['template']} against {against['template'] if against else 'dense'} "
                          "before choosing it")
         _, vendors = verified_records(state)
-        try:
-            verdict = confirmed(verdict, vendors, retime_speedup(state, ctx, verdict["record"], against))
-        except Exception as exc:  # the kernel failed while re-timed: it is not shipped
-            verdict = confirmed(verdict, vendors, None, f"{type(exc).__name__}: {exc}"[:300])
+        outcome = once("finalize_retime", _retimed, state, ctx, verdict["record"], against)
+        verdict = confirmed(verdict, vendors, outcome.get("retimed"), outcome.get("error"))  # failed: not shipped
     if ctx.approve and verdict["record"] is not None and not is_vendor(verdict["record"]):
         answer = interrupt({
             "question": f"Accept {verdict['template']} as the kernel for this matrix? (true / false)",

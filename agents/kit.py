@@ -2,7 +2,7 @@
 
 * per-run resources: the policy deciding this run and the trajectory memory, built once per run
   (Studio hands over no ready objects) and cached here, never in state;
-* progress lines (``emit``), one-line decisions, the test hook;
+* progress lines (``emit``), one-line decisions, the test hook, steps done once per run (``once``);
 * asking the policy (``ask_policy``: its tool context and LLM budget set, its events, transcript
   and token usage kept), the memory's lessons for the prompts;
 * the target a plan is for and the GPU that measures;
@@ -109,6 +109,27 @@ def run_hook(ctx: Context, node: str, state: dict) -> None:
     fn = hooks.get("before_node") if isinstance(hooks, dict) else None
     if fn is not None:
         fn(node, state)
+
+
+def once(name: str, fn, *args):
+    """``fn(*args)``, run once per node execution however often LangGraph executes the node.
+
+    Why: a node that calls ``interrupt()`` (finalize's approval prompt) runs again from its start
+    when the run resumes, so whatever it measured and wrote to the memory before the prompt would
+    be measured and written twice. Inside a graph ``fn`` runs as a LangGraph task, whose result the
+    checkpointer keeps with the node's pending writes: on resume (in this process or a new one)
+    the same call returns that result without running ``fn``. Outside a graph (a node called
+    directly) it is a plain call. ``fn`` must return plain data and should not raise (fold a
+    failure into the value): the result is what a resumed run sees."""
+    try:
+        from langgraph.config import get_config
+
+        get_config()
+    except RuntimeError:   # not inside a graph run
+        return fn(*args)
+    from langgraph.func import task
+
+    return task(name=name)(fn)(*args).result()
 
 
 # ---- asking the policy ---------------------------------------------------------------------------

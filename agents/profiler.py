@@ -1,7 +1,9 @@
 """Profiler node: how fast is the verified candidate, against what, and what limits it?
 
-It benchmarks the candidate at the main N with dense (cuBLAS, or CPU torch.matmul on the
-interpreter) and the vendor sparse baselines measured in the same process, runs Nsight Compute
+It benchmarks the candidate at the main N against dense (cuBLAS, or CPU torch.matmul on the
+interpreter) and the vendor sparse baselines, measured in the same worker process: once per run
+(``baseline_scope`` = the run id; every later candidate's bench reuses those timings, and a replaced
+worker times them again), runs Nsight Compute
 when on a GPU with ``ncu`` installed (a note otherwise), and sums the result up in one line the
 planner and the user can act on: memory-bound at X% of roofline, launch-bound, or compute-bound.
 
@@ -100,7 +102,8 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     emit("profiler", f"benchmarking {spec['template']} at N={n} on {backend}")
     try:
         res = harness.bench(candidate, matrix, n=n, dtype=ctx.dtype, backend=backend, repeats=resolved_repeats(ctx),
-                            warmup=resolved_warmup(ctx), baselines=True if ctx.baselines is None else ctx.baselines)
+                            warmup=resolved_warmup(ctx), baselines=True if ctx.baselines is None else ctx.baselines,
+                            baseline_scope=state.get("run_id"))
     except harness.BenchError as exc:  # failed to run correctly while being timed
         res, bench_error = None, f"{exc.result.status}: {exc.result.message}"
     except Exception as exc:

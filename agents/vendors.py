@@ -29,8 +29,9 @@ def _current(name: str, library: str, expected_ms: float | None) -> dict:
     return {"spec": spec, "origin": "vendor", "backend": "builtin", "source": None, "source_hash": None}
 
 
-def _measure(name: str, current: dict, matrix, ctx: Context) -> tuple[CandidateRecord, object]:
-    """(record, BenchResult or None): verified, then timed, like a generated candidate."""
+def _measure(name: str, current: dict, matrix, ctx: Context, scope: str | None) -> tuple[CandidateRecord, object]:
+    """(record, BenchResult or None): verified, then timed, like a generated candidate (dense
+    beside it from the run's ``scope``: timed once, with the profiler's candidates)."""
     from sparseditto import harness
 
     spec, backend = harness.vendor_spec(name), resolved_backend(ctx)
@@ -43,7 +44,8 @@ def _measure(name: str, current: dict, matrix, ctx: Context) -> tuple[CandidateR
                                      "seconds": vr.seconds}}
     try:
         res = harness.bench(spec, matrix, n=main_n(ctx), dtype=ctx.dtype, backend=backend,
-                            repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx), baselines=False)
+                            repeats=resolved_repeats(ctx), warmup=resolved_warmup(ctx), baselines=False,
+                            baseline_scope=scope)
     except Exception as exc:   # BenchError (failed while timed) or the library refusing this size
         return build_record(current, "bench_failed", failure_class="bench_failed", message=str(exc)[:2000]), None
     if not res.reverified:
@@ -74,7 +76,7 @@ def measure_vendor_paths(state: dict, ctx: Context, dense_estimate_ms: float | N
         library = harness.vendor_kernel(name).library
         emit("finalize", f"vendor path {name}: verifying and timing {library}")
         record, res = _measure(name, _current(name, library, dense_estimate_ms if name == "dense" else None),
-                               matrix, ctx)
+                               matrix, ctx, state.get("run_id"))
         record.memory_candidate_id = remember_candidate(ctx, state, record, "finalize")
         records.append(record.model_dump(mode="json"))
         if name == "dense" and res is not None and not state.get("dense"):

@@ -31,15 +31,18 @@ Layout (every array is what the kernel reads, nothing is derived on the GPU):
     conflicts by 15% (SKEW_MIN_GAIN).
 
 `DeltaSlices.from_matrix` builds it with numpy only (vectorized: an 11008x4096 50% weight packs
-in about a second); `to_csr` walks the arrays exactly as the kernel does and is what the CPU tests
-compare with scipy.
+in about a second), from a SparseMatrix or any CSR arrays (`csr_arrays`); `to_csr` walks the arrays
+exactly as the kernel does and is what the CPU tests compare with scipy. scipy is this module's
+edge, used by `to_csr` alone: `sparseditto export` inlines the module into a kernel file that has
+no scipy (batch/standalone.py leaves out what uses it), so the exported kernel packs with this
+very code.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
+import scipy.sparse as sp    # to_csr only (the edge an exported kernel leaves out)
 
 GROUP = 8                      # entries per delta word and per 16-byte value piece
 DELTA_BITS = (4, 8)
@@ -74,15 +77,36 @@ def max_delta(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def _csr(A) -> sp.csr_array:
-    if hasattr(A, "to_scipy"):
-        A = A.to_scipy()
-    if not sp.issparse(A):
-        raise ValueError(f"Expected a SparseMatrix or a scipy sparse matrix, got {type(A).__name__}.")
-    csr = sp.csr_array(A)
-    csr.sort_indices()
-    csr.sum_duplicates()
-    return csr
+def csr_arrays(A) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
+    """(indptr, indices as int64, data, (M, K)) of ``A`` in canonical CSR (columns sorted within each
+    row, duplicates summed, stored zeros kept), with numpy only. ``A``: a SparseMatrix (canonical
+    already), anything CSR-shaped (``indptr`` / ``indices`` / ``data`` / ``shape``, e.g. scipy's
+    CSR), or another scipy sparse format, through its own ``tocsr()``."""
+    if getattr(A, "format", "csr") != "csr" and hasattr(A, "tocsr"):
+        A = A.tocsr()
+    if not all(hasattr(A, name) for name in ("indptr", "indices", "data", "shape")):
+        raise ValueError(f"Expected a SparseMatrix or a sparse matrix in CSR form, got {type(A).__name__}.")
+    m, k = (int(s) for s in A.shape)
+    indptr = np.asarray(A.indptr, dtype=np.int64)
+    indices = np.asarray(A.indices, dtype=np.int64)
+    data = np.asarray(A.data)
+    if indptr.shape != (m + 1,) or indptr[0] != 0 or (np.diff(indptr) < 0).any() \
+            or int(indptr[-1]) != indices.size or data.size != indices.size:
+        raise ValueError(f"Not a CSR structure of shape {(m, k)}: indptr {indptr.shape}, {indices.size} column "
+                         f"ids, {data.size} values.")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= k):
+        raise ValueError(f"Column ids must lie in [0, {k}); got {int(indices.min())}..{int(indices.max())}.")
+    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
+    key = rows * k + indices
+    if key.size > 1 and (key[1:] <= key[:-1]).any():      # unsorted or repeated columns within a row
+        order = np.argsort(key, kind="stable")
+        key, data = key[order], data[order]
+        first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        data, key = np.add.reduceat(data, first), key[first]
+        indices = key % k
+        indptr = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(np.bincount(key // k, minlength=m), out=indptr[1:])
+    return indptr, indices, data, (m, k)
 
 
 def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int):
@@ -189,15 +213,13 @@ class DeltaSlices:
 
     @classmethod
     def from_matrix(cls, A, lanes="auto", bits="auto", skew="auto") -> "DeltaSlices":
-        csr = _csr(A)
-        m, k = csr.shape
-        if k >= 2 ** 31 or csr.nnz >= 2 ** 31:
-            raise ValueError(f"delta slices index with int32: got shape {csr.shape} and {csr.nnz} nonzeros.")
+        indptr, indices, data, (m, k) = csr_arrays(A)
+        if k >= 2 ** 31 or indices.size >= 2 ** 31:
+            raise ValueError(f"delta slices index with int32: got shape {(m, k)} and {indices.size} nonzeros.")
         if lanes != "auto" and lanes not in LANE_CHOICES:
             raise ValueError(f"Expected lanes per row in {LANE_CHOICES} or 'auto', got {lanes!r}.")
         if skew != "auto" and skew not in SKEW_CHOICES:
             raise ValueError(f"Expected a skew in {SKEW_CHOICES} or 'auto', got {skew!r}.")
-        indptr, indices = csr.indptr.astype(np.int64), csr.indices.astype(np.int64)
         bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits)
         if skew == "auto":
             rows, lane, slot, _ = positions(per_row, lanes)
@@ -206,7 +228,7 @@ class DeltaSlices:
             skew = best if score[best] <= SKEW_MIN_GAIN * score[0] else 0
         if skew:
             col, src, per_row = expanded_entries(indptr, physical_columns(indices, skew), bits)
-        return cls._pack(csr, int(lanes), int(bits), int(skew), col, src, per_row)
+        return cls._pack((m, k), data, int(lanes), int(bits), int(skew), col, src, per_row)
 
     @staticmethod
     def _choose(indptr, indices, lanes, bits):
@@ -219,8 +241,8 @@ class DeltaSlices:
         return min(options, key=lambda o: (o[0], o[1]))[1:]
 
     @classmethod
-    def _pack(cls, csr, lanes: int, bits: int, skew: int, col, src, per_row) -> "DeltaSlices":
-        m, k = csr.shape
+    def _pack(cls, shape, data, lanes: int, bits: int, skew: int, col, src, per_row) -> "DeltaSlices":
+        m, k = shape
         rows, lane, slot, groups = positions(per_row, lanes)
         group_base = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(groups * lanes, out=group_base[1:])
@@ -231,7 +253,7 @@ class DeltaSlices:
         where = piece * GROUP + slot % GROUP
         values = np.zeros(pieces * GROUP, dtype=np.float64)
         real = src >= 0
-        values[where[real]] = csr.data[src[real]]
+        values[where[real]] = data[src[real]]
         starts = np.zeros(m * lanes, dtype=np.int64)
         lead = slot == 0
         starts[rows[lead] * lanes + lane[lead]] = col[lead]
@@ -249,7 +271,7 @@ class DeltaSlices:
             deltas = (fields.reshape(pieces, GROUP).astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
         return cls(shape=(m, k), lanes=lanes, bits=bits, skew=skew, values=values, deltas=deltas,
                    starts=starts.astype(np.int32), group_base=group_base.astype(np.int32),
-                   nnz=int(csr.nnz), fillers=int((~real).sum()))
+                   nnz=int(data.size), fillers=int((~real).sum()))
 
     @property
     def pieces(self) -> int:

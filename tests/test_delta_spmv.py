@@ -53,6 +53,34 @@ def test_slices_decode_to_the_exact_matrix_under_the_kernels_walk(shape, density
         assert fmt.fillers > 0, "gaps wider than 15 columns need fillers"
 
 
+def test_csr_arrays_canonicalizes_with_numpy_like_scipy():
+    """The numpy-only input path (what an exported kernel packs with): unsorted columns and
+    repeated entries summed like scipy's canonical CSR, other formats through their own tocsr()."""
+    from sparseditto.delta_format import csr_arrays
+
+    rng = np.random.default_rng(3)
+    rows, cols = rng.integers(0, 40, 600), rng.integers(0, 70, 600)      # many repeats
+    coo = sp.coo_array((rng.standard_normal(600), (rows, cols)), shape=(40, 70))
+    ref = sp.csr_array(coo)
+    ref.sum_duplicates()
+    for A in (coo, coo.tocsc()):
+        indptr, indices, data, shape = csr_arrays(A)
+        assert shape == (40, 70) and np.array_equal(indptr, ref.indptr) and np.array_equal(indices, ref.indices)
+        assert np.allclose(data, ref.data, rtol=0, atol=1e-12)
+    arrays = (ref.data[::-1].copy(), ref.indices[::-1].copy(), ref.indptr.copy())   # unsorted, repeated columns
+    canon = sp.csr_array(arrays, shape=(40, 70))
+    canon.sort_indices()
+    canon.sum_duplicates()
+    indptr, indices, data, _ = csr_arrays(sp.csr_array(arrays, shape=(40, 70)))
+    assert np.array_equal(indptr, canon.indptr) and np.array_equal(indices, canon.indices)
+    assert np.allclose(data, canon.data, rtol=0, atol=1e-12)
+    assert (abs(DeltaSlices.from_matrix(coo).to_csr() - ref)).max() < 1e-12
+    with pytest.raises(ValueError, match="CSR form"):
+        csr_arrays(np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="Column ids"):
+        csr_arrays(sp.csr_array((np.ones(1), np.array([9]), np.array([0, 1])), shape=(1, 4)))
+
+
 def test_auto_choice_takes_the_best_packing_and_the_cost_model_predicts_it():
     from sparseditto.analysis import analyze
     from sparseditto.kernel_templates.cost import ReportStats, delta_packing
@@ -288,3 +316,85 @@ def test_group_split_cuts_at_groups_and_names_each_cut_rows_contributors(tmp_pat
     for s in range(1, 4):                                         # cuts 48, 104, 152: all inside row 2
         assert split[s, 0] == 2 and heads[s].tolist() == [0, 3]
     assert heads[0].tolist() == heads[4].tolist() == [-1, -1]
+
+
+# ---- sparseditto export: the standalone module packs with delta_format's own code, without scipy --
+
+CHILD_PACK = r'''
+import importlib.abc, importlib.util, json, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sparseditto", "scipy", "kernel_templates"):
+            raise ImportError(f"the exported kernel imported {name}")
+sys.meta_path.insert(0, Refuse())
+import numpy as np, torch
+spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
+kernel = sys.modules["kernel"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel)
+for tag in sys.argv[2:]:
+    W = np.load(f"{tag}.npy")
+    k = kernel.SpMM(W, device="cpu", check_signature=tag == "sparse")   # the export's own path
+    fmt = kernel._sparseditto_delta_format.DeltaSlices.from_matrix(kernel.as_sparse_matrix(W))
+    packed = {f"packed_{name}": k.packed[name].float().numpy() if name == "values" else k.packed[name].numpy()
+              for name in ("values", "deltas", "starts", "group_base")}
+    np.savez(f"{tag}.npz", values=fmt.values, deltas=fmt.deltas, starts=fmt.starts, group_base=fmt.group_base,
+             meta=np.array([fmt.lanes, fmt.bits, fmt.skew, fmt.nnz, fmt.fillers]), **packed)
+print(json.dumps({"modules": sorted(m for m in sys.modules if m.startswith(("sparseditto", "scipy")))}))
+'''
+
+
+def test_exported_delta_spmv_packs_exactly_like_delta_slices_without_scipy(tmp_path):
+    """`sparseditto export` of a delta_spmv kernel: the module imports torch, numpy (and CuPy on a GPU), and in
+    a fresh isolated interpreter that refuses SparseDitto and scipy it packs a weight (through
+    SpMM(W), the signature check included) into the very arrays DeltaSlices builds here: fillers
+    and empty rows on one weight, a skewed B copy on a 2:4 one. Its CUDA source is the template's."""
+    import ast
+    import json
+    import sys
+
+    from sparseditto import generate
+    from sparseditto.batch.export import module_text
+    from sparseditto.batch.standalone import third_party_imports
+    from sparseditto.harness.source_loader import cuda_sources
+    from sparseditto.pattern_features import structure_signature
+
+    weights = {"sparse": _matrix(64, 4096, 0.04, seed=1, empty_rows=(0, 7), wide_gaps=True),
+               "nm": generate.nm_sparse(64, 4096, seed=2)}
+    candidate = get_template("delta_spmv").instantiate({})
+    fields = {"source": candidate.source, "template": "delta_spmv", "layer": "w", "params": {},
+              "matrix_shape": [64, 4096], "dtype": "float16", "verified_ns": [1, 2], "verification": {},
+              "signature": structure_signature(weights["sparse"]), "density": 0.04, "structure": {"kind": "unstructured"}}
+    text = module_text(fields)
+    assert third_party_imports(text) == {"torch", "numpy", "cupy"}     # CuPy only inside the GPU launch path
+    path = tmp_path / "kernel.py"
+    path.write_text(text)
+    for tag, A in weights.items():   # values exact in fp16, as a user's fp16 weight would be
+        np.save(tmp_path / f"{tag}.npy", A.to_dense().astype(np.float16).astype(np.float32))
+    done = subprocess.run([sys.executable, "-I", "-c", CHILD_PACK, str(path), *weights], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["modules"] == []
+    for tag in weights:
+        W = np.load(tmp_path / f"{tag}.npy")
+        here = DeltaSlices.from_matrix(SparseMatrix.from_scipy(sp.csr_array(W)))
+        got = np.load(tmp_path / f"{tag}.npz")
+        assert got["meta"].tolist() == [here.lanes, here.bits, here.skew, here.nnz, here.fillers]
+        for name in ("values", "deltas", "starts", "group_base"):
+            assert got[name].dtype == getattr(here, name).dtype and np.array_equal(got[name], getattr(here, name)), name
+        view = np.int64 if here.bits == 8 else np.int32
+        assert np.array_equal(got["packed_deltas"], here.deltas.view(view))
+        assert np.array_equal(got["packed_values"], here.values.astype(np.float16).astype(np.float32))
+        assert np.array_equal(got["packed_starts"], here.starts) and np.array_equal(got["packed_group_base"], here.group_base)
+    sparse, nm = (np.load(tmp_path / f"{tag}.npz")["meta"] for tag in weights)
+    assert (sparse[4] > 0 or sparse[1] == 8) and nm[2] > 0, "fillers (or 8-bit deltas) and a skew were exercised"
+    tree = ast.parse(text)
+    exported_cuda = next(ast.literal_eval(n.value) for n in tree.body
+                         if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CUDA_SRC")
+    assert exported_cuda == cuda_sources(candidate.source)["CUDA_SRC"]
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: the exported CUDA source was not compiled")
+    cu = tmp_path / "exported.cu"
+    cu.write_text("#define SPARSEDITTO_INSTANTIATE_ALL\n" + exported_cuda)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", str(cu), "-o", str(tmp_path / "e.cubin")],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]

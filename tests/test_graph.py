@@ -131,6 +131,44 @@ def test_sparse_kernel_chosen_by_cost_model_then_memory_exact_hit_and_neighbour(
     assert third.candidates[0].origin == "memory" and "neighbour" in third.candidates[0].rationale
 
 
+def test_a_run_times_each_baseline_once_for_all_its_candidates(run_dir, monkeypatch):
+    """Several candidates and the vendor paths of one run: the first benchmark in the worker times
+    dense (and torch's CSR, the vendor library the CPU runs in fp32); every later one reuses those
+    very timings for its speedups. The real benchmark runs; the wrapper only keeps its results."""
+    from sparseditto import harness
+    from sparseditto.agents.expert import ExpertPolicy
+    from sparseditto.agents.policy import CandidateSpec, PlanDecision
+
+    benches = []
+    real = harness.bench
+
+    def observed(candidate, matrix, n, **kw):
+        res = real(candidate, matrix, n, **kw)
+        benches.append((getattr(candidate, "backend", None), res))
+        return res
+
+    class ThreeTemplates(ExpertPolicy):   # whatever the cost model prefers: three candidates
+        def plan(self, inp):
+            left = [t for t in ("csr_rowsplit", "csr_balanced", "bitmap_tiles") if t not in {x.template for x in inp.tried}]
+            if not left or inp.budget_left <= 0:
+                return PlanDecision(action="stop", rationale="three templates tried")
+            return PlanDecision(action="try", rationale="fixed plan",
+                                candidates=[CandidateSpec(template=t, rationale="fixed plan") for t in left])
+
+    monkeypatch.setattr(harness, "bench", observed)
+    A = generate.unstructured(128, 128, 0.9, dtype="float32", seed=0)
+    result = run(A, run_dir, budget=3, memory=False, dtype="float32", policy=ThreeTemplates())
+    generated = [res for backend, res in benches if backend != "builtin"]
+    assert len(generated) >= 2 and len(benches) > len(generated), "several candidates and the vendor paths"
+    timed_dense = [res for _, res in benches if "cublas_dense" not in res.reused_baselines]
+    assert len(timed_dense) == 1 and benches[0][1] is timed_dense[0], "dense timed once, by the first bench"
+    assert all(res.dense == timed_dense[0].dense for _, res in benches)
+    csr = [res for res in generated if "cusparse_csr_torch" not in res.reused_baselines]
+    assert len(csr) == 1 and all(len(res.baselines) == len(csr[0].baselines) for res in generated)
+    records = [c for c in result.candidates if c.status == "verified"]
+    assert len({c.dense_eager_ms for c in records}) == 1, [(c.template, c.dense_eager_ms) for c in records]
+
+
 def test_reviewer_rejection_falls_back_to_dense(run_dir):
     A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=2)
     result = run(A, run_dir, budget=1, memory=False, approve=lambda payload: False)
@@ -282,6 +320,8 @@ def test_gpu_run_measures_every_candidate_against_dense(run_dir):
         assert c.speedup_vs_dense and c.speedup_vs_dense > 0 and c.dense_ms > 0
         assert c.pct_of_roofline is not None and 0 < c.pct_of_roofline
         assert c.bottleneck and ("roofline" in c.bottleneck or "launch" in c.bottleneck)
+    # dense timed once in the run's worker (no candidate here replaces it), then reused by every bench
+    assert len({(c.dense_ms, c.dense_eager_ms) for c in verified}) == 1, [(c.template, c.dense_ms) for c in verified]
     if result.best.template == "dense":
         assert result.best.reason.startswith("dense is best") and "same run" in result.best.reason
     else:

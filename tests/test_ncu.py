@@ -135,18 +135,62 @@ def test_command_selects_one_spmm_by_nvtx_range():
     assert cmd[-3:] == ["-m", "sparseditto.harness.ncu_child", "/tmp/args.json"]
 
 
+def _gpu_kernel(kind: str):
+    from sparseditto.harness import vendor_spec
+    from sparseditto.kernel_templates.registry import get_template
+
+    return {"triton source": lambda: (CANDIDATES / "good_triton_csr.py").read_text(),
+            "vendor": lambda: vendor_spec("cusparse_csr_torch"),
+            "cuda template": lambda: get_template("csr_vector").instantiate({})}[kind]()
+
+
 @pytest.mark.gpu
-def test_gpu_profile_with_ncu():
+@pytest.mark.parametrize("kind", ["triton source", "vendor", "cuda template"])
+def test_gpu_profile_with_ncu(kind):
+    """One spmm profiled for each kind of kernel: a generated Triton source, a vendor library
+    (trusted, loaded by name) and a CUDA C++ template (loaded with its own backend)."""
     from sparseditto.harness.ncu import find_ncu
 
     if find_ncu() is None:
         pytest.skip("ncu not installed")
     matrix = SparseMatrix.from_scipy(sp.random(1024, 2048, density=0.1, random_state=5, format="csr"),
                                      dtype="float16")
-    result = profile_ncu((CANDIDATES / "good_triton_csr.py").read_text(), matrix, 16, timeout=600)
+    result = profile_ncu(_gpu_kernel(kind), matrix, 16, timeout=600)
     if not result.available and "ERR_NVGPUCTRPERM" in result.note:
         pytest.skip(result.note)
     assert result.available, result.note
     assert result.metrics["duration_us"] > 0 and result.metrics["kernels"] >= 1
-    assert any("csr_row_kernel" in k for k in result.kernels), result.kernels
+    if kind == "triton source":
+        assert any("csr_row_kernel" in k for k in result.kernels), result.kernels
     assert 0 <= result.metrics["dram_throughput_pct"] <= 100
+
+def test_what_ncu_profiles_for_each_kind_of_kernel():
+    """Vendor paths (dense cuBLAS, the libraries: origin "vendor") are trusted harness code, loaded
+    by name, profiled only when the library can run the matrix; generated kernels (Triton, CUDA C++
+    through CuPy) pass the static checks and are loaded from their source with their own backend.
+    The child rebuilds exactly that spec from the args."""
+    from sparseditto.harness import as_spec, vendor_spec
+    from sparseditto.harness.ncu import profiled_kernel
+    from sparseditto.harness.ncu_child import child_spec
+    from sparseditto.harness.vendor_kernels import VENDOR_NAMES, unavailable_reason
+    from sparseditto.kernel_templates.registry import get_template
+
+    matrix = SparseMatrix.from_scipy(sp.random(16, 32, density=0.3, random_state=1, format="csr"), dtype="float16")
+    for name in VENDOR_NAMES:
+        kernel, note = profiled_kernel(vendor_spec(name), matrix, "float16")
+        why = unavailable_reason(name, matrix, "float16", "cuda")
+        if why is None:
+            assert kernel == {"vendor": name} and note == ""
+            assert child_spec(kernel) == vendor_spec(name)
+        else:   # cuSPARSELt on rows that are not 2:4 (and CuPy's path where CuPy is missing)
+            assert kernel is None and name in note and why in note
+    assert profiled_kernel(vendor_spec("cusparselt_2to4"), matrix, "float16")[0] is None
+    for template, backend in (("csr_rowsplit", "triton"), ("csr_vector", "cuda")):
+        candidate = get_template(template).instantiate({})
+        kernel, note = profiled_kernel(as_spec(candidate), matrix, "float16")
+        assert note == "" and kernel["backend"] == backend and "vendor" not in kernel
+        rebuilt = child_spec(kernel)
+        assert rebuilt.backend == backend and rebuilt.source == candidate.source and not rebuilt.is_builtin
+    kernel, note = profiled_kernel(as_spec((CANDIDATES / "cheat_torch_mm.py").read_text()), matrix, "float16")
+    assert kernel is None and "static checks" in note
+

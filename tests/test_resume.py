@@ -7,6 +7,10 @@ counter shows that neither verified candidate went through the sandbox again.
 """
 from __future__ import annotations
 
+import json
+import sqlite3
+from contextlib import closing
+
 import pytest
 
 from sparseditto import generate, harness
@@ -82,19 +86,60 @@ def test_crash_in_the_profiler_resumes_at_the_profiler(tmp_path, verify_calls):
     assert not fresh.resumed and fresh.thread_id != result.thread_id
 
 
-def test_interrupt_at_the_approval_prompt_resumes_at_finalize(tmp_path, verify_calls):
-    A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=4)
+def memory_rows(path, run_id: str) -> tuple[dict, list[str]]:
+    """(vendor template -> candidate rows, finalize's step actions) of one run, read from the SQLite file."""
+    with closing(sqlite3.connect(path)) as db:
+        vendors = dict(db.execute("SELECT template, COUNT(*) FROM candidates WHERE run_id = ? AND origin = 'vendor' "
+                                  "GROUP BY template", [run_id]).fetchall())
+        steps = [json.loads(p)["action"] for (p,) in db.execute(
+            "SELECT payload FROM steps WHERE run_id = ? AND node = 'finalize' ORDER BY idx", [run_id])]
+    return vendors, steps
+
+
+@pytest.fixture
+def vendor_verifications(monkeypatch, verify_calls):
+    calls = []
+    real = harness.run_and_verify
+
+    def counting(candidate, matrix, **kw):
+        if getattr(candidate, "backend", None) == "builtin":
+            calls.append(candidate.template)
+        return real(candidate, matrix, **kw)
+
+    monkeypatch.setattr(harness, "run_and_verify", counting)
+    return calls
+
+
+def test_interrupt_at_the_approval_prompt_resumes_at_finalize(tmp_path, verify_calls, vendor_verifications):
+    """finalize measures the vendor paths (memory rows included) before its approval prompt, and
+    LangGraph runs it again from its start on resume: the resumed node must get those results,
+    not measure and record them again. Resumed twice: in the call that answers the prompt, and
+    after a Ctrl-C at the prompt by a new call (the memory and checkpoint files are real)."""
+    A = generate.row_pruned(256, 4096, 0.9, dtype="float32", seed=4)
 
     def ctrl_c(payload):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_graph(A, **settings(tmp_path, budget=1, approve=ctrl_c))
+        run_graph(A, **settings(tmp_path, budget=1, dtype="float32", approve=ctrl_c))
     assert len(verify_calls) == 1
+    assert sorted(vendor_verifications) == ["cusparse_csr_torch", "dense"]   # what the CPU runs in fp32
     seen = []
-    result = run_graph(A, **settings(tmp_path, budget=1, approve=lambda p: seen.append(p) or True))
+    result = run_graph(A, **settings(tmp_path, budget=1, dtype="float32",
+                                     approve=lambda p: seen.append(p) or True))
     assert result.resumed and len(verify_calls) == 1
     assert seen and seen[0]["chosen"]["template"] == result.best.template == "compact_rows_cols"
+    assert sorted(vendor_verifications) == ["cusparse_csr_torch", "dense"], "vendor paths measured again"
+    vendors, steps = memory_rows(tmp_path / "memory.sqlite", result.run_id)
+    assert vendors == {"cusparse_csr_torch": 1, "dense": 1} and steps == ["vendor_paths", "choose"]
+
+    # answered in the same call: run_graph resumes the interrupted thread itself
+    B = generate.row_pruned(256, 4096, 0.9, dtype="float32", seed=5)
+    answered = run_graph(B, **settings(tmp_path, budget=1, dtype="float32", approve=lambda p: True))
+    assert answered.best.template == "compact_rows_cols" and len(vendor_verifications) == 4
+    vendors, steps = memory_rows(tmp_path / "memory.sqlite", answered.run_id)
+    assert vendors == {"cusparse_csr_torch": 1, "dense": 1} and steps == ["vendor_paths", "choose"]
+    assert len([c for c in answered.candidates if c.origin == "vendor"]) == 2
 
 
 def test_explicit_thread_id_returns_the_finished_run(tmp_path, verify_calls):

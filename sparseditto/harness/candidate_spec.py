@@ -31,10 +31,6 @@ class CandidateSpec:
         return self.backend == "builtin"
 
     @property
-    def is_builtin_dense(self) -> bool:
-        return self.backend == "builtin" and self.template == "dense"
-
-    @property
     def label(self) -> str:
         return f"{self.template}[{self.source_hash[:10]}]" if self.source_hash else self.template
 

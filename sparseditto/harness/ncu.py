@@ -214,8 +214,6 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
     """Profile one ``spmm`` launch of ``candidate`` with Nsight Compute; never raises for
     environment problems (see module docstring)."""
     from .numerics import check_dtype
-    from .source_loader import write_source
-    from .static_checks import check_source
     from .verify import check_matrix
 
     check_matrix(matrix)
@@ -232,21 +230,16 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
 
     if not torch.cuda.is_available():
         return NcuResult(available=False, note="no CUDA GPU visible; ncu profiles GPU kernels only")
-    if not spec.is_builtin_dense:
-        static = check_source(spec.source)
-        if not static.ok:
-            return NcuResult(available=False, note="candidate failed static checks, not profiled: "
-                                                   + "; ".join(static.violations[:3]))
-        if spec.backend not in ("triton", "cuda"):
-            return NcuResult(available=False, note=f"cannot profile backend {spec.backend!r}")
+    kernel, why_not = profiled_kernel(spec, matrix, dtype)
+    if kernel is None:
+        return NcuResult(available=False, note=why_not)
 
     with tempfile.TemporaryDirectory(prefix="sparseditto-ncu-") as tmp:
         matrix_path = os.path.join(tmp, "matrix.npz")
         np.savez(matrix_path, indptr=matrix.indptr, indices=matrix.indices, data=matrix.data,
                  shape=np.asarray(matrix.shape, dtype=np.int64))
-        args = {"source_path": None if spec.is_builtin_dense else str(write_source(spec.source)),
-                "matrix_path": matrix_path, "matrix_dtype": matrix.dtype, "n": int(n), "dtype": dtype,
-                "warmup": int(warmup), "seed": int(seed), "range": NVTX_RANGE}
+        args = {"kernel": kernel, "matrix_path": matrix_path, "matrix_dtype": matrix.dtype, "n": int(n),
+                "dtype": dtype, "warmup": int(warmup), "seed": int(seed), "range": NVTX_RANGE}
         args_path = os.path.join(tmp, "args.json")
         Path(args_path).write_text(json.dumps(args), encoding="utf-8")
         cmd = build_command(ncu, args_path, metrics=metrics, kernel_regex=kernel_regex,
@@ -260,6 +253,34 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
         env = worker_environment("cuda", Path(tmp), str(default_cache_dir()))
         rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
+
+
+def profiled_kernel(spec, matrix, dtype: str) -> tuple[dict | None, str]:
+    """(what the profiled child loads, '') or (None, why this kernel is not profiled).
+
+    The check is about trust, and there are three kinds of kernel. Dense cuBLAS and the vendor
+    libraries (backend "builtin", origin "vendor") are harness code without a source: nothing to
+    check statically, but the library must be able to run this matrix and dtype on a GPU
+    (`vendor_kernels.unavailable_reason`: cuSPARSELt only on 2:4 rows, ...); the child loads it by
+    name and runs it outside the audit gate, as a worker does. A generated kernel (a template
+    instance, a memory kernel or an LLM's: Triton, or CUDA C++ through CuPy) is candidate code: its
+    source must pass the static checks, and the child imports it from its content-addressed file
+    and runs it inside the gate."""
+    from .source_loader import write_source
+    from .static_checks import check_source
+    from .vendor_kernels import unavailable_reason
+
+    if spec.is_builtin:
+        why = unavailable_reason(spec.template, matrix, dtype, "cuda")
+        if why:
+            return None, f"vendor path {spec.template} cannot run this matrix, not profiled: {why}"
+        return {"vendor": spec.template}, ""
+    if spec.backend not in ("triton", "cuda"):
+        return None, f"cannot profile backend {spec.backend!r}"
+    static = check_source(spec.source)
+    if not static.ok:
+        return None, "candidate failed static checks, not profiled: " + "; ".join(static.violations[:3])
+    return {"source_path": str(write_source(spec.source)), "backend": spec.backend}, ""
 
 
 def _run(cmd: list[str], env: dict, timeout: float, cwd: str | None = None) -> tuple[int | None, str, str, bool]:

@@ -125,6 +125,8 @@ class BenchResult(BaseModel):
     ``speedup_vs_best_baseline`` uses the fastest ok baseline (dense included).
     ``conversion_ms`` is one prepare() call (format build + upload), never hidden in the kernel time.
     ``packed_bytes``: what the candidate keeps of A (each storage once), for its byte roofline.
+    ``reused_baselines``: the baselines (``cublas_dense`` included) whose timings an earlier bench
+    of the same ``baseline_scope`` measured in this worker process, by the same method.
     """
 
     n: int
@@ -147,6 +149,7 @@ class BenchResult(BaseModel):
     reverify_message: str = ""
     l2_flush_bytes: int = 0
     notes: list[str] = Field(default_factory=list)
+    reused_baselines: list[str] = Field(default_factory=list)
 
 
 class NcuResult(BaseModel):
