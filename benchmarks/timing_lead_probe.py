@@ -2,7 +2,7 @@
 (harness/timing.py), not with it; then three identical benches of delta_spmv, whose graph times
 disagreed 2x before the spin. On the GPU: python3 benchmarks/timing_lead_probe.py (from the repo
 root, the device set-up of benchmarks/device_run.sh)."""
-import sys, time, torch
+import sys, torch
 sys.path.insert(0, "benchmarks")
 from llm_layers import prune, load
 from sparseditto import harness
@@ -14,17 +14,10 @@ packed = mod.prepare(A, torch.float16, torch.device("cuda"))
 b = torch.randn(4096, 1, device="cuda", dtype=torch.float16)
 out = torch.empty(4096, 1, device="cuda", dtype=torch.float16)
 g = timing.capture_graph(lambda: mod.spmm(packed, b, out))
-def slow_replay(host_us):
-    def run():
-        t = time.perf_counter()
-        while (time.perf_counter() - t) * 1e6 < host_us:
-            pass
-        g.replay()
-    return run
 for lead in (0.0, 100.0):
     timing.LEAD_US = lead
     for host in (0, 20, 60):
-        t = timing._time_launches(slow_replay(host), 50, 5, True, None, None)
+        t = timing._time_launches(timing.host_delayed(g.replay, host), 50, 5, True, None, None)
         print(f"LEAD_US {lead:5.0f}: host delay {host:3d} us before replay -> delta graph {t.median_ms*1e3:.1f} us", flush=True)
 timing.LEAD_US = 100.0
 for i in range(3):

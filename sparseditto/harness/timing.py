@@ -129,6 +129,17 @@ def lead_cycles(device=None) -> int:
     return max(1, int(LEAD_US * khz / 1e3))
 
 
+def host_delayed(launch: Callable[[], None], host_us: float) -> Callable[[], None]:
+    """``launch`` preceded by ``host_us`` of host busy-work: a slow submission, like a sandboxed
+    worker's (what the LEAD_US spin must keep out of the timed region; its GPU test and probe)."""
+    def run() -> None:
+        t0 = time.perf_counter()
+        while (time.perf_counter() - t0) * 1e6 < host_us:
+            pass
+        launch()
+    return run
+
+
 def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush: bool, before, after) -> Timing:
     """The loop both CUDA timings share: the warm-up (`warm_up`), then per launch ``before(i)``, an
     L2 flush, CUDA events around ``launch()`` only, ``after(i)``."""
