@@ -63,6 +63,7 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_STREAM_MAX_N = 32  # tc_dense beats cuBLAS only at skinny N (decode)
 DELTA_MAX_N = 2          # delta_spmv re-reads B's strip per column: measured ahead only at N <= 2
+DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 
@@ -71,7 +72,12 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
     """Templates the pattern class points to, most natural first (see PATTERN_PREFERENCES)."""
     pattern = str(report.get("pattern") or "unstructured")
     if pattern in PATTERN_PREFERENCES:
-        return PATTERN_PREFERENCES[pattern]
+        prefs = PATTERN_PREFERENCES[pattern]
+        if n <= DELTA_MAX_N and pattern in DELTA_SECOND and "delta_spmv" not in prefs:
+            # the decode SpMV reads 2.5 B per fp16 nonzero on any pattern; measured ahead of
+            # cuBLAS at N <= 2 on unstructured and 2:4 weights, not yet on these: explored second
+            return prefs[:1] + ("delta_spmv",) + prefs[1:]
+        return prefs
     sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
         # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv, streamed rows):

@@ -91,3 +91,20 @@ def test_bitmap_decode_floor_marks_it_decode_bound_at_moderate_sparsity():
     bitmap = next(t for t in table if t["name"] == "tc_bitmap")
     dense = next(t for t in table if t["name"] == "dense")
     assert bitmap["bound"] == "decode" and bitmap["estimate_ms"] > dense["estimate_ms"]
+
+
+def test_block_weight_at_decode_explores_the_delta_spmv_second_and_fp32_leaves_it_out():
+    from sparseditto import generate
+
+    for dtype, expect in (("float16", True), ("float32", False)):
+        A = generate.block_sparse(512, 1024, (32, 32), 0.25, seed=0, dtype=dtype)
+        report = analyze(A).model_dump()
+        table, roof = template_table(report, 1, dtype, H200, exec_backend="cuda")
+        dense = next(t for t in table if t["name"] == "dense")
+        inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[1], dtype=dtype,
+                            memory_hits=[], tried=[], best=None, dense_ms=dense["estimate_ms"], roofline_ms=roof,
+                            budget_left=8, templates=table)
+        plan = ExpertPolicy().plan(inp)
+        tried = [c.template for c in plan.candidates]
+        assert report["pattern"] == "block"
+        assert ("delta_spmv" in tried) == expect, (dtype, tried)

@@ -175,6 +175,10 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.4}, 1)[0] != "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 64)[0] == "bitmap_tiles"
     assert pattern_preferences({"pattern": "nm", "sparsity": 0.5}, 16)[0] == "tc_sp24"
+    # the decode SpMV explored second on structured patterns at N <= 2 only; 2:4 keeps the sparse MMA
+    assert pattern_preferences({"pattern": "block", "sparsity": 0.75}, 1)[:2] == ("bsr_tc", "delta_spmv")
+    assert "delta_spmv" not in pattern_preferences({"pattern": "block", "sparsity": 0.75}, 4)
+    assert "delta_spmv" not in pattern_preferences({"pattern": "nm_2_4", "sparsity": 0.5}, 1)
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[0] == "csr_balanced"
 
 
