@@ -21,9 +21,10 @@ start event before the host has submitted the launch, the wait is counted as ker
 flush is queued, the host still records the event and submits the launch; in a sandboxed worker
 (audit hook, op tracer) that can take longer than the ~30 us flush. On the H200 (2026-12-01) the
 same cuBLAS call measured 34.9 us in a bench's candidate slot and 20.4 us in its dense slot, and
-delta_spmv 22.6 then 11.4 us in two identical benches. So a spin kernel of LEAD_US is queued after
-the flush and before the start event: the host has that long to submit the launch before the GPU
-can wait for it.
+delta_spmv 22.6 then 11.4 us in two identical benches. So before each timed graph replay a spin
+kernel of LEAD_US is queued after the flush and before the start event: the host has that long to
+submit the replay before the GPU can wait for it. Eager timings keep the host in (they are what a
+caller without graphs pays, launch latency included).
 
 Why a warm-up measured in milliseconds, not only in launches: a GPU that was idle (compiling,
 verifying) runs its first milliseconds of work at lower clocks. On the H200 a 15-40 us kernel timed
@@ -140,9 +141,12 @@ def host_delayed(launch: Callable[[], None], host_us: float) -> Callable[[], Non
     return run
 
 
-def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush: bool, before, after) -> Timing:
+def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush: bool, before, after,
+                   lead: bool = True) -> Timing:
     """The loop both CUDA timings share: the warm-up (`warm_up`), then per launch ``before(i)``, an
-    L2 flush, CUDA events around ``launch()`` only, ``after(i)``."""
+    L2 flush, the LEAD_US spin when ``lead`` (graph replays: the kernel's own time), CUDA events
+    around ``launch()`` only, ``after(i)``. Eager timings run without the spin: what a caller
+    without graphs pays includes the host's launch latency."""
     import torch
 
     before, after = before or _noop, after or _noop
@@ -156,12 +160,13 @@ def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush:
     warm_up(step, warmup, before, after)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    lead = lead_cycles()
+    cycles = lead_cycles() if lead else 0
     for i in range(repeats):
         before(i)
         if buf is not None:
             flush_l2(buf)
-        torch.cuda._sleep(lead)
+        if cycles:
+            torch.cuda._sleep(cycles)
         starts[i].record()
         launch()
         ends[i].record()
@@ -177,7 +182,7 @@ def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flu
     ``before(i)``/``after(i)`` run outside the timed region of launch i (warm-up launches have
     negative i): the benchmark uses them to give every launch fresh inputs and keep its output."""
     check_repeats(repeats, warmup)
-    return _time_launches(fn, repeats, warmup, flush, before, after)
+    return _time_launches(fn, repeats, warmup, flush, before, after, lead=False)
 
 
 def capture_graph(fn: Callable[[], None], warmup: int = 2):
