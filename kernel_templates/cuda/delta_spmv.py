@@ -136,9 +136,18 @@ def prepare(A, dtype, device) -> dict:
         kernel = kernels[kernel_name(dtype, nv, fmt.lanes, fmt.bits)]
         plan = plan_launch(packed, nv, dtype, rt.sm_count(device), int(kernel.num_regs))
         if plan["streams"] not in packed["splits"]:
-            packed["splits"][plan["streams"]] = {name: torch.from_numpy(a).to(device)
-                                                 for name, a in split_arrays(fmt, plan["streams"]).items()}
+            meta = {name: torch.from_numpy(a).to(device) for name, a in split_arrays(fmt, plan["streams"]).items()}
+            if "heads" in meta:     # one column block's parts and counters (N <= NV), made here too
+                meta["work"] = row_split_work(plan["streams"], 1, device)
+            packed["splits"][plan["streams"]] = meta
     return packed
+
+
+def row_split_work(streams: int, column_blocks: int, device) -> tuple:
+    """ROW_SPLIT's scratch: a cut row's parts (16 floats per stream and column block) and the
+    arrival counters (zero; the kernel leaves them zero)."""
+    return (torch.zeros(column_blocks * streams * 16, dtype=torch.float32, device=device),
+            torch.zeros(column_blocks * streams, dtype=torch.int32, device=device))
 
 
 def split_arrays(fmt: DeltaSlices, streams: int) -> dict:
@@ -265,11 +274,14 @@ def spmm(packed: dict, B, out) -> None:
             raise RuntimeError(f"delta_spmv: no stream split for {plan['streams']} streams (prepare plans one per "
                                "reachable kernel on this device; was the matrix prepared for another GPU?)")
         split = meta["split"]
-        # a cut row's parts (16 floats per stream and column block) and its arrival counters; zeros
-        # here are safe inside a graph capture (a captured memset), and the kernel leaves them zero
-        work = (torch.zeros(plan["grid"][1] * plan["streams"] * 16, dtype=torch.float32, device=b.device),
-                torch.zeros(plan["grid"][1] * plan["streams"], dtype=torch.int32, device=b.device)) \
-            if "heads" in meta else (split, split)
+        # ROW_SPLIT's scratch: prepare made the one-column-block case; wider N allocates here (inside
+        # a graph capture that is memory of the graph's pool)
+        if "heads" not in meta:
+            work = (split, split)
+        elif plan["grid"][1] == 1:
+            work = meta["work"]
+        else:
+            work = row_split_work(plan["streams"], plan["grid"][1], b.device)
         plan["work"] = work
         pointers = [packed[name] for name in ("values", "deltas", "starts", "group_base")] + [
             split, meta.get("heads", split), meta.get("head_cols", split), *work]
