@@ -210,7 +210,10 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
     ({"WARPS": 4, "PIPE": 2}, (257, 3333), 0.1, (3,)), ({"NV": 1}, (64, 11008), 0.3, (3,)),
     # deep pipelines, few big CTAs: streams of many rows; a block of empty rows inside streams
     ({"PIPE": 8, "WARPS": 16, "CTAS_PER_SM": 2}, (4096, 4096), 0.5, tuple(range(100, 700))),
-    ({"LANES": 4, "WARPS": 32, "CTAS_PER_SM": 1}, (3000, 2048), 0.05, tuple(range(0, 3000, 3)))])
+    ({"LANES": 4, "WARPS": 32, "CTAS_PER_SM": 1}, (3000, 2048), 0.05, tuple(range(0, 3000, 3))),
+    # rows cut between streams: 64 long rows over ~3000 streams (many streams inside one row), and
+    # a square weight with empty rows at cuts
+    ({"ROW_SPLIT": 1}, (64, 11008), 0.3, (3,)), ({"ROW_SPLIT": 1, "LANES": 4}, (4096, 4096), 0.5, tuple(range(100, 700)))])
 def test_gpu_verifies_against_fp64(params, shape, density, empty, dtype):
     from sparseditto.harness.verify import run_and_verify
 
