@@ -401,3 +401,17 @@ def test_exported_delta_spmv_packs_exactly_like_delta_slices_without_scipy(tmp_p
     proc = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", str(cu), "-o", str(tmp_path / "e.cubin")],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_row_split_plans_a_full_wave_for_a_few_long_rows(tmp_path_factory):
+    """64 long rows: cuts at row ends could use 64 sub-warps at most; with ROW_SPLIT the grid is one
+    full wave (as many streams as there are row groups, up to the resident sub-warps)."""
+    A = _matrix(64, 11008, 0.3, seed=0)
+    plain = load_candidate("delta_spmv", {}, tmp_path_factory)
+    cut = load_candidate("delta_spmv", {"ROW_SPLIT": 1}, tmp_path_factory)
+    packed = cut.prepare(A, "float16", "cpu")
+    p0 = plain.plan_launch(plain.prepare(A, "float16", "cpu"), 1, torch.float16, 132)
+    p1 = cut.plan_launch(packed, 1, torch.float16, 132)
+    assert packed["lanes"] == 32 and p0["streams"] == 64                      # one row per warp
+    wave = 132 * cut.ctas_per_sm(p1["smem"], 64) * 8
+    assert p1["streams"] == min(-(-packed["groups"] // 8) * 8, wave) > 10 * p0["streams"]

@@ -129,7 +129,7 @@ def prepare(A, dtype, device) -> dict:
                                "delta_spmv") if device.type == "cuda" else {})
     packed = {**tensors, "arrays": ["values", "deltas", "starts", "group_base"], "shape": tuple(A.shape),
               "nnz": fmt.nnz, "lanes": fmt.lanes, "bits": fmt.bits, "skew": fmt.skew, "kp": kp,
-              "fillers": fmt.fillers, "a_bytes": fmt.nbytes(2), "kernels": kernels, "splits": {}, "scratch": {}}
+              "fillers": fmt.fillers, "groups": fmt.pieces // fmt.lanes, "a_bytes": fmt.nbytes(2), "kernels": kernels, "splits": {}, "scratch": {}}
     # Each kernel's stream split is made here, not at the first spmm: that call may be inside a CUDA
     # graph capture, where a host-to-device copy is not allowed.
     for nv in reachable_nvs(kp) if kernels else ():
@@ -247,7 +247,9 @@ def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
     lanes, warps = int(packed["lanes"]), int(PARAMS["WARPS"])
     rows_per_cta = warps * (32 // lanes)
     smem = kp * nv * 4
-    grid = (max(1, min(-(-M // rows_per_cta), sms * ctas_per_sm(smem, regs))), -(-N // nv), 1)
+    # streams to fill: rows (cuts at row ends), or row groups of L pieces when rows are cut
+    work = int(packed.get("groups", M)) if int(PARAMS["ROW_SPLIT"]) else M
+    grid = (max(1, min(-(-work // rows_per_cta), sms * ctas_per_sm(smem, regs))), -(-N // nv), 1)
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit of "
                          "65535; delta_spmv is a decode kernel (N <= 8), use a tensor-core template.")
