@@ -118,6 +118,7 @@ def test_offset_quantile_is_exact_or_a_tight_upper_bound(bins, monkeypatch):
 
 
 # ---- classification -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_classifier_accuracy_on_the_labelled_suite():
     cases = gen.labelled_suite(30, seed=2024)
     confusion = Counter()

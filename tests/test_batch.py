@@ -68,6 +68,7 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     assert "layers.1.mlp.up.weight" in html and "reused" in html
 
 
+@pytest.mark.slow
 def test_patch_model_matches_dense_keeps_state_dict_and_falls_back(batch, tensors):
     _, out, _ = batch
     model = tiny_model(tensors)

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 
+import pytest
 import torch
 
 from batch_models import small_unstructured
@@ -37,6 +38,7 @@ def _searched(journal) -> dict[str, str]:
         return {}
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_then_resume_redoes_no_finished_layer(tmp_path, monkeypatch, pool):
     sd = {"a.weight": small_unstructured(64, 64, 1), "b.weight": small_unstructured(64, 96, 2)}
     torch.save(sd, tmp_path / "model.pt")

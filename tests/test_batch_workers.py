@@ -54,6 +54,7 @@ def _cache_files(cache) -> dict[str, int]:
             for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_local_worker_processes(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
     path, sd = _model(tmp_path)

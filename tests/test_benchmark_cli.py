@@ -50,7 +50,7 @@ def geomean_by_hand(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=120)
 def test_quick_llm_suite_on_the_cpu_budget_then_resume(tmp_path):
     out = tmp_path / "bench"
     env = dict(os.environ, SPARSEDITTO_CACHE_DIR=str(tmp_path / "cache"), TRITON_INTERPRET="1")

@@ -130,6 +130,7 @@ def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path_factory):
         module.spmm(packed, torch.zeros(41, 2, dtype=torch.float16), torch.zeros(16, 2, dtype=torch.float16))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90_without_spills(tmp_path):
     """The candidate's own CUDA_SRC through ptxas: the fp16 instantiations (NV 1/2/4/8 x (ROWS, SPLIT)

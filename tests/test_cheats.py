@@ -59,6 +59,7 @@ def test_the_catalogue_is_large_and_covers_every_layer():
     assert {c.layer for c in CHEATS} == {"audit", "integrity", "trace", "state", "numeric", "timed", "crash"}
 
 
+@pytest.mark.slow
 def test_every_cheat_is_refused_at_run_time_without_the_static_checks(matrix, pool):
     outcomes = {c.name: judge(c, matrix, pool) for c in CHEATS}
     passed = sorted(name for name, (layer, _) in outcomes.items() if layer == "PASSED")
@@ -94,6 +95,7 @@ def _cheat_code(messages):
     return python_reply(next(c.source for c in CHEATS if c.name == name), f"The fastest kernel ({name}).")
 
 
+@pytest.mark.slow
 def test_no_cheat_is_verified_or_chosen_through_run_graph(tmp_path, monkeypatch):
     from sparseditto.api import run_graph
     from sparseditto.testing_llm import ScriptedChatModel

@@ -81,6 +81,7 @@ def test_analyze_prints_a_report_and_json_on_request(env, weight, tmp_path):
     assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow
 def test_run_then_memory_list_agree(env, weight, tmp_path):
     out = tmp_path / "result.json"
     proc = cli("run", str(weight), "-n", "8", "--budget", "1", "--backend", "interpret", "-o", str(out), env=env)
@@ -114,6 +115,7 @@ def test_a_closed_pipe_ends_quietly(env, weight):
         assert proc.returncode == 141 and "Traceback" not in err and "BrokenPipe" not in err, (args, err)
 
 
+@pytest.mark.slow(seconds=30)
 def test_ctrl_c_stops_a_run_fast_and_the_same_command_resumes(env, weight, tmp_path):
     # The first verification also starts the sandboxed worker (importing torch and triton takes
     # seconds), so an interrupt sent as soon as it begins lands inside it.
@@ -143,6 +145,7 @@ def test_ctrl_c_stops_a_run_fast_and_the_same_command_resumes(env, weight, tmp_p
     assert resumed["resumed"] is True and resumed["report"]["pattern"] == "unstructured"
 
 
+@pytest.mark.slow(seconds=30)
 def test_demo_tells_the_story_of_a_win(env):
     """`make demo`'s command: the pattern and why, the plan, each kernel tried, the choice with its
     labelled estimate, the memory, and result.kernel(B) checked against the fp64 product."""

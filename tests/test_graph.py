@@ -103,6 +103,7 @@ def test_pattern_classes_end_to_end(pattern, run_dir):
     assert "NOT GPU timings" in result.summary()
 
 
+@pytest.mark.slow
 def test_sparse_kernel_chosen_by_cost_model_then_memory_exact_hit_and_neighbour(run_dir):
     """A wide row-pruned weight: compaction beats dense on the A100 roofline (2.7 vs 3.6 us)."""
     A = generate.row_pruned(256, 4096, 0.9, dtype="float16", seed=0)
@@ -189,6 +190,7 @@ def test_dense_matrix_stops_early_with_dense(run_dir):
     assert_matches(A, result.kernel(B), B)
 
 
+@pytest.mark.slow
 def test_real_matrices_from_shared_data(shared_data, run_dir):
     from sparseditto.io import load_matrix
 

@@ -41,6 +41,7 @@ def run(tmp_path, monkeypatch):
     return go
 
 
+@pytest.mark.slow
 def test_good_llm_kernel_is_verified_and_recorded(matrix, run):
     model = good_kernel_model()
     result = run(matrix, model)
@@ -70,6 +71,7 @@ def test_good_llm_kernel_is_verified_and_recorded(matrix, run):
     assert all(c["prompt"] and c["reply"] and c["prompt_tokens"] > 0 for c in transcript)
 
 
+@pytest.mark.slow
 def test_kernel_that_does_not_compile_is_fixed_by_the_debugger_loop(matrix, run):
     result = run(matrix, fix_after_error_model())
     attempts = [c for c in result.candidates if c.index == 1]

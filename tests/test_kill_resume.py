@@ -23,6 +23,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 CHILD = textwrap.dedent('''
     import json, os, signal, sys
     from sparseditto import generate, harness
@@ -89,6 +91,7 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow(seconds=50)
 def test_kill_minus_nine_at_ten_points_resumes_without_redoing_verified_work(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["SPARSEDITTO_CACHE_DIR"] = str(tmp_path / "cache")

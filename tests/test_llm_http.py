@@ -86,6 +86,7 @@ def fallbacks(result) -> list[dict]:
 
 
 # ---- the agents over HTTP ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_good_kernel_through_planner_and_coder_with_tool_rounds(http, matrix, capsys):
     roles = {"planner": [PLAN_LLM, STOP],
              "coder": [tool_call("triton_language_api", query="sum"),
@@ -229,6 +230,7 @@ def test_server_without_json_schema_gets_json_in_the_text(http, matrix):
 
 
 # ---- budgets -----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_llm_token_budget_hands_the_remaining_steps_to_the_expert(http, matrix):
     roles = {"planner": [PLAN_LLM], "coder": [python_reply(GOOD_KERNEL)]}
     # the planner's request (~1.9k tokens) fits; the coder's (it carries a whole template source,
@@ -333,6 +335,7 @@ def improving_coder(body):
     return python_reply(ELL_KERNEL, "An ELL kernel: rows padded to the longest one.")
 
 
+@pytest.mark.slow
 def test_llm_improves_its_kernel_from_the_profile(http, capsys):
     A = generate.unstructured(1024, 1024, 0.9, dtype="float16", seed=3)
     result, srv = http({"planner": [improving_planner], "coder": [improving_coder]}, A, budget=3)

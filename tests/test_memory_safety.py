@@ -34,6 +34,7 @@ WRITER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_eight_processes_times_five_runs_lose_nothing(tmp_path):
     path = tmp_path / "shared.sqlite"
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(w), "5"], stdout=subprocess.PIPE,
@@ -147,6 +148,7 @@ GRAPH_WRITER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow(seconds=30)
 def test_concurrent_run_graph_processes_share_one_memory_file(tmp_path):
     """The issue's failure mode (runs lost to 'database is locked' with several users of the
     default memory): 3 processes x 2 full graph runs on one file, every run recorded and finished."""

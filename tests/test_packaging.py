@@ -59,6 +59,7 @@ def test_wheel_has_only_the_sparseditto_namespace(wheel):
     assert "sparseditto/__main__.py" in names and "sparseditto/cli/story.py" in names
 
 
+@pytest.mark.slow
 def test_wheel_imports_outside_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],

@@ -178,6 +178,7 @@ def test_a_worker_that_cannot_start_is_an_infrastructure_error(tmp_path, small):
     assert "cannot import torch: simulated" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_script_without_a_main_guard_runs_once_and_verifies(tmp_path):
     import subprocess
     import sys
