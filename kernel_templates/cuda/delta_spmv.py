@@ -26,7 +26,9 @@ META = {
         "DELTA_BITS": ["auto", 4, 8],
         "SKEW": ["auto", 0, 4, 5, 6, 7, 8],
         "WARPS": [4, 8, 16, 32],
-        "PIPE": [2, 4, 8],
+        # groups in flight per lane; 6 is the deepest ring without spills under MIN_WARPS 24 (ptxas:
+        # 80 registers; 8 spills there and ran 20-40% slower on the H200); 6 not measured yet
+        "PIPE": [2, 4, 6, 8],
         "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
         # warps per SM the registers must allow (__launch_bounds__' minimum CTAs = MIN_WARPS / WARPS;
         # 0: no cap). H200, 11008x4096 at N = 1: uncapped the kernel takes ~100 registers, 16 warps
