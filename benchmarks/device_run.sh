@@ -2,7 +2,7 @@
 # Run SparseDitto's GPU stages on the lent GPU machine (it has torch, triton, cupy, ncu, nvcc but not
 # langgraph/pydantic/sqlite-utils...). From the repo root, with `.whl` (../shared/tools/device-wheels.sh)
 # and `.gpu/data` (a copy of the shared matrices) carried:
-#   bash benchmarks/device_run.sh env tests bench graph demo
+#   bash benchmarks/device_run.sh env tests bench graph demo decode
 # Everything worth keeping is written under $OUT (default ./out).
 # Stage `bench` runs `sparseditto bench --out $OUT/bench${BENCH_NAME:+-$BENCH_NAME} $BENCH_ARGS`; to continue an
 # earlier call's run, carry its returned folder (e.g. .gpu/bench/llm) and set BENCH_FROM to it: its files are
@@ -50,6 +50,13 @@ for stage in "$@"; do
       timeout ${BATCH_TIMEOUT:-420} python3 benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
     batch7b-retime)
       python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$OUT/batch7b}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
+    decode)
+      # issue 10's open checks (docs/kernels.md, "fourth H200 session"): the timing spin, then delta_spmv's
+      # unmeasured variants (PIPE 6 under the register cap; ROW_SPLIT) beside the default, N = 1 and 2
+      python3 benchmarks/timing_lead_probe.py 2>&1 | grep -v Warn | tee "$OUT/lead.log" | tail -12
+      DV='{"delta_spmv": [{}, {"PIPE": 6}, {"ROW_SPLIT": 1}]}'; [ -n "${DECODE_VARIANTS:-}" ] && DV=$DECODE_VARIANTS
+      python3 benchmarks/llm_layers.py --preset decode --n 1 2 --cases "${DECODE_CASES:-magnitude|nm24}" \
+        --variants "$DV" --repeats 20 --out "$OUT/decode.json" 2>&1 | grep -v Warn | tee "$OUT/decode.log" | tail -60 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
