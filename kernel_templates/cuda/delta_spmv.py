@@ -10,7 +10,9 @@ decode each with a bit-field extract and an add; B (K x NV, fp32) is staged once
 CTA in shared memory. delta_spmv.cu says more.
 
 prepare() packs the slices (lanes per row and delta width "auto": the fewest bytes), compiles every
-kernel an N can launch and keeps the handles in the packed dict; spmm() is one launch on torch's
+kernel an N can launch, keeps the handles in the packed dict, and makes each kernel's stream split
+(its one-wave grid's sub-warps each stream a contiguous range of rows: `stream_split`, or with
+ROW_SPLIT ranges cut inside rows: `group_split`); spmm() is one launch on torch's
 current stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than
 the shared-memory cap of NV (K * NV * 4 bytes <= SMEM_CAP) runs as several column blocks, each
 re-reading A: the planner keeps this template to small N.
