@@ -122,12 +122,13 @@ def test_prepare_ships_the_arrays_and_bytes_it_reports(tmp_path_factory):
     assert (packed["lanes"], packed["bits"]) == (fmt.lanes, fmt.bits)
 
 
-@pytest.mark.parametrize("params", [{}, {"WARPS": 4}, {"NV": 2, "PIPE": 2}, {"WARPS": 16, "CTAS_PER_SM": 2}])
+@pytest.mark.parametrize("params", [{}, {"WARPS": 4}, {"NV": 2, "PIPE": 2}, {"WARPS": 16, "CTAS_PER_SM": 2},
+                                    {"B_HALF": 1, "NV": 4}])
 def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params, tmp_path_factory):
     module = load_candidate("delta_spmv", params, tmp_path_factory)
     for shape in ((1001, 70), (64, 11008), (5, 25600)):
         A = _matrix(*shape, 0.3, seed=0)
-        if params.get("NV", 1) * shape[1] * 4 > module.SMEM_CAP:
+        if params.get("NV", 1) * shape[1] * module.b_bytes() > module.SMEM_CAP:
             with pytest.raises(ValueError, match="lower NV"):
                 module.prepare(A, "bfloat16", "cpu")
             continue
@@ -140,7 +141,7 @@ def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params,
             assert plan["streams"] == plan["grid"][0] * rows_per_cta
             assert (plan["grid"][0] - 1) * rows_per_cta < shape[0]
             assert plan["grid"][0] <= 132 * module.ctas_per_sm(plan["smem"], 64) and plan["grid"][1] * plan["nv"] >= n
-            assert plan["smem"] == packed["kp"] * plan["nv"] * 4 <= module.SMEM_CAP
+            assert plan["smem"] == packed["kp"] * plan["nv"] * module.b_bytes() <= module.SMEM_CAP
 
 
 @pytest.mark.parametrize("streams", [1, 7, 64, 500])
@@ -184,8 +185,9 @@ def test_bad_inputs_are_clear_errors(tmp_path_factory):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90_without_spills(tmp_path):
-    """The candidate's own CUDA_SRC through ptxas, 6 instantiations (every delta width, L 4..32 and
-    NV 1..8 at least once, fp16 and bf16): no spills, 16-byte streaming loads of the value pieces."""
+    """The candidate's own CUDA_SRC through ptxas, 7 instantiations (every delta width, L 4..32 and
+    NV 1..8 at least once, fp16 and bf16, row splits and 16-bit B copies): no spills, 16-byte
+    streaming loads of the value pieces."""
     from sparseditto.harness.source_loader import cuda_sources
 
     src = tmp_path / "delta_spmv.cu"
@@ -196,7 +198,7 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
-    assert len([e for e in entries if "delta_spmv" in e]) == 6
+    assert len([e for e in entries if "delta_spmv" in e]) == 7
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in delta_spmv"
     ptx = "".join(p.read_text() for p in tmp_path.glob("*.ptx"))
@@ -213,7 +215,11 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
     ({"LANES": 4, "WARPS": 32, "CTAS_PER_SM": 1}, (3000, 2048), 0.05, tuple(range(0, 3000, 3))),
     # rows cut between streams: 64 long rows over ~3000 streams (many streams inside one row), and
     # a square weight with empty rows at cuts
-    ({"ROW_SPLIT": 1}, (64, 11008), 0.3, (3,)), ({"ROW_SPLIT": 1, "LANES": 4}, (4096, 4096), 0.5, tuple(range(100, 700)))])
+    ({"ROW_SPLIT": 1}, (64, 11008), 0.3, (3,)), ({"ROW_SPLIT": 1, "LANES": 4}, (4096, 4096), 0.5, tuple(range(100, 700))),
+    # B's copy in 16-bit values: every NV (N 1..17 in the check), a skewed copy (2:4-like columns
+    # are not drawn here, so a forced skew), and K = 11008 with NV 4 in one pass
+    ({"B_HALF": 1}, (300, 1000), 0.5, (3,)), ({"B_HALF": 1, "SKEW": 5}, (257, 3333), 0.1, (3,)),
+    ({"B_HALF": 1, "NV": 4}, (64, 11008), 0.3, (3,))])
 def test_gpu_verifies_against_fp64(params, shape, density, empty, dtype):
     from sparseditto.harness.verify import run_and_verify
 

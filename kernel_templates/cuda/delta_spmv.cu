@@ -66,12 +66,30 @@ __device__ __forceinline__ float piece_value(const uint4& v, int i) {
     return T::to_float(static_cast<u16>((i & 1) ? (w >> 16) : (w & 0xffffu)));
 }
 
-// B's row at byte offset `off` of the fp32 copy (off = physical column * 4 * NV): the kernel carries
-// the running column pre-scaled, so each entry costs one add and no address arithmetic.
-template <int NV>
+// B's row at byte offset `off` of the shared copy (off = physical column * bytes per column): the
+// kernel carries the running column pre-scaled, so each entry costs one add and no address
+// arithmetic. BH: the copy holds B's own 16-bit values (half the shared-memory words per gather
+// and half the space, one convert per value); else fp32.
+template <typename T, int NV, bool BH>
 __device__ __forceinline__ void b_row(const float* bs, int off, float (&b)[NV]) {
     const char* at = reinterpret_cast<const char*>(bs) + off;
-    if (NV == 1) {
+    if (BH) {
+        if (NV == 1) {
+            b[0] = T::to_float(*reinterpret_cast<const u16*>(at));
+        } else if (NV == 2) {
+            const u32 w = *reinterpret_cast<const u32*>(at);
+            b[0] = T::to_float(static_cast<u16>(w & 0xffffu)); b[NV > 1 ? 1 : 0] = T::to_float(static_cast<u16>(w >> 16));
+        } else if (NV == 4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(at);
+            const uint4 v = make_uint4(w.x, w.y, 0u, 0u);
+#pragma unroll
+            for (int t = 0; t < (NV < 4 ? NV : 4); ++t) b[t] = piece_value<T>(v, t);
+        } else {
+            const uint4 v = *reinterpret_cast<const uint4*>(at);
+#pragma unroll
+            for (int t = 0; t < NV; ++t) b[t] = piece_value<T>(v, t);
+        }
+    } else if (NV == 1) {
         b[0] = *reinterpret_cast<const float*>(at);
     } else if (NV == 2) {
         const float2 x = *reinterpret_cast<const float2*>(at);
@@ -85,6 +103,13 @@ __device__ __forceinline__ void b_row(const float* bs, int off, float (&b)[NV]) 
     }
 }
 
+// One element of the shared copy: B's 16-bit value (BH) or its fp32 conversion.
+template <typename T, bool BH>
+__device__ __forceinline__ void put_b(float* bs, int i, typename T::storage v) {
+    if (BH) reinterpret_cast<typename T::storage*>(bs)[i] = v;
+    else bs[i] = T::to_float(v);
+}
+
 // B[:, n0 : n0 + NV] -> bs (fp32, K x NV, zeros past N), any layout of B. Every load of a batch of
 // SB elements per thread is issued before the first store, so staging costs a few memory latencies
 // instead of one per element: measured on the H200, a plain loop (16 dependent rounds per thread at
@@ -92,7 +117,7 @@ __device__ __forceinline__ void b_row(const float* bs, int off, float (&b)[NV]) 
 // register cap of MIN_WARPS = 24.
 // The copy is skewed: column k sits at physical row p = k + (k >> skew), so each block of 2^skew
 // columns is followed by one hole (zeroed: a gap filler's column may land there).
-template <typename T, int NV, int WARPS>
+template <typename T, int NV, int WARPS, bool BH>
 __device__ __forceinline__ void stage_b_general(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
                                                 int skew, int N, int n0, long long ldb) {
     constexpr int SB = 8;
@@ -114,7 +139,7 @@ __device__ __forceinline__ void stage_b_general(float* bs, const typename T::sto
 #pragma unroll
         for (int u = 0; u < SB; ++u) {
             const int i = i0 + u * THREADS;
-            if (i < total) bs[i] = real[u] ? T::to_float(v[u]) : 0.0f;
+            if (i < total) put_b<T, BH>(bs, i, real[u] ? v[u] : typename T::storage(0));
         }
     }
 }
@@ -123,7 +148,7 @@ __device__ __forceinline__ void stage_b_general(float* bs, const typename T::sto
 // 16-byte loads of 8 values, all of a thread's loads issued before its first store (K = 4096, NV = 1:
 // two loads per thread instead of the general path's sixteen element loads and index divisions);
 // then the skew's holes are zeroed.
-template <typename T, int NV, int WARPS>
+template <typename T, int NV, int WARPS, bool BH>
 __device__ __forceinline__ void stage_b_contiguous(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
                                                    int skew) {
     constexpr int SB = 4;
@@ -144,7 +169,9 @@ __device__ __forceinline__ void stage_b_contiguous(float* bs, const typename T::
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
                     const int e = c * 8 + i, k = e / NV, t = e % NV;       // NV is a power of two
-                    bs[(skew ? k + (k >> skew) : k) * NV + t] = piece_value<T>(v[u], i);
+                    const u32 w = i < 2 ? v[u].x : i < 4 ? v[u].y : i < 6 ? v[u].z : v[u].w;
+                    put_b<T, BH>(bs, (skew ? k + (k >> skew) : k) * NV + t,
+                                 static_cast<typename T::storage>((i & 1) ? (w >> 16) : (w & 0xffffu)));
                 }
             }
         }
@@ -152,18 +179,18 @@ __device__ __forceinline__ void stage_b_contiguous(float* bs, const typename T::
     if (skew) {
         const int period = (1 << skew) + 1;
         for (int h = threadIdx.x; h < (KP / period) * NV; h += THREADS) {
-            bs[((h / NV) * period + (1 << skew)) * NV + h % NV] = 0.0f;
+            put_b<T, BH>(bs, ((h / NV) * period + (1 << skew)) * NV + h % NV, typename T::storage(0));
         }
     }
 }
 
-template <typename T, int NV, int WARPS>
+template <typename T, int NV, int WARPS, bool BH>
 __device__ __forceinline__ void stage_b(float* bs, const typename T::storage* __restrict__ B, int K, int KP, int skew,
                                         int N, int n0, long long ldb) {
     if (n0 == 0 && N == NV && ldb == NV && (K * NV) % 8 == 0 && (reinterpret_cast<unsigned long long>(B) & 15) == 0) {
-        stage_b_contiguous<T, NV, WARPS>(bs, B, K, KP, skew);
+        stage_b_contiguous<T, NV, WARPS, BH>(bs, B, K, KP, skew);
     } else {
-        stage_b_general<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);
+        stage_b_general<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);
     }
 }
 
@@ -211,7 +238,7 @@ __device__ __forceinline__ void combine_part(const float (&acc)[NV], int row, in
     }
 }
 
-template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool ROW_SPLIT>
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool ROW_SPLIT, bool BH>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
            const int* __restrict__ group_base, const int2* __restrict__ split, const int2* __restrict__ heads,
@@ -222,7 +249,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     static_assert(L == 4 || L == 8 || L == 16 || L == 32, "L in 4, 8, 16, 32");
     typedef DeltaWord<DB> DW;
     constexpr int SUBS = 32 / L;                      // sub-warps (one row at a time each) per warp
-    extern __shared__ __align__(16) float bs[];      // B[:, n0 : n0 + NV] as fp32, KP x NV (skewed rows)
+    extern __shared__ __align__(16) float bs[];      // B[:, n0 : n0 + NV], KP x NV (skewed rows): fp32, or BH 16-bit
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int q = lane % L, sub = lane / L;
     const unsigned mask = L == 32 ? 0xffffffffu : (((1u << L) - 1u) << (sub * L));
@@ -252,7 +279,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
     // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
     // so a row change does not wait on its metadata.
-    constexpr int SCALE = 4 * NV;                     // bytes per physical column of the B copy
+    constexpr int SCALE = (BH ? 2 : 4) * NV;          // bytes per physical column of the B copy
     int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;   // col: the running column, as a byte offset
     if (row < row_stop) {
         cur_end = group_base[row + 1];
@@ -263,7 +290,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
         nxt_end = group_base[row + 2];
         nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
     }
-    stage_b<T, NV, WARPS>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
+    stage_b<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
     __syncthreads();
     // two accumulators per column (even and odd entries): half the dependent FMA chain per group
     float acc[NV], acc2[NV];
@@ -315,7 +342,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
                     col += DW::field(d[p], i) * SCALE;
                     const float a = piece_value<T>(v[p], i);
                     float b[NV];
-                    b_row<NV>(bs, col, b);
+                    b_row<T, NV, BH>(bs, col, b);
 #pragma unroll
                     for (int t = 0; t < NV; ++t) {
                         if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
@@ -342,11 +369,12 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
-#define SD_DELTA(T, NV, L, DB, MB, RS) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, MB, RS>(const uint4*, \
-    const void*, const int*, const int*, const int2*, const int2*, const int*, float*, int*, const T::storage*, \
-    T::storage*, int, int, int, int, int, long long, long long, int);
+#define SD_DELTA(T, NV, L, DB, MB, RS, BH) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, MB, RS, BH>( \
+    const uint4*, const void*, const int*, const int*, const int2*, const int2*, const int*, float*, int*, \
+    const T::storage*, T::storage*, int, int, int, int, int, long long, long long, int);
 // NV = 8 runs without the register cap (delta_spmv.py, min_ctas): under it, it spills (ptxas, sm_90).
 #ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types, both splits
-SD_DELTA(F16, 1, 32, 4, 3, false) SD_DELTA(F16, 2, 16, 8, 3, true) SD_DELTA(F16, 4, 8, 4, 3, true)
-SD_DELTA(F16, 8, 4, 8, 1, false) SD_DELTA(BF16, 1, 4, 4, 3, true) SD_DELTA(BF16, 8, 32, 8, 1, true)
+SD_DELTA(F16, 1, 32, 4, 3, false, false) SD_DELTA(F16, 2, 16, 8, 3, true, true) SD_DELTA(F16, 4, 8, 4, 3, true, false)
+SD_DELTA(F16, 8, 4, 8, 1, false, true) SD_DELTA(BF16, 1, 4, 4, 3, true, false) SD_DELTA(BF16, 8, 32, 8, 1, true, false)
+SD_DELTA(BF16, 4, 32, 4, 3, false, true)
 #endif

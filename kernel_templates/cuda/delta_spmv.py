@@ -14,7 +14,7 @@ kernel an N can launch, keeps the handles in the packed dict, and makes each ker
 (its one-wave grid's sub-warps each stream a contiguous range of rows: `stream_split`, or with
 ROW_SPLIT ranges cut inside rows: `group_split`); spmm() is one launch on torch's
 current stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than
-the shared-memory cap of NV (K * NV * 4 bytes <= SMEM_CAP) runs as several column blocks, each
+the shared-memory cap of NV (K * NV * 4 bytes, 2 with B_HALF, <= SMEM_CAP) runs as several column blocks, each
 re-reading A: the planner keeps this template to small N.
 """
 META = {
@@ -41,11 +41,14 @@ META = {
         # added in stream order by its last contributor); 0: cuts at row ends only. Not yet
         # measured on a GPU: 0 by default.
         "ROW_SPLIT": [0, 1],
+        # 1: B's shared copy in its own 16-bit values (half the words per gather at NV >= 2, and NV
+        # up to 4 at K = 11008, one pass at N = 4); 0: fp32. Not yet measured on a GPU: 0 by default.
+        "B_HALF": [0, 1],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
     "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24,
-                 "ROW_SPLIT": 0},
+                 "ROW_SPLIT": 0, "B_HALF": 0},
     "grid": [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",
@@ -63,15 +66,20 @@ from sparseditto.kernel_templates import runtime as rt
 
 _DTYPE_TAGS = {torch.float16: "F16", torch.bfloat16: "BF16"}
 _NV_CHOICES = (1, 2, 4, 8)
-SMEM_CAP = 100 * 1024            # B's fp32 strip per CTA: K * NV * 4 bytes at most
+SMEM_CAP = 100 * 1024            # B's strip per CTA: K * NV * column bytes (4 fp32, 2 with B_HALF) at most
 SMEM_PER_SM = 227 * 1024         # Hopper's shared memory per SM available to CTAs
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536
 
 
+def b_bytes() -> int:
+    """Bytes per element of B's shared copy: 4 (fp32), or 2 with B_HALF (B's own 16-bit values)."""
+    return 2 if int(PARAMS["B_HALF"]) else 4
+
+
 def nv_cap(K: int) -> int:
-    """The widest NV whose fp32 strip of B (K x NV) fits SMEM_CAP; 0 when even one column does not."""
-    fits = [nv for nv in _NV_CHOICES if K * nv * 4 <= SMEM_CAP]
+    """The widest NV whose strip of B (K x NV) fits SMEM_CAP; 0 when even one column does not."""
+    fits = [nv for nv in _NV_CHOICES if K * nv * b_bytes() <= SMEM_CAP]
     return fits[-1] if fits else 0
 
 
@@ -83,7 +91,8 @@ def nv_for(n: int, K: int) -> int:
 
 def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
     return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
-            f"{int(PARAMS['PIPE'])}, {min_ctas(nv)}, {'true' if int(PARAMS['ROW_SPLIT']) else 'false'}>")
+            f"{int(PARAMS['PIPE'])}, {min_ctas(nv)}, {'true' if int(PARAMS['ROW_SPLIT']) else 'false'}, "
+            f"{'true' if int(PARAMS['B_HALF']) else 'false'}>")
 
 
 def min_ctas(nv: int) -> int:
@@ -104,11 +113,12 @@ def reachable_kernels(dtype, kp: int, lanes: int, bits: int) -> tuple:
 
 def check_shape(shape) -> None:
     M, K = shape
+    eb = b_bytes()
     if K < 1 or nv_cap(K) == 0:
-        raise ValueError(f"delta_spmv stages B's rows in shared memory: K = {K} needs {K * 4} bytes per column, "
-                         f"more than its {SMEM_CAP} bytes (K <= {SMEM_CAP // 4}); use csr_vector or a tile template.")
-    if PARAMS["NV"] != "auto" and K * int(PARAMS["NV"]) * 4 > SMEM_CAP:
-        raise ValueError(f"delta_spmv NV = {PARAMS['NV']} needs K * NV * 4 = {K * int(PARAMS['NV']) * 4} bytes of "
+        raise ValueError(f"delta_spmv stages B's rows in shared memory: K = {K} needs {K * eb} bytes per column, "
+                         f"more than its {SMEM_CAP} bytes (K <= {SMEM_CAP // eb}); use csr_vector or a tile template.")
+    if PARAMS["NV"] != "auto" and K * int(PARAMS["NV"]) * eb > SMEM_CAP:
+        raise ValueError(f"delta_spmv NV = {PARAMS['NV']} needs K * NV * {eb} = {K * int(PARAMS['NV']) * eb} bytes of "
                          f"shared memory, more than {SMEM_CAP}; lower NV (the widest that fits is {nv_cap(K)}).")
 
 
@@ -250,7 +260,7 @@ def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
     nv = nv_for(N, kp)
     lanes, warps = int(packed["lanes"]), int(PARAMS["WARPS"])
     rows_per_cta = warps * (32 // lanes)
-    smem = kp * nv * 4
+    smem = kp * nv * b_bytes()
     # streams to fill: rows (cuts at row ends), or row groups of L pieces when rows are cut
     work = int(packed.get("groups", M)) if int(PARAMS["ROW_SPLIT"]) else M
     grid = (max(1, min(-(-work // rows_per_cta), sms * ctas_per_sm(smem, regs))), -(-N // nv), 1)

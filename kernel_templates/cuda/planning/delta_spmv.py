@@ -24,8 +24,9 @@ SLOT_COLUMN_S = 0.35e-12
 H200_BANDWIDTH_GBS = 4130.0
 
 
-def nv_cap(k: int) -> int:
-    fits = [nv for nv in (1, 2, 4, 8) if k * nv * 4 <= SMEM_CAP]
+def nv_cap(k: int, element_bytes: int = 4) -> int:
+    """The widest NV whose strip of B fits SMEM_CAP (fp32: 4 bytes; B_HALF: 2)."""
+    fits = [nv for nv in (1, 2, 4, 8) if k * nv * element_bytes <= SMEM_CAP]
     return fits[-1] if fits else 0
 
 
@@ -44,7 +45,8 @@ def grid(stats, n: int, target, template) -> list[dict]:
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     a_bytes, bits, lanes, slots = delta_packing(stats, VALUE_BYTES[dtype])
     nv = params.get("NV", "auto")
-    nv = min(next_pow2(max(1, n)), nv_cap(stats.k)) if nv in (None, "auto") else int(nv)
+    cap = nv_cap(stats.k, 2 if int(params.get("B_HALF") or 0) else 4)
+    nv = min(next_pow2(max(1, n)), cap) if nv in (None, "auto") else int(nv)
     passes = -(-max(1, n) // max(1, nv))
     notes = [f"{bits}-bit deltas, {lanes} lanes per row, B strip of {nv} column(s) in shared memory"]
     if passes > 1:
