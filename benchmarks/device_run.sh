@@ -52,10 +52,10 @@ for stage in "$@"; do
       python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$OUT/batch7b}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
     decode)
       # issue 10's open checks (docs/kernels.md, "fourth H200 session"): the timing spin, then delta_spmv's
-      # unmeasured variants (PIPE 6 under the register cap; ROW_SPLIT) beside the default, N = 1 and 2
+      # unmeasured variants (PIPE 6 under the register cap; ROW_SPLIT; B_HALF) beside the default, N = 1, 2, 4
       python3 benchmarks/timing_lead_probe.py 2>&1 | grep -v Warn | tee "$OUT/lead.log" | tail -12
-      DV='{"delta_spmv": [{}, {"PIPE": 6}, {"ROW_SPLIT": 1}]}'; [ -n "${DECODE_VARIANTS:-}" ] && DV=$DECODE_VARIANTS
-      python3 benchmarks/llm_layers.py --preset decode --n 1 2 --cases "${DECODE_CASES:-magnitude|nm24}" \
+      DV='{"delta_spmv": [{}, {"PIPE": 6}, {"ROW_SPLIT": 1}, {"B_HALF": 1}]}'; [ -n "${DECODE_VARIANTS:-}" ] && DV=$DECODE_VARIANTS
+      python3 benchmarks/llm_layers.py --preset decode --n 1 2 4 --cases "${DECODE_CASES:-magnitude|nm24}" \
         --variants "$DV" --repeats 20 --out "$OUT/decode.json" 2>&1 | grep -v Warn | tee "$OUT/decode.log" | tail -60 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
