@@ -149,3 +149,19 @@ def test_an_eager_only_vendor_path_does_not_put_every_comparison_on_eager_times(
     fast_cupy = _record("cusparse_csr_cupy", None, 0.0200, origin="vendor")
     verdict = choose_best({"candidates": [ours, dense, fast_cupy]}, None)
     assert verdict["template"] == "cusparse_csr_cupy" and verdict["margin"] == pytest.approx(0.0284 / 0.0200)
+
+
+def test_a_kernel_re_timed_below_dense_is_not_shipped_whatever_its_rival():
+    """The H200 run: the closest rival was CuPy's cuSPARSE (re-timed 4.2x slower), but the same
+    re-timing put the kernel at 0.47x of dense: the answer is then a vendor path, not the kernel."""
+    from sparseditto.agents.selection import choose_best, confirmed
+
+    ours = _record("delta_spmv", 0.0108, 0.0935)
+    dense = _record("dense", 0.0349, 0.0814, origin="vendor")
+    cupy = _record("cusparse_csr_cupy", None, 0.2103, origin="vendor")
+    verdict = choose_best({"candidates": [ours, dense, cupy]}, None)
+    assert verdict["template"] == "delta_spmv" and verdict["against"]["template"] == "cusparse_csr_cupy"
+    final = confirmed(verdict, [dense, cupy], (4.20, 0.47))
+    assert final["template"] == "dense" and "0.47x" in final["reason"]
+    kept = confirmed(verdict, [dense, cupy], (4.20, 1.5))
+    assert kept["template"] == "delta_spmv" and kept["record"]["speedup_vs_dense"] == pytest.approx(1.5)
