@@ -226,15 +226,11 @@ def head_columns(fmt: DeltaSlices, split: np.ndarray, heads: np.ndarray) -> np.n
     L = fmt.lanes
     streams = split.shape[0] - 1
     out = np.zeros(streams * L, dtype=np.int64)
-    shift = np.uint64(fmt.bits) if fmt.bits == 8 else np.uint64(4)
-    field = np.uint64((1 << fmt.bits) - 1)
-    words = fmt.deltas.astype(np.uint64)
     for s in np.flatnonzero(heads[:streams, 0] >= 0):
         row, cut = int(split[s, 0]), int(split[s, 1])
-        begin = int(fmt.group_base[row])
-        done = words[begin:cut].reshape(-1, L)                 # [groups before the cut, L]
-        sums = sum(((done >> (shift * np.uint64(i))) & field).astype(np.int64) for i in range(8))
-        out[s * L:(s + 1) * L] = fmt.starts[row * L:(row + 1) * L].astype(np.int64) + sums.sum(axis=0)
+        done = np.arange(int(fmt.group_base[row]), cut)        # the row's pieces before the cut, lane-fastest
+        steps = sum(fmt.field(done, i) for i in range(8)).reshape(-1, L)
+        out[s * L:(s + 1) * L] = fmt.starts[row * L:(row + 1) * L].astype(np.int64) + steps.sum(axis=0)
     return out.astype(np.int32)
 
 
@@ -254,8 +250,8 @@ def ctas_per_sm(smem: int, regs: int) -> int:
 def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one call (pure Python); ``regs`` is
     the compiled kernel's registers per thread. The grid is one wave of resident CTAs (fewer when
-    the matrix has fewer rows than sub-warps); each of its ``streams`` sub-warps of L lanes streams
-    one contiguous range of rows (`stream_split`)."""
+    the matrix has fewer rows, or with ROW_SPLIT row groups, than sub-warps); each of its
+    ``streams`` sub-warps of L lanes streams one contiguous range (`stream_split`, `group_split`)."""
     M, kp = packed["shape"][0], packed["kp"]
     nv = nv_for(N, kp)
     lanes, warps = int(packed["lanes"]), int(PARAMS["WARPS"])
