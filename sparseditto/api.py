@@ -89,6 +89,7 @@ class Result(BaseModel):
     stop_reason: str | None = None
     resumed: bool = False
     wall_seconds: float
+    node_seconds: dict[str, float] = Field(default_factory=dict)   # wall time spent in each node (this call)
     verified_ns: list[int] = Field(default_factory=list)   # the N values the chosen kernel passed
     sandbox: dict[str, Any] = Field(default_factory=dict)  # isolation layers of the worker that verified
 
@@ -163,6 +164,9 @@ class Result(BaseModel):
                 lines.append(f"profile: {b.bottleneck}")
         lines.append(f"candidates: {self.candidate_counts() or 'none'}; policy: {self.policy_label}; "
                      f"{self.wall_seconds:.1f} s")
+        if self.node_seconds:
+            spent = sorted(self.node_seconds.items(), key=lambda kv: -kv[1])
+            lines.append("time by node: " + ", ".join(f"{k} {v:.1f} s" for k, v in spent))
         lines.append(f"memory: {self.memory_line()}")
         where = self.target.get("measured_on")
         if self.timings_are_gpu:
@@ -440,14 +444,39 @@ def pick_thread(graph, base: str, explicit: bool) -> tuple[str, str]:
 
 # ---- progress display ---------------------------------------------------------------------------------
 
+class NodeClock:
+    """Where a run's wall time goes, node by node: each streamed update closes the interval since the
+    previous one and charges it to the node(s) that produced it. run_graph reports it in
+    ``Result.node_seconds`` because "why did this take 100 s" is the first question about a slow run
+    (verification? compilation? the baselines?), and a batch over 224 layers multiplies the answer."""
+
+    def __init__(self, nodes):
+        self.nodes = set(nodes)   # a node's inner tasks (finalize's vendor re-timing) also stream updates
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def finished(self, update) -> None:
+        now = time.perf_counter()
+        nodes = [k for k in update if k in self.nodes] if isinstance(update, dict) else []
+        if nodes:
+            share = (now - self.last) / len(nodes)
+            for name in nodes:
+                self.seconds[name] = self.seconds.get(name, 0.0) + share
+        self.last = now
+
+
 class _Progress:
     """Streams node messages to the terminal with rich (stderr).
 
     ``mode`` True or "all": one line per message under a spinner; "status": only the spinner, showing
     the latest message (the demo, whose story is printed at the end); False: nothing."""
 
-    def __init__(self, mode: bool | str):
+    def __init__(self, mode: bool | str, clock: "NodeClock | None" = None):
         self.lines = mode is True or mode == "all"
+        self.clock = clock
         self.console = None
         self.status = None
         if mode:
@@ -470,7 +499,8 @@ class _Progress:
             return
         node, msg = chunk.get("node", "?"), chunk.get("msg", "")
         if self.lines:
-            self.console.print(f"[bold cyan]{node:>9}[/] {msg}", highlight=False, markup=True, soft_wrap=True)
+            at = f"[dim]{self.clock.elapsed():6.1f}s[/] " if self.clock is not None else ""
+            self.console.print(f"{at}[bold cyan]{node:>9}[/] {msg}", highlight=False, markup=True, soft_wrap=True)
         if self.status is not None:
             self.status.update(f"{node}: {str(msg)[:80]}")
 
@@ -590,7 +620,10 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                    "iteration": 0}
         if state == "resume":
             _claim_memory_run(ctx, graph.get_state(config).values)
-        with _Progress(progress) as prog, _fast_interrupt():
+        from sparseditto.graphs.build import NODES
+
+        clock = NodeClock(NODES)
+        with _Progress(progress, clock) as prog, _fast_interrupt():
             while True:
                 # durability="sync": each step's checkpoint is on disk before the next step starts, so
                 # a kill -9 anywhere loses at most the step that was running (LangGraph's default
@@ -599,6 +632,8 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                                                 durability="sync"):
                     if mode == "custom":
                         prog.message(chunk)
+                    elif mode == "updates":
+                        clock.finished(chunk)
                 snap = graph.get_state(config)
                 pending = [i for task in snap.tasks for i in (task.interrupts or ())]
                 if not pending:
@@ -607,11 +642,13 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                     raise ValueError(f"Thread {tid!r} is waiting for a human approval of its kernel; call "
                                      "run_graph again with approve=True (terminal) or approve=callable.")
                 answer = _ask(approve, pending[0].value)
+                clock.last = time.perf_counter()   # the person's thinking time is no node's
                 from langgraph.types import Command
 
                 inp = Command(resume=answer)
         values = graph.get_state(config).values
-        return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=state == "resume")
+        return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=state == "resume",
+                            node_seconds=clock.seconds)
     finally:
         conn.close()
 
@@ -669,7 +706,7 @@ def _ask(approve, payload: dict):
 
 
 def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatrix, wall: float,
-                 resumed: bool) -> Result:
+                 resumed: bool, node_seconds: dict[str, float] | None = None) -> Result:
     final = values.get("final") or {}
     rec = final.get("candidate") or None
     dense = values.get("dense")
@@ -706,7 +743,8 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         token_usage=RunTokenUsage.model_validate(values.get("token_usage") or {}),
         llm_calls=[LLMCall.model_validate(c) for c in values.get("llm_calls") or []],
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
-        wall_seconds=round(wall, 3), verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
+        wall_seconds=round(wall, 3), node_seconds={k: round(v, 3) for k, v in (node_seconds or {}).items()},
+        verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
 
 
 def _sandbox_layers(ctx) -> dict:

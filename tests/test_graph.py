@@ -8,6 +8,7 @@ callable, and what the memory makes of a second and a similar run. N=1 keeps the
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -218,6 +219,20 @@ def test_progress_stream_carries_node_messages(run_dir, capsys):
     err = capsys.readouterr().err
     for node in ("planner", "analyzer", "finalize"):
         assert node in err
+    assert re.search(r"^\s*\d+\.\ds\s+planner", err, re.M), err[:400]   # each line says when it happened
+
+
+def test_result_says_where_the_wall_time_went(run_dir):
+    """node_seconds charges the run's wall time to the nodes that spent it (and summary() prints it)."""
+    A = generate.unstructured(48, 40, 0.8, seed=4, dtype="float16")
+    result = run(A, run_dir, memory=False)
+    spent = result.node_seconds
+    assert {"planner", "analyzer", "coder", "debugger", "finalize"} <= set(spent) <= AGENTS
+    assert all(v >= 0 for v in spent.values())
+    assert 0.5 * result.wall_seconds < sum(spent.values()) <= result.wall_seconds + 1e-3
+    # the debugger verifies in the sandboxed interpreter: it, not the planner's bookkeeping, is the cost
+    assert spent["debugger"] > spent["planner"]
+    assert "time by node: " in result.summary()
 
 
 @pytest.mark.parametrize("kwargs,match", [

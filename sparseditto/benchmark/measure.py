@@ -192,7 +192,7 @@ def measure_case(case: Case, matrix, settings: Settings, *, copy_gbs: float | No
                         correctness="no kernel: run_graph failed", case_seconds=time.perf_counter() - t0)
     chosen = chosen_kernel(result)
     base.update(chosen=chosen, detected_pattern=result.report.get("pattern"), run_graph_s=graph_s,
-                summary=result.summary())
+                run_graph_nodes=dict(result.node_seconds), summary=result.summary())
     spec = candidate_spec(result)
     common = dict(dtype=case.dtype, backend=settings.backend, timeout=settings.timeout_s)
     try:

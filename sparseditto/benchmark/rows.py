@@ -107,6 +107,7 @@ class BenchRow(BaseModel):
     pct_roofline: float | None = None
     prepare_ms: float | None = None
     run_graph_s: float | None = None
+    run_graph_nodes: dict[str, float] = Field(default_factory=dict)   # run_graph's seconds per node
     run_graph_memory_s: float | None = None  # a repeat run with the memory (sampled cases only)
     memory_repeat: dict[str, Any] | None = None
     summary: str = ""                        # Result.summary() of the first run
