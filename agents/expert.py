@@ -62,7 +62,7 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_STREAM_MAX_N = 32  # tc_dense beats cuBLAS only at skinny N (decode)
-DELTA_MAX_N = 2          # delta_spmv re-reads B's strip per column: measured ahead only at N <= 2
+DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 (16-bit B copy; N = 8 not measured)
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
@@ -75,14 +75,14 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         prefs = PATTERN_PREFERENCES[pattern]
         if n <= DELTA_MAX_N and pattern in DELTA_SECOND and "delta_spmv" not in prefs:
             # the decode SpMV reads 2.5 B per fp16 nonzero on any pattern; measured ahead of
-            # cuBLAS at N <= 2 on unstructured and 2:4 weights, not yet on these: explored second
+            # cuBLAS at N <= 4 on unstructured and 2:4 weights, not yet on these: explored second
             return prefs[:1] + ("delta_spmv",) + prefs[1:]
         return prefs
     sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):
-        # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv, streamed rows):
-        # the delta-coded CUDA-core SpMV is the fastest measured kernel at N <= 2 from 50%
-        # (11008x4096: 1.2-1.3x cuBLAS at 50%, 1.6-1.7x at 70%, 2.6-2.8x at 90%).
+        # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv, session 20): the
+        # delta-coded CUDA-core SpMV is the fastest measured kernel at N <= 4 from 50%
+        # (11008x4096, N = 1 / 2 / 4: 1.08 / 1.70 / 1.25x cuBLAS at 50%, 1.5 / 2.1 / 1.65x at 70%).
         if sparsity >= 0.85 and n <= DELTA_MAX_N:
             return ("delta_spmv", "csr_rowsplit", "tc_bitmap", "csr_balanced")
         if sparsity >= 0.45 and n <= DELTA_MAX_N:

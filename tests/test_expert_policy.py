@@ -167,17 +167,18 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     # the H200 measurements: the dense stream at 50-85% and small N, CSR / tensor-core bitmap at 85-95%
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 16)[0] == "tc_dense"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 8)[:2] == ("csr_rowsplit", "tc_bitmap")
-    # the delta-coded SpMV at N <= 2 from 50% (45%: the threshold), not at N = 4 or below 45%
+    # the delta-coded SpMV at N <= 4 from 50% (45%: the threshold), not at N = 8 or below 45%
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 1)[:2] == ("delta_spmv", "csr_rowsplit")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 1)[0] == "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.5}, 2)[0] == "delta_spmv"
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 4)[0] == "tc_dense"
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 4)[0] == "delta_spmv"
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 8)[0] == "tc_dense"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.4}, 1)[0] != "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 64)[0] == "bitmap_tiles"
     assert pattern_preferences({"pattern": "nm", "sparsity": 0.5}, 16)[0] == "tc_sp24"
-    # the decode SpMV explored second on structured patterns at N <= 2 only; 2:4 keeps the sparse MMA
+    # the decode SpMV explored second on structured patterns at N <= 4 only; 2:4 keeps the sparse MMA
     assert pattern_preferences({"pattern": "block", "sparsity": 0.75}, 1)[:2] == ("bsr_tc", "delta_spmv")
-    assert "delta_spmv" not in pattern_preferences({"pattern": "block", "sparsity": 0.75}, 4)
+    assert "delta_spmv" not in pattern_preferences({"pattern": "block", "sparsity": 0.75}, 8)
     assert "delta_spmv" not in pattern_preferences({"pattern": "nm_2_4", "sparsity": 0.5}, 1)
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[0] == "csr_balanced"
 

@@ -6,15 +6,15 @@ A's bytes over HBM bandwidth, provided the decode keeps up. The bitmap kernels d
 (instruction-bound on the H200, docs/kernels.md); int32 CSR (csr_vector) decodes per nonzero but
 reads 6 bytes per fp16 nonzero. Delta slices (sparseditto/delta_format.py) read 2.5 bytes per
 nonzero with 4-bit deltas (3 with 8-bit, chosen per matrix by prepare when gaps are wide) and
-decode each with a bit-field extract and an add; B (K x NV, fp32) is staged once per persistent
-CTA in shared memory. delta_spmv.cu says more.
+decode each with a bit-field extract and an add; B (K x NV, its own 16-bit values by default,
+B_HALF) is staged once per persistent CTA in shared memory. delta_spmv.cu says more.
 
 prepare() packs the slices (lanes per row and delta width "auto": the fewest bytes), compiles every
 kernel an N can launch, keeps the handles in the packed dict, and makes each kernel's stream split
 (its one-wave grid's sub-warps each stream a contiguous range of rows: `stream_split`, or with
 ROW_SPLIT ranges cut inside rows: `group_split`); spmm() is one launch on torch's
 current stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than
-the shared-memory cap of NV (K * NV * 4 bytes, 2 with B_HALF, <= SMEM_CAP) runs as several column blocks, each
+the shared-memory cap of NV (K * NV * 2 bytes with B_HALF, 4 without, <= SMEM_CAP) runs as several column blocks, each
 re-reading A: the planner keeps this template to small N.
 """
 META = {
@@ -29,7 +29,8 @@ META = {
         "SKEW": ["auto", 0, 4, 5, 6, 7, 8],
         "WARPS": [4, 8, 16, 32],
         # groups in flight per lane; 6 is the deepest ring without spills under MIN_WARPS 24 (ptxas:
-        # 80 registers; 8 spills there and ran 20-40% slower on the H200); 6 not measured yet
+        # 80 registers; 8 spills there and ran 20-40% slower on the H200); 6 measured within +-4% of
+        # 4 on every Llama-shape case at N = 1, 2, 4 (H200, session 20)
         "PIPE": [2, 4, 6, 8],
         "CTAS_PER_SM": ["auto", 1, 2, 4, 8],
         # warps per SM the registers must allow (__launch_bounds__' minimum CTAs = MIN_WARPS / WARPS;
@@ -38,17 +39,20 @@ META = {
         # 32 (64 registers) spills and ran slower than uncapped.
         "MIN_WARPS": [0, 16, 24, 32],
         # 1: streams cut at group boundaries inside rows (balanced to a group; a cut row's parts are
-        # added in stream order by its last contributor); 0: cuts at row ends only. Not yet
-        # measured on a GPU: 0 by default.
+        # added in stream order by its last contributor); 0: cuts at row ends only. H200 (session
+        # 20): at N = 1 1.06-1.29x faster on 4096x11008 and 11008x4096 at 50% (4096x11008 70% too),
+        # 10-40% slower at 90% and at N >= 2; 0 by default.
         "ROW_SPLIT": [0, 1],
         # 1: B's shared copy in its own 16-bit values (half the words per gather at NV >= 2, and NV
-        # up to 4 at K = 11008, one pass at N = 4); 0: fp32. Not yet measured on a GPU: 0 by default.
+        # up to 4 at K = 11008, one pass at N = 4); 0: fp32. H200 (session 20, Llama shapes 50-90%):
+        # N = 1 within +-4%, N = 2 1.1-1.3x and N = 4 1.3-2.7x faster than fp32 (N = 4 from 0.54-0.99x
+        # cuBLAS at 50% to 1.04-1.40x): the default.
         "B_HALF": [0, 1],
     },
     # SKEW "auto": a skewed B copy only where it cuts the simulated bank conflicts by 15% (2:4-like
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
     "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24,
-                 "ROW_SPLIT": 0, "B_HALF": 0},
+                 "ROW_SPLIT": 0, "B_HALF": 1},
     "grid": [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",

@@ -1,38 +1,39 @@
 """delta_spmv's planning knowledge: per-nonzero decode with 4/8-bit column deltas for N <= 8.
 
-It fits any pattern (fillers bridge wide gaps), fp16/bf16, K small enough for an fp32 strip of B per
-CTA in shared memory. Its bytes are 2.5-3 per nonzero plus row-slice padding; above the shared-memory
-cap of NV columns it re-reads A once per column block, so it only pays at small N.
+It fits any pattern (fillers bridge wide gaps), fp16/bf16, K small enough for a 16-bit strip of B
+per CTA in shared memory (B_HALF, the default; fp32 with B_HALF 0). Its bytes are 2.5-3 per nonzero
+plus row-slice padding; above the shared-memory cap of NV columns it re-reads A once per column
+block, so it only pays at small N.
 """
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_packing, next_pow2
 
-APPLICABILITY = "fp16/bf16 values and K <= 25600 (an fp32 column strip of B per CTA in shared memory)"
+APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
               "padded to 8*L per row, passes = ceil(N / NV); time = max(bytes / bandwidth, measured floor "
               "0.24 ps + 0.35 ps per column per slot) (H200 fit)")
 SMEM_CAP = 100 * 1024
 # Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode --cases 11008x4096`
-# (2026-12-01, session 19: streamed rows, MIN_WARPS 24; fp16, CUDA-graph launch, read-flushed cold
-# L2) at 50/70/90%: 0.59 ps per slot at N = 1 and 0.94 at N = 2, i.e. ~0.24 ps + 0.35 ps per column
-# of B per slot (11008x4096 50%: 22 / 32 us at N = 1 / 2 for 23.3 M slots; 90%: 11 / 15 us for
-# 4.6 M), plus ~8-11 us fixed (not added: estimates stay lower bounds). Other GPUs get it scaled by
+# (2026-12-01, session 20: B's copy in 16-bit values, MIN_WARPS 24; fp16, CUDA-graph launch,
+# read-flushed cold L2) between 50% (23.3 M slots) and 90% (4.6 M): 0.66 ps per slot at N = 1 and 2,
+# 0.95 at N = 4 (50%: 26.1 / 24.3 / 33.2 us at N = 1 / 2 / 4), i.e. ~0.5 ps + 0.1 ps per column of B
+# per slot, plus ~10 us fixed (not added: estimates stay lower bounds). Other GPUs get it scaled by
 # their bandwidth (an assumption).
-SLOT_S = 0.24e-12
-SLOT_COLUMN_S = 0.35e-12
+SLOT_S = 0.5e-12
+SLOT_COLUMN_S = 0.1e-12
 H200_BANDWIDTH_GBS = 4130.0
 
 
-def nv_cap(k: int, element_bytes: int = 4) -> int:
-    """The widest NV whose strip of B fits SMEM_CAP (fp32: 4 bytes; B_HALF: 2)."""
+def nv_cap(k: int, element_bytes: int = 2) -> int:
+    """The widest NV whose strip of B fits SMEM_CAP (B_HALF, the default: 2 bytes; fp32: 4)."""
     fits = [nv for nv in (1, 2, 4, 8) if k * nv * element_bytes <= SMEM_CAP]
     return fits[-1] if fits else 0
 
 
 def applicable(stats, template) -> tuple[bool, str]:
     if nv_cap(stats.k) == 0:
-        return False, f"K = {stats.k}: an fp32 column of B ({stats.k * 4} bytes) exceeds the {SMEM_CAP}-byte strip"
+        return False, f"K = {stats.k}: a 16-bit column of B ({stats.k * 2} bytes) exceeds the {SMEM_CAP}-byte strip"
     return True, f"{stats.nnz} nonzeros: 4/8-bit column deltas, 2.5-3 bytes per fp16 nonzero"
 
 
@@ -45,7 +46,7 @@ def grid(stats, n: int, target, template) -> list[dict]:
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     a_bytes, bits, lanes, slots = delta_packing(stats, VALUE_BYTES[dtype])
     nv = params.get("NV", "auto")
-    cap = nv_cap(stats.k, 2 if int(params.get("B_HALF") or 0) else 4)
+    cap = nv_cap(stats.k, 4 if str(params.get("B_HALF", 1)) == "0" else 2)
     nv = min(next_pow2(max(1, n)), cap) if nv in (None, "auto") else int(nv)
     passes = -(-max(1, n) // max(1, nv))
     notes = [f"{bits}-bit deltas, {lanes} lanes per row, B strip of {nv} column(s) in shared memory"]
