@@ -238,9 +238,116 @@ __device__ __forceinline__ void combine_part(const float (&acc)[NV], int row, in
     }
 }
 
-template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool ROW_SPLIT, bool BH>
+// Two kernels share the helpers above. delta_spmv cuts streams at row ends only (the default); its
+// body is session 19's measured kernel plus the 16-bit B copy. delta_spmv_rs (ROW_SPLIT) also cuts
+// inside rows and has four more arguments. They were one kernel with ROW_SPLIT as a template flag
+// until session 20, when the H200 showed the flag-off instantiation 1.15-1.4x slower at N = 1 than
+// the kernel it was written from (same grid, registers and bytes, instructions within 2%; ncu:
+// 9.6 vs 6.9 us on 4096x4096 90%); the cause was not found, a separate kernel removes it.
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool BH>
 __global__ void __launch_bounds__(WARPS * 32, MINB)
 delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
+           const int* __restrict__ group_base, const int2* __restrict__ split,
+           const typename T::storage* __restrict__ B, typename T::storage* __restrict__ C, int M, int K, int KP,
+           int skew, int N, long long ldb, long long ldc) {
+    static_assert(NV == 1 || NV == 2 || NV == 4 || NV == 8, "NV in 1, 2, 4, 8");
+    static_assert(L == 4 || L == 8 || L == 16 || L == 32, "L in 4, 8, 16, 32");
+    typedef DeltaWord<DB> DW;
+    constexpr int SUBS = 32 / L;                      // sub-warps (one row at a time each) per warp
+    extern __shared__ __align__(16) float bs[];      // B[:, n0 : n0 + NV], KP x NV (skewed rows): fp32, or BH 16-bit
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int q = lane % L, sub = lane / L;
+    const unsigned mask = L == 32 ? 0xffffffffu : (((1u << L) - 1u) << (sub * L));
+    const int n0 = blockIdx.y * NV;
+    // This sub-warp's stream: rows [split[sw].x, split[sw + 1].x), whose pieces are contiguous,
+    // [split[sw].y, split[sw + 1].y). One stream per sub-warp instead of a grid-stride loop over
+    // rows: the PIPE loads in flight carry on across row ends, so a row no longer pays the
+    // pipeline's fill and drain (two memory latencies per row at 8 groups per lane).
+    const int sw = (blockIdx.x * WARPS + warp) * SUBS + sub;
+    const int2 lo = split[sw], hi = split[sw + 1];
+    int row = lo.x;
+    const int row_end = hi.x;
+    const int steps = (hi.y - lo.y) / L;
+    uint4 v[PIPE];
+    typename DW::type d[PIPE];
+#pragma unroll
+    for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
+    // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
+    // so a row change does not wait on its metadata.
+    constexpr int SCALE = (BH ? 2 : 4) * NV;          // bytes per physical column of the B copy
+    int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;   // col: the running column, as a byte offset
+    if (row < row_end) {
+        cur_end = group_base[row + 1];
+        col = starts[static_cast<long long>(row) * L + q] * SCALE;
+    }
+    if (row + 1 < row_end) {
+        nxt_end = group_base[row + 2];
+        nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
+    }
+    stage_b<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
+    __syncthreads();
+    // two accumulators per column (even and odd entries): half the dependent FMA chain per group
+    float acc[NV], acc2[NV];
+#pragma unroll
+    for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
+    int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
+    // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
+    // store, move to the next row. Empty rows store zeros.
+    auto finish_rows = [&]() {
+        while (row < row_end && pos == cur_end) {
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
+#pragma unroll
+            for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+                for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
+            }
+            if (q == 0) {
+#pragma unroll
+                for (int t = 0; t < NV; ++t) {
+                    if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
+            ++row;
+            col = nxt_col;
+            cur_end = nxt_end;
+            if (row + 1 < row_end) {
+                nxt_end = group_base[row + 2];
+                nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
+            }
+        }
+    };
+    finish_rows();
+    for (int s0 = 0; s0 < steps; s0 += PIPE) {
+#pragma unroll
+        for (int p = 0; p < PIPE; ++p) {
+            if (s0 + p < steps) {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    col += DW::field(d[p], i) * SCALE;
+                    const float a = piece_value<T>(v[p], i);
+                    float b[NV];
+                    b_row<T, NV, BH>(bs, col, b);
+#pragma unroll
+                    for (int t = 0; t < NV; ++t) {
+                        if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
+                        else acc[t] = fmaf(a, b[t], acc[t]);
+                    }
+                }
+                load_group<DB, L>(vals, deltas, lo.y, s0 + p + PIPE, steps, q, v[p], d[p]);
+                pos += L;
+                if (pos == cur_end) finish_rows();
+            }
+        }
+    }
+}
+
+
+template <typename T, int NV, int L, int DB, int WARPS, int PIPE, int MINB, bool BH>
+__global__ void __launch_bounds__(WARPS * 32, MINB)
+delta_spmv_rs(const uint4* __restrict__ vals, const void* __restrict__ deltas, const int* __restrict__ starts,
            const int* __restrict__ group_base, const int2* __restrict__ split, const int2* __restrict__ heads,
            const int* __restrict__ head_cols, float* __restrict__ ws, int* __restrict__ counters,
            const typename T::storage* __restrict__ B, typename T::storage* __restrict__ C, int M, int K, int KP,
@@ -268,10 +375,8 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     const int row_end = hi.x;
     const int steps = (hi.y - lo.y) / L;
     int2 head = make_int2(-1, -1), next_head = make_int2(-1, -1);
-    if (ROW_SPLIT) {
-        head = heads[sw];
-        next_head = heads[sw + 1];
-    }
+    head = heads[sw];
+    next_head = heads[sw + 1];
     const int row_stop = row_end + (next_head.x >= 0 ? 1 : 0);
     uint4 v[PIPE];
     typename DW::type d[PIPE];
@@ -312,7 +417,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
         while (row < row_end && pos == cur_end) {
             reduce_lanes();
             if (q == 0) {
-                if (ROW_SPLIT && head.x >= 0 && row == lo.x) {      // the end of a row begun upstream
+                if (head.x >= 0 && row == lo.x) {      // the end of a row begun upstream
                     combine_part<T, NV>(acc, row, head.x, head.y, 0, sw, streams, ws, counters, C, N, n0, ldc);
                 } else {
 #pragma unroll
@@ -355,7 +460,7 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
             }
         }
     }
-    if (ROW_SPLIT && next_head.x >= 0) {     // the stream ends inside row hi.x: leave its part
+    if (next_head.x >= 0) {     // the stream ends inside row hi.x: leave its part
         reduce_lanes();
         if (q == 0) {
             if (head.x >= 0 && row == lo.x) {  // the whole stream inside one row: it is a head part
@@ -369,12 +474,15 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
 
 // Explicit instantiations for nvcc -cubin in the CPU tests (CuPy's name_expressions instantiate
 // the same set through NVRTC).
-#define SD_DELTA(T, NV, L, DB, MB, RS, BH) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, MB, RS, BH>( \
+#define SD_DELTA(T, NV, L, DB, MB, BH) template __global__ void delta_spmv<T, NV, L, DB, 8, 4, MB, BH>( \
+    const uint4*, const void*, const int*, const int*, const int2*, const T::storage*, T::storage*, int, int, int, \
+    int, int, long long, long long);
+#define SD_DELTA_RS(T, NV, L, DB, MB, BH) template __global__ void delta_spmv_rs<T, NV, L, DB, 8, 4, MB, BH>( \
     const uint4*, const void*, const int*, const int*, const int2*, const int2*, const int*, float*, int*, \
     const T::storage*, T::storage*, int, int, int, int, int, long long, long long, int);
 // NV = 8 runs without the register cap (delta_spmv.py, min_ctas): under it, it spills (ptxas, sm_90).
-#ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types, both splits
-SD_DELTA(F16, 1, 32, 4, 3, false, false) SD_DELTA(F16, 2, 16, 8, 3, true, true) SD_DELTA(F16, 4, 8, 4, 3, true, false)
-SD_DELTA(F16, 8, 4, 8, 1, false, true) SD_DELTA(BF16, 1, 4, 4, 3, true, false) SD_DELTA(BF16, 8, 32, 8, 1, true, false)
-SD_DELTA(BF16, 4, 32, 4, 3, false, true)
+#ifdef SPARSEDITTO_INSTANTIATE_ALL   // every NV, L and delta width at least once, both value types, both kernels
+SD_DELTA(F16, 1, 32, 4, 3, false) SD_DELTA_RS(F16, 2, 16, 8, 3, true) SD_DELTA_RS(F16, 4, 8, 4, 3, false)
+SD_DELTA(F16, 8, 4, 8, 1, true) SD_DELTA_RS(BF16, 1, 4, 4, 3, false) SD_DELTA_RS(BF16, 8, 32, 8, 1, false)
+SD_DELTA(BF16, 4, 32, 4, 3, true)
 #endif

@@ -94,9 +94,11 @@ def nv_for(n: int, K: int) -> int:
 
 
 def kernel_name(dtype, nv: int, lanes: int, bits: int) -> str:
-    return (f"delta_spmv<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
-            f"{int(PARAMS['PIPE'])}, {min_ctas(nv)}, {'true' if int(PARAMS['ROW_SPLIT']) else 'false'}, "
-            f"{'true' if int(PARAMS['B_HALF']) else 'false'}>")
+    """delta_spmv (cuts at row ends) or, with ROW_SPLIT, delta_spmv_rs (its own kernel: as a flag of
+    one kernel the row-end case ran 1.15-1.4x slower on the H200, delta_spmv.cu says more)."""
+    kernel = "delta_spmv_rs" if int(PARAMS["ROW_SPLIT"]) else "delta_spmv"
+    return (f"{kernel}<{_DTYPE_TAGS[rt.torch_dtype(dtype)]}, {nv}, {lanes}, {bits}, {int(PARAMS['WARPS'])}, "
+            f"{int(PARAMS['PIPE'])}, {min_ctas(nv)}, {'true' if int(PARAMS['B_HALF']) else 'false'}>")
 
 
 def min_ctas(nv: int) -> int:
@@ -147,7 +149,8 @@ def prepare(A, dtype, device) -> dict:
                                "delta_spmv") if device.type == "cuda" else {})
     packed = {**tensors, "arrays": ["values", "deltas", "starts", "group_base"], "shape": tuple(A.shape),
               "nnz": fmt.nnz, "lanes": fmt.lanes, "bits": fmt.bits, "skew": fmt.skew, "kp": kp,
-              "fillers": fmt.fillers, "groups": fmt.pieces // fmt.lanes, "a_bytes": fmt.nbytes(2), "kernels": kernels, "splits": {}, "scratch": {}}
+              "fillers": fmt.fillers, "groups": fmt.pieces // fmt.lanes, "a_bytes": fmt.nbytes(2), "kernels": kernels,
+              "splits": {}, "scratch": {}, "scratch_row_split": {}}
     # Each kernel's stream split is made here, not at the first spmm: that call may be inside a CUDA
     # graph capture, where a host-to-device copy is not allowed.
     for nv in reachable_nvs(kp) if kernels else ():
@@ -156,7 +159,8 @@ def prepare(A, dtype, device) -> dict:
         if plan["streams"] not in packed["splits"]:
             meta = {name: torch.from_numpy(a).to(device) for name, a in split_arrays(fmt, plan["streams"]).items()}
             if "heads" in meta:     # one column block's parts and counters (N <= NV), made here too
-                meta["work"] = row_split_work(plan["streams"], 1, device)
+                # scratch* entries: the verifier resets them before each call (the kernel writes them)
+                packed["scratch_row_split"][plan["streams"]] = row_split_work(plan["streams"], 1, device)
             packed["splits"][plan["streams"]] = meta
     return packed
 
@@ -289,21 +293,19 @@ def spmm(packed: dict, B, out) -> None:
         if meta is None:
             raise RuntimeError(f"delta_spmv: no stream split for {plan['streams']} streams (prepare plans one per "
                                "reachable kernel on this device; was the matrix prepared for another GPU?)")
-        split = meta["split"]
-        # ROW_SPLIT's scratch: prepare made the one-column-block case; wider N allocates here (inside
-        # a graph capture that is memory of the graph's pool)
-        if "heads" not in meta:
-            work = (split, split)
-        elif plan["grid"][1] == 1:
-            work = meta["work"]
-        else:
-            work = row_split_work(plan["streams"], plan["grid"][1], b.device)
-        plan["work"] = work
-        pointers = [packed[name] for name in ("values", "deltas", "starts", "group_base")] + [
-            split, meta.get("heads", split), meta.get("head_cols", split), *work]
+        pointers = [packed[name] for name in ("values", "deltas", "starts", "group_base")] + [meta["split"]]
+        tail = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["kp"]), np.int32(packed["skew"]),
+                np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)))
+        if "heads" in meta:     # delta_spmv_rs: the cuts inside rows, the parts' scratch, the stream count
+            # prepare made the one-column-block scratch; wider N allocates here (inside a graph
+            # capture that is memory of the graph's pool)
+            work = packed["scratch_row_split"][plan["streams"]] if plan["grid"][1] == 1 else \
+                row_split_work(plan["streams"], plan["grid"][1], b.device)
+            plan["work"] = work
+            pointers += [meta["heads"], meta["head_cols"], *work]
+            tail += (np.int32(plan["streams"]),)
         plan["head"] = tuple(np.uint64(t.data_ptr()) for t in pointers)
-        plan["tail"] = (np.int32(M), np.int32(packed["shape"][1]), np.int32(packed["kp"]), np.int32(packed["skew"]),
-                        np.int32(N), np.int64(b.stride(0)), np.int64(target.stride(0)), np.int32(plan["streams"]))
+        plan["tail"] = tail
         return plan
 
     rt.launch_cuda(packed, key, make_plan, b, target, out)
