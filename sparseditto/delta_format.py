@@ -109,27 +109,52 @@ def csr_arrays(A) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
     return indptr, indices, data, (m, k)
 
 
-def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int):
-    """(row-local column, source nonzero or -1 for a filler, entries per row) once the fillers that
-    gaps wider than the delta field need are inserted before each nonzero."""
+def _gaps(indptr: np.ndarray, indices: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(previous column of each nonzero, -1 at a row's first; gap fillers needed before it). A gap
+    of g columns needs ceil(g / dmax) - 1 fillers; few gaps exceed dmax, so only those divide."""
     dmax = max_delta(bits)
     nnz = int(indices.size)
-    m = indptr.size - 1
-    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
     prev = np.empty(nnz, dtype=np.int64)
     if nnz:
         prev[1:] = indices[:-1]
         prev[indptr[:-1][np.diff(indptr) > 0]] = -1          # a row's first nonzero: no gap
-    gap = indices.astype(np.int64) - prev
-    fillers = np.where(prev < 0, 0, np.maximum(0, (gap + dmax - 1) // dmax - 1))
-    counts = fillers + 1
-    src = np.repeat(np.arange(nnz, dtype=np.int64), counts)
-    first = np.repeat(np.cumsum(counts) - counts, counts)
-    k = np.arange(src.size, dtype=np.int64) - first           # 0..fillers: the last one is real
-    real = k == fillers[src]
-    col = np.where(real, indices[src], prev[src] + dmax * (k + 1))
-    per_row = np.bincount(rows[src], minlength=m) if src.size else np.zeros(m, dtype=np.int64)
-    return col.astype(np.int64), np.where(real, src, -1), per_row.astype(np.int64)
+    gap = indices - prev
+    wide = np.flatnonzero((gap > dmax) & (prev >= 0))
+    fillers = np.zeros(nnz, dtype=np.int64)
+    fillers[wide] = (gap[wide] - 1) // dmax
+    return prev, fillers
+
+
+def _row_entries(indptr: np.ndarray, fillers: np.ndarray) -> np.ndarray:
+    """Entries (nonzeros + their fillers) per row."""
+    total = np.zeros(fillers.size + 1, dtype=np.int64)
+    np.cumsum(fillers, out=total[1:])
+    return np.diff(indptr) + total[indptr[1:]] - total[indptr[:-1]]
+
+
+def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int, gaps=None):
+    """(row-local column, source nonzero or -1 for a filler, entries per row) once the fillers that
+    gaps wider than the delta field need are inserted before each nonzero. Built by placing the
+    nonzeros at their shifted positions and writing the (few) fillers in between. ``gaps``: this
+    width's `_gaps`, when the caller has them already."""
+    dmax = max_delta(bits)
+    nnz = int(indices.size)
+    indices = np.asarray(indices, dtype=np.int64)
+    prev, fillers = gaps if gaps is not None else _gaps(indptr, indices, bits)
+    shift = np.cumsum(fillers)                                # fillers up to and including each nonzero's
+    place = np.arange(nnz, dtype=np.int64) + shift            # where each nonzero lands
+    total = nnz + (int(shift[-1]) if nnz else 0)
+    col = np.empty(total, dtype=np.int64)
+    src = np.full(total, -1, dtype=np.int64)
+    col[place] = indices
+    src[place] = np.arange(nnz, dtype=np.int64)
+    owner = np.flatnonzero(fillers)                           # nonzeros with fillers before them
+    if owner.size:
+        count = fillers[owner]
+        k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+        at = np.repeat(place[owner] - count, count) + k       # the fillers, in order, before their nonzero
+        col[at] = np.repeat(prev[owner], count) + dmax * (k + 1)
+    return col, src, _row_entries(indptr, fillers)
 
 
 def slots_for(per_row: np.ndarray, lanes: int) -> int:
@@ -222,8 +247,11 @@ class DeltaSlices:
             raise ValueError(f"Expected a skew in {SKEW_CHOICES} or 'auto', got {skew!r}.")
         bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits)
         if skew == "auto":
-            rows, lane, slot, _ = positions(per_row, lanes)
-            score = {sk: bank_conflicts(rows, lane, slot, physical_columns(col, sk), lanes) for sk in SKEW_CHOICES}
+            # the simulation samples the first CONFLICT_SAMPLE_WARPS warps: only their rows' entries
+            sampled = min(per_row.size, CONFLICT_SAMPLE_WARPS * (BANKS // lanes))
+            rows, lane, slot, _ = positions(per_row[:sampled], lanes)
+            head = col[:rows.size]
+            score = {sk: bank_conflicts(rows, lane, slot, physical_columns(head, sk), lanes) for sk in SKEW_CHOICES}
             best = min(SKEW_CHOICES, key=lambda sk: (score[sk], sk))
             skew = best if score[best] <= SKEW_MIN_GAIN * score[0] else 0
         if skew:
@@ -232,13 +260,16 @@ class DeltaSlices:
 
     @staticmethod
     def _choose(indptr, indices, lanes, bits):
-        """(bits, lanes, entries...) of the best `packing_score` (unskewed columns) for the "auto" choices."""
+        """(bits, lanes, entries...) of the best `packing_score` (unskewed columns) for the "auto"
+        choices: the widths compared by their entry counts, only the chosen one expanded."""
         options = []
         for b in (DELTA_BITS if bits == "auto" else (int(bits),)):
-            col, src, per_row = expanded_entries(indptr, indices, b)
+            gaps = _gaps(indptr, indices, b)
+            per_row = _row_entries(indptr, gaps[1])     # entry counts only (expanding costs ~1 s)
             ln = choose_lanes(per_row) if lanes == "auto" else int(lanes)
-            options.append((packing_score(slots_for(per_row, ln), b), b, ln, col, src, per_row))
-        return min(options, key=lambda o: (o[0], o[1]))[1:]
+            options.append((packing_score(slots_for(per_row, ln), b), b, ln, gaps))
+        _, b, ln, gaps = min(options, key=lambda o: (o[0], o[1]))
+        return (b, ln, *expanded_entries(indptr, indices, b, gaps))
 
     @classmethod
     def _pack(cls, shape, data, lanes: int, bits: int, skew: int, col, src, per_row) -> "DeltaSlices":
