@@ -148,6 +148,9 @@ def profiler(state: State, runtime: Runtime[Context]) -> Command[Literal["planne
     else:
         why = f"{spec['template']}: {summary}"
     why += "; new best" if improved else f"; best stays {best['template']}"
+    slow = sorted(res.stage_seconds.items(), key=lambda kv: -kv[1])[:3]
+    if slow and sum(v for _, v in slow) >= 5.0:    # a slow bench says what took the time
+        why += "; bench took " + ", ".join(f"{k} {v:.1f} s" for k, v in slow)
     d = decision("profiler", "profiled", why, template=spec["template"], median_ms=median_ms,
                  pct_of_roofline=pct)
     emit("profiler", why)

@@ -47,6 +47,11 @@ def test_bench_on_the_interpreter(pool):
         assert not by_name[name].ok and "needs a CUDA GPU" in by_name[name].error
     assert result.speedup_vs_dense == pytest.approx(result.dense.median_ms / result.candidate.median_ms)
     assert result.best_baseline in ("cublas_dense", "cusparse_csr_torch")
+    # where the bench's time went, step by step (no graph timing on the interpreter)
+    assert list(result.stage_seconds) == ["prepare", "first check", "eager timing", "dense", "vendor baselines",
+                                          "state check"]
+    assert all(v >= 0 for v in result.stage_seconds.values())
+    assert result.stage_seconds["prepare"] == pytest.approx(result.conversion_ms / 1e3, abs=0.05)
     assert result.model_dump_json()
 
 

@@ -197,10 +197,12 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
 
     values = round_to_dtype(matrix.data, dtype)
     a = with_values(matrix, values, dtype)
+    stages = _StageClock()
     synchronize(device)
     t0 = time.perf_counter()
     packed = call_prepare(module, a, dtype, device, wctx)
     conversion_ms = (time.perf_counter() - t0) * 1e3
+    stages.lap("prepare")
     snapshot = run_candidate(wctx, "state snapshot", Snapshot.take, packed, candidate_module)
     a_bytes = run_candidate(wctx, "packed bytes", packed_nbytes, packed)
 
@@ -215,6 +217,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     if not first.ok:
         raise CandidateFailure("wrong_result", "wrong_values", f"N={n} (bench input): {first.message}")
     del ref
+    stages.lap("first check")
 
     eager_inputs = _TimedInputs(B, out, dtype, rng, repeats + warmup, matrix)
 
@@ -224,6 +227,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     candidate = run_candidate(wctx, "spmm (timing)", lambda: time_fn(
         run_eager, backend, repeats=repeats, warmup=warmup, before=eager_inputs.before, after=eager_inputs.after))
     timed_problems = eager_inputs.check(values, "eager")
+    stages.lap("eager timing")
 
     candidate_graph = None
     if on_gpu:
@@ -239,6 +243,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
                 raise
             notes.append(f"CUDA graph capture of the candidate failed, eager timing kept: {failure.message[:300]}")
             torch.cuda.synchronize()
+        stages.lap("graph timing")
 
     # The baselines: dense (unless the caller has its time) and the vendor libraries asked for,
     # each measured here unless an earlier bench of the scope in this process did (ScopedBaselines).
@@ -260,11 +265,13 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
             if fresh is not None:
                 entry.rechecked, entry.recheck_message = fresh.check("cublas_dense")
             scoped.put(entry, dense_notes)
+            stages.lap("dense")
         others = [b for b in missing if b != "cublas_dense"]
         if others:
             for entry in measure_baselines(a, B, dtype, backend, ref=ref, repeats=repeats, warmup=warmup,
                                            include=others, graph=payload.get("baseline_graphs", False), fresh=fresh):
                 scoped.put(entry)
+            stages.lap("vendor baselines")
     baseline_results = []
     for name in names:
         entry, entry_notes = scoped.get(name)
@@ -281,6 +288,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     if changed:
         reverified = False
         problems.append(f"packed state changed during timing: {', '.join(changed[:5])}")
+    stages.lap("state check")
 
     ok_baselines = [b for b in baseline_results if b.ok and b.timing is not None]
     best = min(ok_baselines, key=lambda b: b.timing.median_ms) if ok_baselines else None
@@ -296,7 +304,20 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         best_baseline=best.name if best else None,
         reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
         l2_flush_bytes=int(flush_buffer().numel() * 2) if on_gpu else 0, notes=notes,
-        reused_baselines=scoped.reused)
+        reused_baselines=scoped.reused, stage_seconds=stages.seconds)
+
+
+class _StageClock:
+    """Wall seconds per bench step, each lap since the previous one (`BenchResult.stage_seconds`)."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
+        self.last = now
 
 
 _SCOPED_LIMIT = 64            # baseline timings a worker keeps (oldest dropped first)

@@ -150,6 +150,10 @@ class BenchResult(BaseModel):
     l2_flush_bytes: int = 0
     notes: list[str] = Field(default_factory=list)
     reused_baselines: list[str] = Field(default_factory=list)
+    # wall seconds of the bench's steps in the worker (prepare, check, eager / graph timing, dense,
+    # vendor baselines, state check): where a profiler step's time goes (an H200 run spent 57 s in
+    # one bench of an 11008x4096 weight)
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
 
 
 class NcuResult(BaseModel):
