@@ -208,6 +208,103 @@ __device__ __forceinline__ void load_group(const uint4* __restrict__ vals, const
     }
 }
 
+// One group of a lane's run: 8 entries, each a delta step of the running column (a byte offset
+// into B's shared copy), a value, and an FMA per column into the even / odd accumulators (two
+// chains: half the dependent FMA latency per group).
+template <typename T, int NV, int DB, bool BH>
+__device__ __forceinline__ void accumulate_group(const uint4& v, const typename DeltaWord<DB>::type& d, const float* bs,
+                                                 int& col, float (&acc)[NV], float (&acc2)[NV]) {
+    constexpr int SCALE = (BH ? 2 : 4) * NV;          // bytes per physical column of the B copy
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        col += DeltaWord<DB>::field(d, i) * SCALE;
+        const float a = piece_value<T>(v, i);
+        float b[NV];
+        b_row<T, NV, BH>(bs, col, b);
+#pragma unroll
+        for (int t = 0; t < NV; ++t) {
+            if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
+            else acc[t] = fmaf(a, b[t], acc[t]);
+        }
+    }
+}
+
+// A row's sum over its L lanes into acc (acc2 folded in first; a fixed shuffle order: deterministic).
+template <int NV, int L>
+__device__ __forceinline__ void reduce_lanes(float (&acc)[NV], const float (&acc2)[NV], unsigned mask) {
+#pragma unroll
+    for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) {
+#pragma unroll
+        for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
+    }
+}
+
+// C[row, n0 : n0 + NV] (the columns below N) from a finished row's sums.
+template <typename T, int NV>
+__device__ __forceinline__ void store_row(const float (&acc)[NV], int row, typename T::storage* __restrict__ C, int N,
+                                          int n0, long long ldc) {
+#pragma unroll
+    for (int t = 0; t < NV; ++t) {
+        if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
+    }
+}
+
+// B's strip into shared memory (while the first loads of A are in flight) and the two accumulators
+// per column zeroed (even and odd entries: half the dependent FMA chain per group).
+template <typename T, int NV, int WARPS, bool BH>
+__device__ __forceinline__ void stage_and_zero(float* bs, const typename T::storage* __restrict__ B, int K, int KP,
+                                               int skew, int N, int n0, long long ldb, float (&acc)[NV],
+                                               float (&acc2)[NV]) {
+    stage_b<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
+}
+
+// The first PIPE groups of a lane's stream in flight (empty past its end).
+template <int DB, int L, int PIPE>
+__device__ __forceinline__ void prime_groups(const uint4* __restrict__ vals, const void* __restrict__ deltas, int base,
+                                             int steps, int q, uint4 (&v)[PIPE],
+                                             typename DeltaWord<DB>::type (&d)[PIPE]) {
+#pragma unroll
+    for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, base, p, steps, q, v[p], d[p]);
+}
+
+// Row `row`'s end (in pieces) and lane q's start column as a byte offset of B's copy, when the
+// row is before `stop` (else end and col stay as they are): the kernels load it one row ahead, so a
+// row change does not wait on its metadata.
+template <int L, int SCALE>
+__device__ __forceinline__ void row_meta(int row, int stop, const int* __restrict__ group_base,
+                                         const int* __restrict__ starts, int q, int& end, int& col) {
+    if (row < stop) {
+        end = group_base[row + 1];
+        col = starts[static_cast<long long>(row) * L + q] * SCALE;
+    }
+}
+
+// A stream's groups through a ring of PIPE loads in flight (the next load issued as soon as its
+// slot is consumed); `finish()` runs whenever a row's pieces are all consumed (pos == cur_end).
+template <typename T, int NV, int L, int DB, int PIPE, bool BH, typename Finish>
+__device__ __forceinline__ void stream_groups(const uint4* __restrict__ vals, const void* __restrict__ deltas, int base,
+                                              int steps, int q, uint4 (&v)[PIPE],
+                                              typename DeltaWord<DB>::type (&d)[PIPE], const float* bs, int& col,
+                                              float (&acc)[NV], float (&acc2)[NV], int& pos, const int& cur_end,
+                                              Finish& finish) {
+    for (int s0 = 0; s0 < steps; s0 += PIPE) {
+#pragma unroll
+        for (int p = 0; p < PIPE; ++p) {
+            if (s0 + p < steps) {
+                accumulate_group<T, NV, DB, BH>(v[p], d[p], bs, col, acc, acc2);
+                load_group<DB, L>(vals, deltas, base, s0 + p + PIPE, steps, q, v[p], d[p]);
+                pos += L;
+                if (pos == cur_end) finish();
+            }
+        }
+    }
+}
+
 // A row cut between streams (ROW_SPLIT): each of its contributors a..b writes its partial sum to
 // ws and counts itself in counters[a]; the last to arrive adds the partials in stream order (fixed:
 // deterministic, whoever arrives last), stores the row, and resets the counter for the next launch.
@@ -270,78 +367,33 @@ delta_spmv(const uint4* __restrict__ vals, const void* __restrict__ deltas, cons
     const int steps = (hi.y - lo.y) / L;
     uint4 v[PIPE];
     typename DW::type d[PIPE];
-#pragma unroll
-    for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
+    prime_groups<DB, L, PIPE>(vals, deltas, lo.y, steps, q, v, d);
     // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
     // so a row change does not wait on its metadata.
     constexpr int SCALE = (BH ? 2 : 4) * NV;          // bytes per physical column of the B copy
     int cur_end = 0, col = 0, nxt_end = 0, nxt_col = 0;   // col: the running column, as a byte offset
-    if (row < row_end) {
-        cur_end = group_base[row + 1];
-        col = starts[static_cast<long long>(row) * L + q] * SCALE;
-    }
-    if (row + 1 < row_end) {
-        nxt_end = group_base[row + 2];
-        nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
-    }
-    stage_b<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
-    __syncthreads();
-    // two accumulators per column (even and odd entries): half the dependent FMA chain per group
-    float acc[NV], acc2[NV];
-#pragma unroll
-    for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
+    row_meta<L, SCALE>(row, row_end, group_base, starts, q, cur_end, col);
+    row_meta<L, SCALE>(row + 1, row_end, group_base, starts, q, nxt_end, nxt_col);
+    float acc[NV], acc2[NV];                          // even / odd entries' sums per column
+    stage_and_zero<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb, acc, acc2);
     int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
     // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
     // store, move to the next row. Empty rows store zeros.
     auto finish_rows = [&]() {
         while (row < row_end && pos == cur_end) {
-#pragma unroll
-            for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
-#pragma unroll
-            for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-                for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
-            }
-            if (q == 0) {
-#pragma unroll
-                for (int t = 0; t < NV; ++t) {
-                    if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
-                }
-            }
+            reduce_lanes<NV, L>(acc, acc2, mask);
+            if (q == 0) store_row<T, NV>(acc, row, C, N, n0, ldc);
 #pragma unroll
             for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
             ++row;
             col = nxt_col;
             cur_end = nxt_end;
-            if (row + 1 < row_end) {
-                nxt_end = group_base[row + 2];
-                nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
-            }
+            row_meta<L, SCALE>(row + 1, row_end, group_base, starts, q, nxt_end, nxt_col);
         }
     };
     finish_rows();
-    for (int s0 = 0; s0 < steps; s0 += PIPE) {
-#pragma unroll
-        for (int p = 0; p < PIPE; ++p) {
-            if (s0 + p < steps) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    col += DW::field(d[p], i) * SCALE;
-                    const float a = piece_value<T>(v[p], i);
-                    float b[NV];
-                    b_row<T, NV, BH>(bs, col, b);
-#pragma unroll
-                    for (int t = 0; t < NV; ++t) {
-                        if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
-                        else acc[t] = fmaf(a, b[t], acc[t]);
-                    }
-                }
-                load_group<DB, L>(vals, deltas, lo.y, s0 + p + PIPE, steps, q, v[p], d[p]);
-                pos += L;
-                if (pos == cur_end) finish_rows();
-            }
-        }
-    }
+    stream_groups<T, NV, L, DB, PIPE, BH>(vals, deltas, lo.y, steps, q, v, d, bs, col, acc, acc2, pos, cur_end,
+                                          finish_rows);
 }
 
 
@@ -361,10 +413,8 @@ delta_spmv_rs(const uint4* __restrict__ vals, const void* __restrict__ deltas, c
     const int q = lane % L, sub = lane / L;
     const unsigned mask = L == 32 ? 0xffffffffu : (((1u << L) - 1u) << (sub * L));
     const int n0 = blockIdx.y * NV;
-    // This sub-warp's stream: rows [split[sw].x, split[sw + 1].x), whose pieces are contiguous,
-    // [split[sw].y, split[sw + 1].y). One stream per sub-warp instead of a grid-stride loop over
-    // rows: the PIPE loads in flight carry on across row ends, so a row no longer pays the
-    // pipeline's fill and drain (two memory latencies per row at 8 groups per lane).
+    // The stream as in delta_spmv (this set-up repeats its lines on purpose: moving them into a
+    // shared helper changed delta_spmv's SASS, and delta_spmv's code is kept as measured).
     // ROW_SPLIT: the cuts are at group boundaries inside rows (balanced to a group, not to a row);
     // heads[sw] = (a, b) when this stream starts inside a row cut among streams a..b (else a < 0),
     // head_cols[sw * L + q] is lane q's running column there, and a stream whose end is inside a
@@ -380,8 +430,7 @@ delta_spmv_rs(const uint4* __restrict__ vals, const void* __restrict__ deltas, c
     const int row_stop = row_end + (next_head.x >= 0 ? 1 : 0);
     uint4 v[PIPE];
     typename DW::type d[PIPE];
-#pragma unroll
-    for (int p = 0; p < PIPE; ++p) load_group<DB, L>(vals, deltas, lo.y, p, steps, q, v[p], d[p]);
+    prime_groups<DB, L, PIPE>(vals, deltas, lo.y, steps, q, v, d);
     // The current row's end (in pieces) and lane start, and the next row's: loaded one row ahead,
     // so a row change does not wait on its metadata.
     constexpr int SCALE = (BH ? 2 : 4) * NV;          // bytes per physical column of the B copy
@@ -391,39 +440,19 @@ delta_spmv_rs(const uint4* __restrict__ vals, const void* __restrict__ deltas, c
         col = (head.x >= 0 ? head_cols[static_cast<long long>(sw) * L + q]
                            : starts[static_cast<long long>(row) * L + q]) * SCALE;
     }
-    if (row + 1 < row_stop) {
-        nxt_end = group_base[row + 2];
-        nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
-    }
-    stage_b<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb);   // while the first loads of A are in flight
-    __syncthreads();
-    // two accumulators per column (even and odd entries): half the dependent FMA chain per group
+    row_meta<L, SCALE>(row + 1, row_stop, group_base, starts, q, nxt_end, nxt_col);
     float acc[NV], acc2[NV];
-#pragma unroll
-    for (int t = 0; t < NV; ++t) acc[t] = acc2[t] = 0.0f;
-    int pos = lo.y;                                   // pieces of the stream consumed (uniform in the sub-warp)
-    // Every row whose pieces are all consumed: reduce its L lanes (fixed order: deterministic),
-    // store, move to the next row. Empty rows store zeros.
-    auto reduce_lanes = [&]() {
-#pragma unroll
-        for (int t = 0; t < NV; ++t) acc[t] += acc2[t];
-#pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1) {
-#pragma unroll
-            for (int t = 0; t < NV; ++t) acc[t] += __shfl_xor_sync(mask, acc[t], off, L);
-        }
-    };
+    stage_and_zero<T, NV, WARPS, BH>(bs, B, K, KP, skew, N, n0, ldb, acc, acc2);
+    int pos = lo.y;
+    // Rows finished as in delta_spmv, the ends of cut rows through combine_part.
     auto finish_rows = [&]() {
         while (row < row_end && pos == cur_end) {
-            reduce_lanes();
+            reduce_lanes<NV, L>(acc, acc2, mask);
             if (q == 0) {
                 if (head.x >= 0 && row == lo.x) {      // the end of a row begun upstream
                     combine_part<T, NV>(acc, row, head.x, head.y, 0, sw, streams, ws, counters, C, N, n0, ldc);
                 } else {
-#pragma unroll
-                    for (int t = 0; t < NV; ++t) {
-                        if (n0 + t < N) C[static_cast<long long>(row) * ldc + n0 + t] = T::from_float(acc[t]);
-                    }
+                    store_row<T, NV>(acc, row, C, N, n0, ldc);
                 }
             }
 #pragma unroll
@@ -431,37 +460,14 @@ delta_spmv_rs(const uint4* __restrict__ vals, const void* __restrict__ deltas, c
             ++row;
             col = nxt_col;
             cur_end = nxt_end;
-            if (row + 1 < row_stop) {
-                nxt_end = group_base[row + 2];
-                nxt_col = starts[static_cast<long long>(row + 1) * L + q] * SCALE;
-            }
+            row_meta<L, SCALE>(row + 1, row_stop, group_base, starts, q, nxt_end, nxt_col);
         }
     };
     finish_rows();
-    for (int s0 = 0; s0 < steps; s0 += PIPE) {
-#pragma unroll
-        for (int p = 0; p < PIPE; ++p) {
-            if (s0 + p < steps) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    col += DW::field(d[p], i) * SCALE;
-                    const float a = piece_value<T>(v[p], i);
-                    float b[NV];
-                    b_row<T, NV, BH>(bs, col, b);
-#pragma unroll
-                    for (int t = 0; t < NV; ++t) {
-                        if (i & 1) acc2[t] = fmaf(a, b[t], acc2[t]);
-                        else acc[t] = fmaf(a, b[t], acc[t]);
-                    }
-                }
-                load_group<DB, L>(vals, deltas, lo.y, s0 + p + PIPE, steps, q, v[p], d[p]);
-                pos += L;
-                if (pos == cur_end) finish_rows();
-            }
-        }
-    }
+    stream_groups<T, NV, L, DB, PIPE, BH>(vals, deltas, lo.y, steps, q, v, d, bs, col, acc, acc2, pos, cur_end,
+                                          finish_rows);
     if (next_head.x >= 0) {     // the stream ends inside row hi.x: leave its part
-        reduce_lanes();
+        reduce_lanes<NV, L>(acc, acc2, mask);
         if (q == 0) {
             if (head.x >= 0 && row == lo.x) {  // the whole stream inside one row: it is a head part
                 combine_part<T, NV>(acc, row, head.x, head.y, 0, sw, streams, ws, counters, C, N, n0, ldc);
