@@ -40,8 +40,8 @@ META = {
         "MIN_WARPS": [0, 16, 24, 32],
         # 1: streams cut at group boundaries inside rows (balanced to a group; a cut row's parts are
         # added in stream order by its last contributor); 0: cuts at row ends only. H200 (session
-        # 20): at N = 1 1.06-1.29x faster on 4096x11008 and 11008x4096 at 50% (4096x11008 70% too),
-        # 10-40% slower at 90% and at N >= 2; 0 by default.
+        # 20): against the row-end kernel as fixed that session, at most 2% faster (4096x11008 50%,
+        # N = 1: 24.5 vs 25.1 us) and 7-40% slower elsewhere (70-90%, N >= 2); 0 by default.
         "ROW_SPLIT": [0, 1],
         # 1: B's shared copy in its own 16-bit values (half the words per gather at NV >= 2, and NV
         # up to 4 at K = 11008, one pass at N = 4); 0: fp32. H200 (session 20, Llama shapes 50-90%):
