@@ -255,3 +255,37 @@ def test_host_latency_before_a_launch_is_not_counted_as_kernel_time():
     prompt = timing._time_launches(graph.replay, 30, 3, True, None, None).median_ms
     slow_host = timing._time_launches(timing.host_delayed(graph.replay, 60), 30, 3, True, None, None).median_ms
     assert slow_host < prompt + 0.015, f"{slow_host * 1e3:.1f} us with a 60 us host delay vs {prompt * 1e3:.1f} us"
+
+
+@pytest.mark.parametrize("n,columns", [(1, 1024), (3, 4), (5, 5)])
+def test_timed_launch_outputs_are_checked_in_batched_references(n, columns, monkeypatch):
+    """The kept launches of a timing loop share fp64 products (REFERENCE_COLUMNS columns each, down
+    to one launch per product): a correct set passes, one wrong launch anywhere is named."""
+    import importlib
+
+    import torch
+
+    from sparseditto.harness.numerics import round_to_dtype
+
+    bench_mod = importlib.import_module("sparseditto.harness.bench")   # the module (the package exports the function)
+
+    monkeypatch.setattr(bench_mod, "REFERENCE_COLUMNS", columns)
+    A = small_matrix(12, 20, seed=7)
+    values = round_to_dtype(A.data, "float32")
+    dense = torch.from_numpy(A.to_dense()).to(torch.float32)
+    B = torch.zeros(20, n)
+    out = torch.zeros(12, n)
+    timed = bench_mod._TimedInputs(B, out, "float32", np.random.default_rng(0), 9, A)
+    for i in range(-9, 9):
+        timed.before(i)
+        out.copy_(dense @ B)
+        timed.after(i)
+    assert len(timed.kept) == 18
+    kept = list(timed.kept)
+    assert timed.check(values, "eager") == []
+    for bad in (0, 7, 17):
+        timed.kept = [(i, b, o.clone()) for i, b, o in kept]
+        timed.kept[bad][2][3, n - 1] += 1.0
+        problems = timed.check(values, "graph")
+        assert len(problems) == 1 and f"graph launch {kept[bad][0]} output" in problems[0], problems
+    assert timed.kept == []

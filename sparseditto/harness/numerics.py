@@ -150,6 +150,12 @@ class Reference:
     tol: np.ndarray
     rtol: float
 
+    def columns(self, start: int, stop: int) -> "Reference":
+        """The reference of B's columns start:stop (one product of several B's side by side serves
+        each of them: a benchmark's sampled launches are checked with one product, not one each)."""
+        return Reference(value=self.value[:, start:stop], bound=self.bound[:, start:stop],
+                         tol=self.tol[:, start:stop], rtol=self.rtol)
+
     @classmethod
     def compute(cls, matrix, values64: np.ndarray, b64: np.ndarray, dtype: str) -> "Reference":
         value, bound = _products_fp64(matrix, values64, b64)
