@@ -109,3 +109,16 @@ def test_block_weight_at_decode_explores_the_delta_spmv_second_and_fp32_leaves_i
         tried = [c.template for c in plan.candidates]
         assert report["pattern"] == "block"
         assert ("delta_spmv" in tried) == expect, (dtype, tried)
+
+
+@pytest.mark.parametrize("m,k,style,second", [(4096, 4096, "0.9", {"WARPS": 4}), (512, 1024, "0.5", {"WARPS": 4}),
+                                              (11008, 1024, "0.5", {"MIN_WARPS": 0})])
+def test_delta_spmv_tries_smaller_ctas_second_when_its_grid_leaves_sms_idle(m, k, style, second):
+    """A matrix with too few rows for 132 CTAs of the default's 8 warps gets 4-warp CTAs next; a tall
+    one keeps the uncapped registers second."""
+    from sparseditto.kernel_templates.registry import get_template
+
+    report = analyze(_weight(style, m=m, k=k)).model_dump()
+    grid = get_template("delta_spmv").param_grid(report, 1, H200)
+    full = get_template("delta_spmv").validate_params
+    assert grid[0] == full({}) and grid[1] == full(second), grid[:2]

@@ -53,7 +53,7 @@ META = {
     # aligned columns: 1.9-2.5x faster on the H200; random patterns: skew 0, 2-11% faster there)
     "defaults": {"NV": "auto", "LANES": "auto", "DELTA_BITS": "auto", "SKEW": "auto", "WARPS": 8, "PIPE": 4, "CTAS_PER_SM": "auto", "MIN_WARPS": 24,
                  "ROW_SPLIT": 0, "B_HALF": 1},
-    "grid": [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}],
+    "grid": [{}],             # the rest, in an order that depends on the matrix: planning/delta_spmv.py
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded", "power_law"],
     "cuda_source": "delta_spmv.cu",
     "dtypes": ["float16", "bfloat16"],
