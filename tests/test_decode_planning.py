@@ -122,3 +122,5 @@ def test_delta_spmv_tries_smaller_ctas_second_when_its_grid_leaves_sms_idle(m, k
     grid = get_template("delta_spmv").param_grid(report, 1, H200)
     full = get_template("delta_spmv").validate_params
     assert grid[0] == full({}) and grid[1] == full(second), grid[:2]
+    if "WARPS" in second:                      # then twice the lanes of the packing "auto" picks
+        assert grid[2]["LANES"] in (8, 16, 32) and grid[2]["WARPS"] == 8

@@ -42,11 +42,14 @@ def grid(stats, n: int, target, template) -> list[dict]:
     cap (16 warps per SM), smaller CTAs, and the plain B copy. When the default's grid leaves SMs
     idle (a CTA of 8 warps takes 8 * 32 / L rows, one stream each, and a short matrix runs out of
     rows: 4096x4096 at 90% packs 4 lanes per row, 64 CTAs on the H200's 132 SMs, 14% of its
-    roofline), the 4-warp CTAs come second: twice the CTAs for the same rows (not yet measured)."""
+    roofline), the 4-warp CTAs come second (twice the CTAs for the same rows) and twice the lanes
+    per row third (not yet measured)."""
     variants = [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}]
     lanes = delta_packing(stats, VALUE_BYTES["float16"])[2]
     if -(-stats.m // (8 * 32 // lanes)) < sm_count(target):
         variants.insert(1, variants.pop(2))
+        if lanes < 32:       # or twice the lanes per row: more padding, twice the CTAs too
+            variants.insert(2, {"LANES": 2 * lanes})
     return variants
 
 
