@@ -444,37 +444,13 @@ def pick_thread(graph, base: str, explicit: bool) -> tuple[str, str]:
 
 # ---- progress display ---------------------------------------------------------------------------------
 
-class NodeClock:
-    """Where a run's wall time goes, node by node: each streamed update closes the interval since the
-    previous one and charges it to the node(s) that produced it. run_graph reports it in
-    ``Result.node_seconds`` because "why did this take 100 s" is the first question about a slow run
-    (verification? compilation? the baselines?), and a batch over 224 layers multiplies the answer."""
-
-    def __init__(self, nodes):
-        self.nodes = set(nodes)   # a node's inner tasks (finalize's vendor re-timing) also stream updates
-        self.start = self.last = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def finished(self, update) -> None:
-        now = time.perf_counter()
-        nodes = [k for k in update if k in self.nodes] if isinstance(update, dict) else []
-        if nodes:
-            share = (now - self.last) / len(nodes)
-            for name in nodes:
-                self.seconds[name] = self.seconds.get(name, 0.0) + share
-        self.last = now
-
-
 class _Progress:
     """Streams node messages to the terminal with rich (stderr).
 
     ``mode`` True or "all": one line per message under a spinner; "status": only the spinner, showing
     the latest message (the demo, whose story is printed at the end); False: nothing."""
 
-    def __init__(self, mode: bool | str, clock: "NodeClock | None" = None):
+    def __init__(self, mode: bool | str, clock=None):
         self.lines = mode is True or mode == "all"
         self.clock = clock
         self.console = None
@@ -621,8 +597,11 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
         if state == "resume":
             _claim_memory_run(ctx, graph.get_state(config).values)
         from sparseditto.graphs.build import NODES
+        from sparseditto.harness.timing import LapClock
 
-        clock = NodeClock(NODES)
+        # each streamed update closes the interval since the previous one, charged to its node (a
+        # node's inner tasks, finalize's vendor measurements, stream updates too: charged to none)
+        clock = LapClock()
         with _Progress(progress, clock) as prog, _fast_interrupt():
             while True:
                 # durability="sync": each step's checkpoint is on disk before the next step starts, so
@@ -633,7 +612,7 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                     if mode == "custom":
                         prog.message(chunk)
                     elif mode == "updates":
-                        clock.finished(chunk)
+                        clock.lap(*[k for k in chunk if k in NODES] if isinstance(chunk, dict) else [])
                 snap = graph.get_state(config)
                 pending = [i for task in snap.tasks for i in (task.interrupts or ())]
                 if not pending:
@@ -642,13 +621,13 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                     raise ValueError(f"Thread {tid!r} is waiting for a human approval of its kernel; call "
                                      "run_graph again with approve=True (terminal) or approve=callable.")
                 answer = _ask(approve, pending[0].value)
-                clock.last = time.perf_counter()   # the person's thinking time is no node's
+                clock.lap()   # the person's thinking time is no node's
                 from langgraph.types import Command
 
                 inp = Command(resume=answer)
         values = graph.get_state(config).values
         return build_result(values, tid, ctx, tgt, note, A, time.time() - t0, resumed=state == "resume",
-                            node_seconds=clock.seconds)
+                            node_seconds=clock.rounded())
     finally:
         conn.close()
 
@@ -743,7 +722,7 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         token_usage=RunTokenUsage.model_validate(values.get("token_usage") or {}),
         llm_calls=[LLMCall.model_validate(c) for c in values.get("llm_calls") or []],
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
-        wall_seconds=round(wall, 3), node_seconds={k: round(v, 3) for k, v in (node_seconds or {}).items()},
+        wall_seconds=round(wall, 3), node_seconds=dict(node_seconds or {}),
         verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
 
 

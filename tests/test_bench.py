@@ -115,6 +115,24 @@ def test_fresh_recheck_catches_a_baseline_that_ignores_its_input(monkeypatch):
     assert by_name["cublas_dense"].rechecked is True
 
 
+def test_lap_clock_charges_each_interval_to_its_names():
+    import time
+
+    from sparseditto.harness.timing import LapClock
+
+    clock = LapClock()
+    time.sleep(0.02)
+    assert clock.lap("a") >= 0.02
+    time.sleep(0.02)
+    clock.lap()                       # an interval charged to no step
+    time.sleep(0.02)
+    clock.lap("a", "b")               # split between two
+    assert set(clock.seconds) == {"a", "b"}
+    assert clock.seconds["a"] >= 0.03 and 0.01 <= clock.seconds["b"] < clock.seconds["a"]
+    assert sum(clock.seconds.values()) < clock.elapsed() - 0.015
+    assert clock.rounded(1) == {k: round(v, 1) for k, v in clock.seconds.items()}
+
+
 def test_timing_helpers():
     t = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (t.median_ms, t.min_ms, t.repeats) == (3.0, 1.0, 5)

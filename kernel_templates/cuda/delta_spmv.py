@@ -12,10 +12,10 @@ B_HALF) is staged once per persistent CTA in shared memory. delta_spmv.cu says m
 prepare() packs the slices (lanes per row and delta width "auto": the fewest bytes), compiles every
 kernel an N can launch, keeps the handles in the packed dict, and makes each kernel's stream split
 (its one-wave grid's sub-warps each stream a contiguous range of rows: `stream_split`, or with
-ROW_SPLIT ranges cut inside rows: `group_split`); spmm() is one launch on torch's
-current stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than
-the shared-memory cap of NV (K * NV * 2 bytes with B_HALF, 4 without, <= SMEM_CAP) runs as several column blocks, each
-re-reading A: the planner keeps this template to small N.
+ROW_SPLIT ranges cut inside rows: `group_split`); spmm() is one launch on torch's current
+stream, its plan cached per (N, layout of B and C) under packed["scratch"]. N wider than the
+shared-memory cap of NV (K * NV * 2 bytes with B_HALF, 4 without, <= SMEM_CAP) runs as several
+column blocks, each re-reading A: the planner keeps this template to small N.
 """
 META = {
     "name": "delta_spmv",

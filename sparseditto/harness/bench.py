@@ -196,7 +196,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     from .execution import CandidateFailure, Snapshot, call_prepare, call_spmm, device_for, packed_nbytes, \
         run_candidate, synchronize
     from .numerics import Reference, compare, draw_dense, round_to_dtype, torch_dtype, with_values
-    from .timing import flush_buffer, time_cuda_graph, time_fn
+    from .timing import LapClock, flush_buffer, time_cuda_graph, time_fn
 
     matrix, n, dtype, backend = payload["matrix"], payload["n"], payload["dtype"], payload["backend"]
     repeats, warmup = payload["repeats"], payload["warmup"]
@@ -209,12 +209,10 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
 
     values = round_to_dtype(matrix.data, dtype)
     a = with_values(matrix, values, dtype)
-    stages = _StageClock()
     synchronize(device)
-    t0 = time.perf_counter()
+    stages = LapClock()
     packed = call_prepare(module, a, dtype, device, wctx)
-    conversion_ms = (time.perf_counter() - t0) * 1e3
-    stages.lap("prepare")
+    conversion_ms = stages.lap("prepare") * 1e3
     snapshot = run_candidate(wctx, "state snapshot", Snapshot.take, packed, candidate_module)
     a_bytes = run_candidate(wctx, "packed bytes", packed_nbytes, packed)
 
@@ -316,20 +314,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         best_baseline=best.name if best else None,
         reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
         l2_flush_bytes=int(flush_buffer().numel() * 2) if on_gpu else 0, notes=notes,
-        reused_baselines=scoped.reused, stage_seconds=stages.seconds)
-
-
-class _StageClock:
-    """Wall seconds per bench step, each lap since the previous one (`BenchResult.stage_seconds`)."""
-
-    def __init__(self) -> None:
-        self.last = time.perf_counter()
-        self.seconds: dict[str, float] = {}
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self.last, 3)
-        self.last = now
+        reused_baselines=scoped.reused, stage_seconds=stages.rounded())
 
 
 _SCOPED_LIMIT = 64            # baseline timings a worker keeps (oldest dropped first)

@@ -50,6 +50,31 @@ MAX_WARM_LAUNCHES = 4000
 LEAD_US = 100.0
 
 
+class LapClock:
+    """Wall seconds charged to named steps: each ``lap`` closes the interval since the previous one
+    and splits it among the names given (none: the interval is no step's). One clock for the
+    bench's steps in a worker (`BenchResult.stage_seconds`) and run_graph's nodes
+    (`Result.node_seconds`): where a slow run's time went is the first question about it."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def lap(self, *names: str) -> float:
+        """Close the interval since the last lap; returns its length in seconds."""
+        now = time.perf_counter()
+        interval, self.last = now - self.last, now
+        for name in names:
+            self.seconds[name] = self.seconds.get(name, 0.0) + interval / len(names)
+        return interval
+
+    def rounded(self, digits: int = 3) -> dict[str, float]:
+        return {k: round(v, digits) for k, v in self.seconds.items()}
+
+
 def check_repeats(repeats: int, warmup: int) -> None:
     if not isinstance(repeats, (int, np.integer)) or repeats < 1:
         raise ValueError(f"Expected repeats >= 1, got {repeats!r}.")

@@ -190,7 +190,7 @@ def verify_task(payload: dict, wctx) -> dict:
                 run = _Run(module, matrix, n, dtype, backend, wctx)
                 run.prepare(draw_matrix_values(matrix, rng, dtype))
             run.n = n
-            _verify_one_n(run, matrix, n, dtype, rng, checks, first=i == 0,
+            _verify_one_n(run, matrix, dtype, rng, checks, first=i == 0,
                           dists=(DISTRIBUTIONS[order[(2 * i) % len(order)]], DISTRIBUTIONS[order[(2 * i + 1) % len(order)]]),
                           garbage_prefill=bool(i % 2))
     except CandidateFailure as failure:
@@ -333,10 +333,10 @@ class _Run:
                                f"{nan_mask.size} entries; {describe_locations(nan_mask)}")
 
 
-def _verify_one_n(run: "_Run", matrix, n: int, dtype: str, rng: np.random.Generator,
+def _verify_one_n(run: "_Run", matrix, dtype: str, rng: np.random.Generator,
                   checks: list[NCheck], *, first: bool, dists, garbage_prefill: bool) -> None:
-    """One N's calls on an already prepared ``run`` (its ``n`` set to N)."""
-    k = matrix.shape[1]
+    """One N's calls on an already prepared ``run`` (N is ``run.n``)."""
+    k, n = matrix.shape[1], run.n
     base_dist, refill_dist = dists
     b64 = draw_b(rng, (k, n), dtype, base_dist, matrix)
     B = run.fresh_b(b64)

@@ -12,7 +12,7 @@ from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_pack
 APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
               "padded to 8*L per row, passes = ceil(N / NV); time = max(bytes / bandwidth, measured floor "
-              "0.24 ps + 0.35 ps per column per slot) (H200 fit)")
+              "0.5 ps + 0.1 ps per column per slot) (H200 fit)")
 SMEM_CAP = 100 * 1024
 # Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode --cases 11008x4096`
 # (2026-12-01, session 20: B's copy in 16-bit values, MIN_WARPS 24; fp16, CUDA-graph launch,
@@ -56,7 +56,7 @@ def grid(stats, n: int, target, template) -> list[dict]:
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     a_bytes, bits, lanes, slots = delta_packing(stats, VALUE_BYTES[dtype])
     nv = params.get("NV", "auto")
-    cap = nv_cap(stats.k, 4 if str(params.get("B_HALF", 1)) == "0" else 2)
+    cap = nv_cap(stats.k, 2 if int(params.get("B_HALF", 1)) else 4)
     nv = min(next_pow2(max(1, n)), cap) if nv in (None, "auto") else int(nv)
     passes = -(-max(1, n) // max(1, nv))
     notes = [f"{bits}-bit deltas, {lanes} lanes per row, B strip of {nv} column(s) in shared memory"]
