@@ -66,6 +66,7 @@ DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 (16-bi
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
+GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with no tile parameter to step
 
 
 def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
@@ -371,6 +372,7 @@ class ExpertPolicy:
         t = next((x for x in ranked if x["name"] == best.template), None)
         if t is None:
             return []
+        tried = {params_key(x.template, x.params) for x in inp.tried}
         legal: dict[str, list] = t.get("params") or {}
         estimates = {json.dumps(g["params"], sort_keys=True, default=str): g.get("estimate_ms")
                      for g in t.get("grid") or []}
@@ -394,6 +396,14 @@ class ExpertPolicy:
                         rationale=(f"refine best {best.template} ({_fmt_ms(best.median_ms)}): "
                                    f"{key} {best.params[key]} -> {values[j]}")))
         out.sort(key=lambda s: (s.expected_ms if s.expected_ms is not None else float("inf")))
+        if not out:
+            # no tile parameter to step (delta_spmv's launch shape is set by its packing): the
+            # template's own planned parameter sets, in its planning module's order
+            out = [CandidateSpec(template=best.template, params=dict(g["params"]), expected_ms=g.get("estimate_ms"),
+                                 rationale=f"refine best {best.template} ({_fmt_ms(best.median_ms)}): its planned "
+                                           f"parameter set {_changed(t.get('default_params') or {}, g['params'])}")
+                   for g in [g for g in t.get("grid") or [] if params_key(best.template, g["params"]) not in tried]
+                   [:GRID_REFINEMENTS]]
         return out
 
     # ---- code ---------------------------------------------------------------------------------
@@ -485,6 +495,12 @@ def _first_line(text: str | None, limit: int = 160) -> str:
         if line:
             return line[:limit]
     return "no message"
+
+
+def _changed(defaults: dict, params: dict) -> str:
+    """'LANES=16' for the parameters that differ from the defaults ('the defaults' when none do)."""
+    diff = [f"{k}={v}" for k, v in sorted(params.items()) if defaults.get(k) != v]
+    return ", ".join(diff) or "the defaults"
 
 
 def _fmt_ms(ms: Any) -> str:

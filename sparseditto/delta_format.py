@@ -172,14 +172,34 @@ def packing_score(slots: float, bits: int, value_bytes: int = 2) -> float:
     return slots * (value_bytes + bits / 8.0 + SLOT_COST_BYTES)
 
 
-def choose_lanes(per_row: np.ndarray, max_waste: float = LANE_WASTE) -> int:
-    """The most lanes per row whose padding stays within ``max_waste`` of the least padded choice.
-    Fewer lanes give each lane a longer stream (more groups in flight between a row's fixed costs):
-    on the H200 an 11008x4096 90% weight ran 12.5 us with 4 lanes per row (13 groups per lane) and
-    18.7 us with 32 (2 groups per lane, 23% padding), so padding is not worth trading for lanes."""
+def choose_lanes(per_row: np.ndarray, max_waste: float = LANE_WASTE, min_lanes: int = 1) -> int:
+    """The most lanes per row whose padding stays within ``max_waste`` of the least padded choice,
+    and at least ``min_lanes`` (`lanes_to_fill`). Fewer lanes give each lane a longer stream (more
+    groups in flight between a row's fixed costs): on the H200 an 11008x4096 90% weight ran 12.5 us
+    with 4 lanes per row (13 groups per lane) and 18.7 us with 32 (2 groups per lane, 23% padding),
+    so padding is not worth trading for lanes, unless the rows would leave SMs idle."""
     slots = {lanes: slots_for(per_row, lanes) for lanes in LANE_CHOICES}
     best = min(slots.values())
-    return next(lanes for lanes in LANE_CHOICES if slots[lanes] <= max_waste * best)
+    return max(min_lanes, next(lanes for lanes in LANE_CHOICES if slots[lanes] <= max_waste * best))
+
+
+FILL = 0.9                     # share of the SMs the rows must spread over (lanes_to_fill)
+
+
+def lanes_to_fill(m: int, warps: int, sms: int, fill: float = FILL) -> int:
+    """The fewest lanes per row (of LANE_CHOICES) whose CTAs of ``warps`` warps (32 / L rows per
+    warp, a row never split) cover ``fill`` of ``sms`` SMs with m rows; 32 when none does.
+
+    Why: a short matrix with few lanes per row runs out of rows before it runs out of SMs. On the
+    H200 (132 SMs) a 4096x4096 90% weight packs 4 lanes per row, 64 CTAs of 8 warps on 132 SMs:
+    9.3 us at N = 1; with 8 lanes (128 CTAs) 7.9 us, with 16 also 7.9 (session 21), the padding
+    notwithstanding."""
+    if m < 1 or warps < 1 or sms < 1:
+        raise ValueError(f"Expected rows, warps and SMs >= 1, got m={m}, warps={warps}, sms={sms}.")
+    for lanes in sorted(LANE_CHOICES):
+        if -(-m * lanes // (warps * 32)) >= fill * sms:
+            return lanes
+    return max(LANE_CHOICES)
 
 
 def positions(per_row: np.ndarray, lanes: int):
@@ -237,7 +257,8 @@ class DeltaSlices:
     fillers: int
 
     @classmethod
-    def from_matrix(cls, A, lanes="auto", bits="auto", skew="auto") -> "DeltaSlices":
+    def from_matrix(cls, A, lanes="auto", bits="auto", skew="auto", min_lanes: int = 1) -> "DeltaSlices":
+        """The slices of A; "auto" lanes take at least ``min_lanes`` (`lanes_to_fill`, from the GPU)."""
         indptr, indices, data, (m, k) = csr_arrays(A)
         if k >= 2 ** 31 or indices.size >= 2 ** 31:
             raise ValueError(f"delta slices index with int32: got shape {(m, k)} and {indices.size} nonzeros.")
@@ -245,7 +266,7 @@ class DeltaSlices:
             raise ValueError(f"Expected lanes per row in {LANE_CHOICES} or 'auto', got {lanes!r}.")
         if skew != "auto" and skew not in SKEW_CHOICES:
             raise ValueError(f"Expected a skew in {SKEW_CHOICES} or 'auto', got {skew!r}.")
-        bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits)
+        bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits, min_lanes)
         if skew == "auto":
             # the simulation samples the first CONFLICT_SAMPLE_WARPS warps: only their rows' entries
             sampled = min(per_row.size, CONFLICT_SAMPLE_WARPS * (BANKS // lanes))
@@ -259,14 +280,14 @@ class DeltaSlices:
         return cls._pack((m, k), data, int(lanes), int(bits), int(skew), col, src, per_row)
 
     @staticmethod
-    def _choose(indptr, indices, lanes, bits):
+    def _choose(indptr, indices, lanes, bits, min_lanes=1):
         """(bits, lanes, entries...) of the best `packing_score` (unskewed columns) for the "auto"
         choices: the widths compared by their entry counts, only the chosen one expanded."""
         options = []
         for b in (DELTA_BITS if bits == "auto" else (int(bits),)):
             gaps = _gaps(indptr, indices, b)
             per_row = _row_entries(indptr, gaps[1])     # entry counts only (expanding costs ~1 s)
-            ln = choose_lanes(per_row) if lanes == "auto" else int(lanes)
+            ln = choose_lanes(per_row, min_lanes=min_lanes) if lanes == "auto" else int(lanes)
             options.append((packing_score(slots_for(per_row, ln), b), b, ln, gaps))
         _, b, ln, gaps = min(options, key=lambda o: (o[0], o[1]))
         return (b, ln, *expanded_entries(indptr, indices, b, gaps))

@@ -111,16 +111,49 @@ def test_block_weight_at_decode_explores_the_delta_spmv_second_and_fp32_leaves_i
         assert ("delta_spmv" in tried) == expect, (dtype, tried)
 
 
-@pytest.mark.parametrize("m,k,style,second", [(4096, 4096, "0.9", {"WARPS": 4}), (512, 1024, "0.5", {"WARPS": 4}),
-                                              (11008, 1024, "0.5", {"MIN_WARPS": 0})])
-def test_delta_spmv_tries_smaller_ctas_second_when_its_grid_leaves_sms_idle(m, k, style, second):
-    """A matrix with too few rows for 132 CTAs of the default's 8 warps gets 4-warp CTAs next; a tall
-    one keeps the uncapped registers second."""
+@pytest.mark.parametrize("m,k,style,lanes,second", [(4096, 4096, "0.5", 32, {"LANES": 16}),
+                                                    (4096, 4096, "0.9", 8, {"MIN_WARPS": 0}),
+                                                    (512, 1024, "0.5", 32, {"MIN_WARPS": 0}),
+                                                    (11008, 4096, "0.5", 32, {"MIN_WARPS": 0})])
+def test_delta_spmv_plans_lanes_that_fill_and_balance_the_gpu(m, k, style, lanes, second):
+    """The planner costs the packing prepare makes on the H200 (4096 rows of a 90% weight: 8 lanes
+    per row, not the 4 of the least padding, so that 128 CTAs cover the SMs), and tries 16 lanes
+    per row second where 32 give the ~3168 resident warps 1-2 rows each (M = 4096), not where they
+    give 3-4 (M = 11008) or where M is too short to fill the GPU at all."""
+    from sparseditto.kernel_templates.cost import ReportStats
+    from sparseditto.kernel_templates.cuda.planning import delta_spmv as planning
     from sparseditto.kernel_templates.registry import get_template
 
     report = analyze(_weight(style, m=m, k=k)).model_dump()
+    assert planning.packing(ReportStats(report), 2, H200, {})[2] == lanes
     grid = get_template("delta_spmv").param_grid(report, 1, H200)
     full = get_template("delta_spmv").validate_params
     assert grid[0] == full({}) and grid[1] == full(second), grid[:2]
-    if "WARPS" in second:                      # then twice the lanes of the packing "auto" picks
-        assert grid[2]["LANES"] in (8, 16, 32) and grid[2]["WARPS"] == 8
+    # the estimate honours a fixed LANES: the bytes of its padding
+    assert planning.packing(ReportStats(report), 2, H200, {"LANES": 4})[2] == 4
+
+
+def test_measured_delta_spmv_is_refined_through_its_planned_parameter_sets():
+    """delta_spmv has no tile parameter to step, so once it is the measured best the policy's
+    refinements are its planning module's next sets (16 lanes per row on a 4096-row 50% weight),
+    before templates it has not measured yet lower down the ranking."""
+    from sparseditto.agents.policy import TriedCandidate
+
+    report = analyze(_weight("0.5", m=4096, k=4096)).model_dump()
+    table, roof = template_table(report, 1, "float16", H200, exec_backend="cuda")
+    dense = next(t for t in table if t["name"] == "dense")
+    delta = next(t for t in table if t["name"] == "delta_spmv")
+    first = TriedCandidate(template="delta_spmv", params=delta["grid"][0]["params"], status="verified",
+                           median_ms=0.0138, speedup_vs_dense=1.15)
+    other = TriedCandidate(template="tc_dense", params={}, status="verified", median_ms=0.0330, speedup_vs_dense=0.5)
+    inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[1], dtype="float16",
+                        memory_hits=[], tried=[first, other], best=first, dense_ms=dense["estimate_ms"],
+                        roofline_ms=roof, budget_left=1, templates=table)
+    plan = ExpertPolicy().plan(inp)
+    assert plan.action == "try", plan.rationale
+    spec = plan.candidates[0]
+    # the two lane counts cost within 1% (16 lanes store fewer row starts), so either may lead;
+    # whichever was measured first, the other comes next
+    assert spec.template == "delta_spmv" and spec.params == delta["grid"][1]["params"], (spec, plan.rationale)
+    assert {first.params["LANES"], spec.params["LANES"]} == {16, "auto"}
+    assert "its planned parameter set" in spec.rationale

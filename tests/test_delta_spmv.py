@@ -428,3 +428,24 @@ def test_row_split_plans_a_full_wave_for_a_few_long_rows(tmp_path_factory):
     assert packed["lanes"] == 32 and p0["streams"] == 64                      # one row per warp
     wave = 132 * cut.ctas_per_sm(p1["smem"], 64) * 8
     assert p1["streams"] == min(-(-packed["groups"] // 8) * 8, wave) > 10 * p0["streams"]
+
+
+def test_lanes_floor_fills_the_sms_and_packs_exactly(tmp_path_factory):
+    """`lanes_to_fill` is the fewest lanes whose CTAs cover 90% of the SMs; "auto" then packs at
+    least that many (a 4096-row 90% weight: 8 lanes on 132 SMs, where the least padding says 4),
+    and the slices stay an exact copy of A."""
+    from sparseditto.delta_format import lanes_to_fill
+
+    assert lanes_to_fill(4096, 8, 132) == 8          # 4 lanes: 64 CTAs; 8: 128 >= 0.9 * 132
+    assert lanes_to_fill(11008, 8, 132) == 4         # 172 CTAs already
+    assert lanes_to_fill(512, 8, 132) == 32          # too short to fill: the most lanes
+    assert lanes_to_fill(4096, 4, 132) == 4
+    with pytest.raises(ValueError, match="SMs"):
+        lanes_to_fill(4096, 8, 0)
+    mod = load_candidate("delta_spmv", {}, tmp_path_factory)
+    assert mod.min_lanes(4096, 132) == 8 and mod.min_lanes(4096, 0) == 1
+    A = _matrix(600, 2048, 0.1, seed=3)
+    assert DeltaSlices.from_matrix(A).lanes == 4
+    floored = DeltaSlices.from_matrix(A, min_lanes=16)
+    assert floored.lanes == 16
+    assert abs(floored.to_csr() - A.to_scipy()).max() < 1e-12

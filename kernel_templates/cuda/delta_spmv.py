@@ -65,7 +65,7 @@ CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh delta_spmv.cu@"""
 import numpy as np
 import torch
 
-from sparseditto.delta_format import DeltaSlices, physical_extent
+from sparseditto.delta_format import DeltaSlices, lanes_to_fill, physical_extent
 from sparseditto.kernel_templates import runtime as rt
 
 _DTYPE_TAGS = {torch.float16: "F16", torch.bfloat16: "BF16"}
@@ -136,9 +136,11 @@ def prepare(A, dtype, device) -> dict:
         raise ValueError(f"delta_spmv supports float16 and bfloat16 values (16-byte pieces of 8), got {dtype}.")
     check_shape(tuple(A.shape))
     device = torch.device(device)
-    fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=PARAMS["SKEW"])
+    floor = min_lanes(A.shape[0], rt.sm_count(device) if device.type == "cuda" else 0)
+    fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=PARAMS["SKEW"],
+                                  min_lanes=floor)
     if nv_cap(physical_extent(A.shape[1], fmt.skew)) == 0:     # the skew's holes would not fit
-        fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=0)
+        fmt = DeltaSlices.from_matrix(A, lanes=PARAMS["LANES"], bits=PARAMS["DELTA_BITS"], skew=0, min_lanes=floor)
     kp = physical_extent(A.shape[1], fmt.skew)
     deltas = fmt.deltas.view(np.int64) if fmt.bits == 8 else fmt.deltas.view(np.int32)
     tensors = {"values": torch.from_numpy(fmt.values).to(device=device, dtype=dtype),
@@ -163,6 +165,15 @@ def prepare(A, dtype, device) -> dict:
                 packed["scratch_row_split"][plan["streams"]] = row_split_work(plan["streams"], 1, device)
             packed["splits"][plan["streams"]] = meta
     return packed
+
+
+def min_lanes(m: int, sms: int) -> int:
+    """The fewest lanes per row "auto" may pick so that M rows in CTAs of WARPS warps spread over
+    the GPU's ``sms`` SMs (`delta_format.lanes_to_fill`); 1 (no floor) without a GPU or with
+    ROW_SPLIT, whose streams cut rows and fill the SMs anyway."""
+    if sms < 1 or int(PARAMS["ROW_SPLIT"]) or m < 1:
+        return 1
+    return lanes_to_fill(m, int(PARAMS["WARPS"]), sms)
 
 
 def row_split_work(streams: int, column_blocks: int, device) -> tuple:

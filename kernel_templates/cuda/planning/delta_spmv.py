@@ -7,6 +7,7 @@ block, so it only pays at small N.
 """
 from __future__ import annotations
 
+from sparseditto.delta_format import lanes_to_fill
 from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_packing, next_pow2, sm_count
 
 APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
@@ -37,24 +38,38 @@ def applicable(stats, template) -> tuple[bool, str]:
     return True, f"{stats.nnz} nonzeros: 4/8-bit column deltas, 2.5-3 bytes per fp16 nonzero"
 
 
+RESIDENT_WARPS = 24             # warps per SM under the default MIN_WARPS cap (80 registers: 3 CTAs of 8)
+
+
+def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, float]:
+    """delta_packing under these launch parameters, with prepare's floor on "auto" lanes
+    (`lanes_to_fill`: the rows must spread over the target's SMs; none with ROW_SPLIT)."""
+    floor = 1
+    if not int(params.get("ROW_SPLIT", 0)) and stats.m >= 1:
+        floor = lanes_to_fill(stats.m, int(params.get("WARPS", 8)), sm_count(target))
+    return delta_packing(stats, vb, params.get("LANES", "auto"), floor)
+
+
 def grid(stats, n: int, target, template) -> list[dict]:
-    """The default first (MIN_WARPS 24 was the fastest on every 11008x4096 case); then no register
-    cap (16 warps per SM), smaller CTAs, and the plain B copy. When the default's grid leaves SMs
-    idle (a CTA of 8 warps takes 8 * 32 / L rows, one stream each, and a short matrix runs out of
-    rows: 4096x4096 at 90% packs 4 lanes per row, 64 CTAs on the H200's 132 SMs, 14% of its
-    roofline), the 4-warp CTAs come second (twice the CTAs for the same rows) and twice the lanes
-    per row third (not yet measured)."""
+    """The default first (MIN_WARPS 24 was the fastest on every 11008x4096 case; "auto" lanes are
+    raised until the rows fill the SMs, `lanes_to_fill`), then half the lanes per row when a row per
+    warp leaves the streams unbalanced, then no register cap, smaller CTAs and the plain B copy.
+
+    The second point: with 32 lanes a warp streams whole rows, and M rows over the ~24 resident
+    warps per SM give 1-2 rows per warp when M is under twice the resident warps: the warps with two
+    rows run alone at the end. On the H200 (4096 rows, 3168 resident warps) 16 lanes per row measured
+    10.1 vs 11.8 us on 4096x4096 70% and 22.7 vs 25.4 on 4096x11008 50% at N = 1, but 15.1 vs 13.8
+    on 4096x4096 50% (session 21): a measurement decides, so it comes second."""
     variants = [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}]
-    lanes = delta_packing(stats, VALUE_BYTES["float16"])[2]
-    if -(-stats.m // (8 * 32 // lanes)) < sm_count(target):
-        variants.insert(1, variants.pop(2))
-        if lanes < 32:       # or twice the lanes per row: more padding, twice the CTAs too
-            variants.insert(2, {"LANES": 2 * lanes})
+    lanes = packing(stats, VALUE_BYTES["float16"], target, {})[2]
+    rows_per_warp = stats.m / max(1, sm_count(target) * RESIDENT_WARPS)
+    if lanes == 32 and 1.0 < rows_per_warp < 2.0:
+        variants.insert(1, {"LANES": 16})
     return variants
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    a_bytes, bits, lanes, slots = delta_packing(stats, VALUE_BYTES[dtype])
+    a_bytes, bits, lanes, slots = packing(stats, VALUE_BYTES[dtype], target, params)
     nv = params.get("NV", "auto")
     cap = nv_cap(stats.k, 2 if int(params.get("B_HALF", 1)) else 4)
     nv = min(next_pow2(max(1, n)), cap) if nv in (None, "auto") else int(nv)
