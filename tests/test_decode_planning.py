@@ -57,6 +57,28 @@ def test_2_of_4_plans_the_sparse_tensor_cores_first():
     assert "nm" in plan.candidates[0].rationale
 
 
+def test_4_of_8_at_decode_tries_the_delta_spmv_early():
+    """4:8 cannot go to mma.sp (a group of 8 may keep 3 + 1 in its halves); at N = 1 the decode SpMV
+    is among the first two candidates (the H200 bench answered it with cuBLAS when it was not)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1024, 1024)).astype(np.float32)
+    g = np.abs(w).reshape(1024, -1, 8)
+    keep = np.zeros_like(g, dtype=bool)
+    np.put_along_axis(keep, np.argsort(-g, axis=2)[:, :, :4], True, axis=2)
+    A = SparseMatrix.from_scipy(sp.csr_array(w * keep.reshape(1024, 1024)), dtype="float16")
+    report = analyze(A).model_dump()
+    assert report["pattern"].startswith("nm")
+    table, roof = template_table(report, 1, "float16", H200, exec_backend="cuda")
+    dense = next(t for t in table if t["name"] == "dense")
+    inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[1], dtype="float16",
+                        memory_hits=[], tried=[], best=None, dense_ms=dense["estimate_ms"], roofline_ms=roof,
+                        budget_left=8, templates=table)
+    plan = ExpertPolicy().plan(inp)
+    assert "delta_spmv" in [c.template for c in plan.candidates[:2]], [c.template for c in plan.candidates]
+    _, two_four = _first_plan("2:4", 1)       # exact 2:4 keeps the sparse MMA first
+    assert two_four.candidates[0].template == "tc_sp24"
+
+
 def test_dense_weight_at_small_n_tries_the_dense_stream_not_a_stop():
     _, plan = _first_plan("dense", 16)
     assert plan.action == "try" and [c.template for c in plan.candidates] == ["tc_dense"]
@@ -113,13 +135,13 @@ def test_block_weight_at_decode_explores_the_delta_spmv_second_and_fp32_leaves_i
 
 @pytest.mark.parametrize("m,k,style,lanes,second", [(4096, 4096, "0.5", 32, {"LANES": 16}),
                                                     (4096, 4096, "0.9", 8, {"MIN_WARPS": 0}),
-                                                    (512, 1024, "0.5", 32, {"MIN_WARPS": 0}),
-                                                    (11008, 4096, "0.5", 32, {"MIN_WARPS": 0})])
+                                                    (512, 1024, "0.5", 32, {"LANES": 16}),
+                                                    (11008, 4096, "0.5", 32, {"LANES": 16})])
 def test_delta_spmv_plans_lanes_that_fill_and_balance_the_gpu(m, k, style, lanes, second):
     """The planner costs the packing prepare makes on the H200 (4096 rows of a 90% weight: 8 lanes
     per row, not the 4 of the least padding, so that 128 CTAs cover the SMs), and tries 16 lanes
-    per row second where 32 give the ~3168 resident warps 1-2 rows each (M = 4096), not where they
-    give 3-4 (M = 11008) or where M is too short to fill the GPU at all."""
+    per row second where the packing puts 32 on a row (whole rows per warp leave a tail of warps
+    with one row more), not where it already uses fewer."""
     from sparseditto.kernel_templates.cost import ReportStats
     from sparseditto.kernel_templates.cuda.planning import delta_spmv as planning
     from sparseditto.kernel_templates.registry import get_template

@@ -180,6 +180,11 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences({"pattern": "block", "sparsity": 0.75}, 1)[:2] == ("bsr_tc", "delta_spmv")
     assert "delta_spmv" not in pattern_preferences({"pattern": "block", "sparsity": 0.75}, 8)
     assert "delta_spmv" not in pattern_preferences({"pattern": "nm_2_4", "sparsity": 0.5}, 1)
+    # n:m that mma.sp cannot take exactly (4:8) gets it second at N <= 4
+    four_of_eight = {"pattern": "nm", "sparsity": 0.5, "nm_conformance": {"2:4": {"row": 0.76}, "4:8": {"row": 1.0}}}
+    assert pattern_preferences(four_of_eight, 1)[:2] == ("tc_sp24", "delta_spmv")
+    assert "delta_spmv" not in pattern_preferences(four_of_eight, 8)
+    assert "delta_spmv" not in pattern_preferences({**four_of_eight, "nm_conformance": {"2:4": {"row": 1.0}}}, 1)
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[0] == "csr_balanced"
 
 

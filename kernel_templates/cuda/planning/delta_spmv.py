@@ -38,9 +38,6 @@ def applicable(stats, template) -> tuple[bool, str]:
     return True, f"{stats.nnz} nonzeros: 4/8-bit column deltas, 2.5-3 bytes per fp16 nonzero"
 
 
-RESIDENT_WARPS = 24             # warps per SM under the default MIN_WARPS cap (80 registers: 3 CTAs of 8)
-
-
 def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, float]:
     """delta_packing under these launch parameters, with prepare's floor on "auto" lanes
     (`lanes_to_fill`: the rows must spread over the target's SMs; none with ROW_SPLIT)."""
@@ -52,18 +49,16 @@ def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, floa
 
 def grid(stats, n: int, target, template) -> list[dict]:
     """The default first (MIN_WARPS 24 was the fastest on every 11008x4096 case; "auto" lanes are
-    raised until the rows fill the SMs, `lanes_to_fill`), then half the lanes per row when a row per
-    warp leaves the streams unbalanced, then no register cap, smaller CTAs and the plain B copy.
+    raised until the rows fill the SMs, `lanes_to_fill`), then, where the packing puts 32 lanes on
+    a row, 16; then no register cap, smaller CTAs and the plain B copy.
 
-    The second point: with 32 lanes a warp streams whole rows, and M rows over the ~24 resident
-    warps per SM give 1-2 rows per warp when M is under twice the resident warps: the warps with two
-    rows run alone at the end. On the H200 (4096 rows, 3168 resident warps) 16 lanes per row measured
-    10.1 vs 11.8 us on 4096x4096 70% and 22.7 vs 25.4 on 4096x11008 50% at N = 1, but 15.1 vs 13.8
-    on 4096x4096 50% (session 21): a measurement decides, so it comes second."""
+    Why 16 lanes second: with 32 a warp streams whole rows, and M rows over the ~24 resident warps
+    per SM leave the warps with one row more than others running alone at the end (M = 4096: 1-2
+    rows per warp). On the H200 (session 21, N = 1) 16 lanes measured 10.1 vs 11.8 us on 4096x4096
+    70%, 22.7 vs 25.4 on 4096x11008 50% and 15.6 vs 17.4 on 11008x4096 70% (two runs), but 15.1 vs
+    13.8 on 4096x4096 50%: a measurement decides, so it comes second."""
     variants = [{}, {"MIN_WARPS": 0}, {"WARPS": 4}, {"SKEW": 0}]
-    lanes = packing(stats, VALUE_BYTES["float16"], target, {})[2]
-    rows_per_warp = stats.m / max(1, sm_count(target) * RESIDENT_WARPS)
-    if lanes == 32 and 1.0 < rows_per_warp < 2.0:
+    if packing(stats, VALUE_BYTES["float16"], target, {})[2] == 32:
         variants.insert(1, {"LANES": 16})
     return variants
 
