@@ -126,6 +126,13 @@ def test_quick_llm_suite_on_the_cpu_budget_then_resume(tmp_path):
 
     again = sparseditto(["bench", "--report-only", "--out", str(out)], env)
     assert "llm: 4 cases" in again.stdout
+    # the rewrite keeps the command of the run that made the rows, and its incomplete note
+    assert json.loads((out / "summary.json").read_text())["command"] == summary["command"]
+    assert "--report-only" not in (out / "summary.md").read_text()
+    summary["stopped"], summary["remaining"] = "budget of 1 s", 3
+    (out / "summary.json").write_text(json.dumps(summary))
+    sparseditto(["bench", "--report-only", "--out", str(out)], env)
+    assert "**Incomplete:** budget of 1 s; 3 case(s) left" in (out / "summary.md").read_text()
 
 
 @pytest.mark.gpu

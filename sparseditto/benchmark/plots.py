@@ -34,6 +34,24 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+SPEEDUP_TICKS = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+
+
+def _speedup_axis(ax, values) -> None:
+    """A log speedup axis read as plain factors (0.5x, 1x, 1.5x, 2x ...), not 2x10^0: the ticks of
+    SPEEDUP_TICKS inside the data's range, padded to include 1x."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    vals = [v for v in values if v and v > 0] + [1.0]
+    lo, hi = min(vals) / 1.15, max(vals) * 1.15
+    ax.set_yscale("log")
+    ax.set_ylim(lo, hi)
+    ticks = [t for t in SPEEDUP_TICKS if lo <= t <= hi]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}x"))
+
+
 def _note(rows: list[BenchRow]) -> str:
     return "" if rows and all(r.timings_are_gpu for r in rows) else CPU_NOTE
 
@@ -61,7 +79,7 @@ def speedup_vs_sparsity(rows: list[BenchRow], suite: str) -> bytes | None:
     for n in ns:
         ax.plot([], [], marker=MARKERS[ns.index(n) % len(MARKERS)], color="gray", linestyle="none", label=f"N={n}")
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.set_yscale("log")
+    _speedup_axis(ax, [r.speedup_vs_dense.value for r in pts])
     ax.set_xlabel("sparsity (%)")
     ax.set_ylabel("speedup over dense cuBLAS (x, log)")
     ax.set_title(f"{suite}: chosen kernel vs dense, per pattern{_note(pts)}", fontsize=10)
@@ -110,7 +128,7 @@ def suite_bars(summaries: list[SuiteSummary], rows: list[BenchRow]) -> bytes | N
                 ax.annotate(f"{y:.2f}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(sums)), [s.suite for s in sums])
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.set_yscale("log")
+    _speedup_axis(ax, [getattr(s, f) for s in sums for _, f in series])
     ax.set_xlabel("suite")
     ax.set_ylabel("geomean speedup (x, log)")
     ax.set_title(f"Geomean speedup of the chosen kernels per suite{_note(rows)}", fontsize=10)

@@ -91,13 +91,24 @@ def write_reports(out: Path, *, command: str, stopped: str | None = None, remain
 
 
 def report(out: str | os.PathLike, command: str | None = None) -> BenchReport:
-    """Rewrite summary.md and report.html of an existing bench output folder."""
+    """Rewrite summary.md and report.html of an existing bench output folder (after a change to
+    the report code, or on a folder copied off the GPU machine). The pages keep the command and
+    the "incomplete" note of the run that made the rows (from its summary.json): they describe
+    those rows, not the rewrite; ``command`` is only used for a folder without one."""
     out = Path(out)
     if not (out / RESULTS).exists():
         raise ValueError(f"No {RESULTS} in {out}: nothing to report.")
-    rows, summaries = write_reports(out, command=command or f"sparseditto bench --report-only --out {out}")
-    return BenchReport(out_dir=str(out), rows=len(rows), new_rows=0, skipped=0, remaining=0, summaries=summaries,
-                       files=_files(out))
+    previous = {}
+    if (out / SUMMARY_JSON).exists():
+        try:
+            previous = json.loads((out / SUMMARY_JSON).read_text())
+        except (OSError, ValueError):
+            previous = {}
+    rows, summaries = write_reports(out, command=previous.get("command") or command or
+                                    f"sparseditto bench --report-only --out {out}",
+                                    stopped=previous.get("stopped"), remaining=int(previous.get("remaining") or 0))
+    return BenchReport(out_dir=str(out), rows=len(rows), new_rows=0, skipped=0, remaining=int(previous.get("remaining") or 0),
+                       summaries=summaries, files=_files(out))
 
 
 def _files(out: Path) -> dict[str, str]:
