@@ -449,3 +449,38 @@ def test_lanes_floor_fills_the_sms_and_packs_exactly(tmp_path_factory):
     floored = DeltaSlices.from_matrix(A, min_lanes=16)
     assert floored.lanes == 16
     assert abs(floored.to_csr() - A.to_scipy()).max() < 1e-12
+
+
+def test_a_known_pattern_reuses_its_layout_and_takes_the_new_values():
+    """The second packing of a pattern (new values, as each verification draws) scatters the values
+    into the cached layout: every array equals a packing from scratch, none is shared with the
+    cache or an earlier result, and a different pattern or packing choice misses."""
+    from sparseditto import delta_format
+
+    delta_format.clear_layout_cache()
+    A = _matrix(300, 1000, 0.3, seed=5, empty_rows=(4,), wide_gaps=True)
+    first = DeltaSlices.from_matrix(A)
+    rng = np.random.default_rng(1)
+    B = SparseMatrix.from_scipy(sp.csr_array((rng.standard_normal(A.nnz), A.indices, A.indptr), shape=A.shape))
+    again = DeltaSlices.from_matrix(B)
+    delta_format.clear_layout_cache()
+    fresh = DeltaSlices.from_matrix(B)
+    for name in ("values", "deltas", "starts", "group_base"):
+        assert np.array_equal(getattr(again, name), getattr(fresh, name)), name
+    assert (again.lanes, again.bits, again.skew, again.nnz, again.fillers) == \
+        (fresh.lanes, fresh.bits, fresh.skew, fresh.nnz, fresh.fillers)
+    assert not np.array_equal(again.values, first.values)
+    assert abs(again.to_csr() - B.to_scipy()).max() < 1e-12
+    again.deltas[:] = 0                                      # a caller writing its arrays
+    assert np.array_equal(DeltaSlices.from_matrix(B).deltas, fresh.deltas)
+    assert not np.shares_memory(DeltaSlices.from_matrix(B).starts, DeltaSlices.from_matrix(B).starts)
+    # another packing choice, another pattern of the same shape and nnz: their own layouts
+    assert DeltaSlices.from_matrix(B, lanes=4).lanes == 4
+    moved = B.to_scipy().toarray()
+    row = 10
+    on, off = np.flatnonzero(moved[row]), np.flatnonzero(moved[row] == 0)
+    moved[row, off[0]], moved[row, on[0]] = moved[row, on[0]], 0.0     # one nonzero moved: same nnz
+    C = SparseMatrix.from_scipy(sp.csr_array(moved))
+    assert C.nnz == B.nnz
+    assert abs(DeltaSlices.from_matrix(C).to_csr() - C.to_scipy()).max() < 1e-12   # a stale layout would not be
+    assert len(delta_format._LAYOUTS) <= delta_format.LAYOUT_CACHE_ENTRIES
