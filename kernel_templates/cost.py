@@ -49,6 +49,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE
+from sparseditto.delta_format import lanes_to_fill as delta_lanes_to_fill  # noqa: F401 - delta_spmv's planning
 from sparseditto.delta_format import packing_score as delta_packing_score
 
 VALUE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}

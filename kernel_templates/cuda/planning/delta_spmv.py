@@ -7,8 +7,8 @@ block, so it only pays at small N.
 """
 from __future__ import annotations
 
-from sparseditto.delta_format import lanes_to_fill
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, delta_packing, next_pow2, sm_count
+from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, delta_lanes_to_fill, delta_packing, next_pow2,
+                                               sm_count)
 
 APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
@@ -43,7 +43,7 @@ def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, floa
     (`lanes_to_fill`: the rows must spread over the target's SMs; none with ROW_SPLIT)."""
     floor = 1
     if not int(params.get("ROW_SPLIT", 0)) and stats.m >= 1:
-        floor = lanes_to_fill(stats.m, int(params.get("WARPS", 8)), sm_count(target))
+        floor = delta_lanes_to_fill(stats.m, int(params.get("WARPS", 8)), sm_count(target))
     return delta_packing(stats, vb, params.get("LANES", "auto"), floor)
 
 
