@@ -24,6 +24,9 @@ META = {
     "description": "CUDA C++ decode SpMV/SpMM (N <= 8): 4/8-bit column deltas in per-lane row slices, B in shared memory",
     "params": {
         "NV": ["auto", 1, 2, 4, 8],
+        # "auto": the most lanes per row within 6% of the least padding, raised until the rows
+        # spread over 90% of the SMs (delta_format.lanes_to_fill); H200 (session 21): 16 beat the
+        # 32 "auto" picks on 4 of 5 weights of 4096 rows at N = 1, so the planner tries it second
         "LANES": ["auto", 4, 8, 16, 32],
         "DELTA_BITS": ["auto", 4, 8],
         "SKEW": ["auto", 0, 4, 5, 6, 7, 8],
