@@ -78,7 +78,7 @@ PINS = [
      (9227634.0, 134217728.0, 4.645961395348838e-06, 'memory', 'tensor'), (0, 4.645961395348838e-06)),
     ('bitmap_tiles', 'unstructured', 16, 'bfloat16', 'H100',
      True, 'density 0.100: a bitmap costs 1/8 byte per element, values dominate', {},
-     # session 21: the measured decode floor (2.2 ps per element at N <= 16, H200-scaled by bandwidth)
+     # session 21: the measured decode floor (2.2 ps per element, H200-scaled by bandwidth)
      (1531088.0, 134217728.0, 1.3875954072835819e-05, 'decode', 'tensor'),
      (1531088.0, 134217728.0, 1.3875954072835819e-05, 'decode', 'tensor'), (0, 1.3875954072835819e-05)),
     ('dense', 'unstructured', 16, 'float32', 'H200',
