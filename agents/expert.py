@@ -383,7 +383,6 @@ class ExpertPolicy:
         t = next((x for x in ranked if x["name"] == best.template), None)
         if t is None:
             return []
-        tried = {params_key(x.template, x.params) for x in inp.tried}
         legal: dict[str, list] = t.get("params") or {}
         estimates = {json.dumps(g["params"], sort_keys=True, default=str): g.get("estimate_ms")
                      for g in t.get("grid") or []}
@@ -410,11 +409,12 @@ class ExpertPolicy:
         if not out:
             # no tile parameter to step (delta_spmv's launch shape is set by its packing): the
             # template's own planned parameter sets, in its planning module's order
+            tried = {params_key(x.template, x.params) for x in inp.tried}
+            untried = [g for g in t.get("grid") or [] if params_key(best.template, g["params"]) not in tried]
             out = [CandidateSpec(template=best.template, params=dict(g["params"]), expected_ms=g.get("estimate_ms"),
                                  rationale=f"refine best {best.template} ({_fmt_ms(best.median_ms)}): its planned "
                                            f"parameter set {_changed(t.get('default_params') or {}, g['params'])}")
-                   for g in [g for g in t.get("grid") or [] if params_key(best.template, g["params"]) not in tried]
-                   [:GRID_REFINEMENTS]]
+                   for g in untried[:GRID_REFINEMENTS]]
         return out
 
     # ---- code ---------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE
-from sparseditto.delta_format import lanes_to_fill as delta_lanes_to_fill  # noqa: F401 - delta_spmv's planning
+from sparseditto.delta_format import lanes_floor as delta_lanes_floor  # noqa: F401 - delta_spmv's planning
 from sparseditto.delta_format import packing_score as delta_packing_score
 
 VALUE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -330,6 +330,17 @@ def sm_count(target: Any) -> int:
         return int(get_target(target).sm_count)
     except (ImportError, ValueError):
         return 132
+
+
+H200_BANDWIDTH_GBS = 4130.0      # the read bandwidth the H200-measured decode floors were fit at
+
+
+def h200_scaled(seconds: float, target: Any) -> float:
+    """A decode floor measured on the H200, scaled to ``target`` by its bandwidth (an assumption:
+    the decode kernels' instruction rate tracks the GPU generation's bandwidth); unscaled for None."""
+    if target is None:
+        return seconds
+    return seconds * H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
 
 
 # ---- the estimate -----------------------------------------------------------------------------

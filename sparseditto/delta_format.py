@@ -209,6 +209,15 @@ def lanes_to_fill(m: int, warps: int, sms: int, fill: float = FILL) -> int:
     return max(LANE_CHOICES)
 
 
+def lanes_floor(m: int, warps: int, sms: int, row_split: int = 0) -> int:
+    """The least "auto" may pick for delta_spmv's packing: `lanes_to_fill` on a GPU of ``sms`` SMs;
+    1 (no floor) without one (sms = 0) or when the kernel cuts rows (ROW_SPLIT), whose streams
+    fill the SMs anyway. prepare and the planner's cost model both ask this."""
+    if sms < 1 or row_split or m < 1:
+        return 1
+    return lanes_to_fill(m, warps, sms)
+
+
 def positions(per_row: np.ndarray, lanes: int):
     """(row, lane, slot within the lane's run) of every entry, rows' entries in order."""
     m = per_row.size
@@ -356,10 +365,11 @@ class DeltaSlices:
         where = piece * GROUP + slot % GROUP
         values = np.zeros(pieces * GROUP, dtype=np.float64)
         real = src >= 0
-        # the nonzeros appear in the entries in their CSR order (fillers and padding between them),
-        # so where[real] is each value's slot, data's order: what a cached layout scatters into
+        # the nonzeros appear in the entries in their CSR order (src[real] is 0, 1, ..., nnz - 1,
+        # fillers and padding between them), so where[real] is each value's slot in data's order:
+        # what a cached layout scatters a new matrix's values into
         slots = where[real].astype(np.int32)
-        values[slots] = data[src[real]]
+        values[slots] = data
         starts = np.zeros(m * lanes, dtype=np.int64)
         lead = slot == 0
         starts[rows[lead] * lanes + lane[lead]] = col[lead]

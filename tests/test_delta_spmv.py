@@ -444,6 +444,8 @@ def test_lanes_floor_fills_the_sms_and_packs_exactly(tmp_path_factory):
         lanes_to_fill(4096, 8, 0)
     mod = load_candidate("delta_spmv", {}, tmp_path_factory)
     assert mod.min_lanes(4096, 132) == 8 and mod.min_lanes(4096, 0) == 1
+    from sparseditto.delta_format import lanes_floor
+    assert lanes_floor(4096, 8, 132) == 8 and lanes_floor(4096, 8, 132, row_split=1) == 1
     A = _matrix(600, 2048, 0.1, seed=3)
     assert DeltaSlices.from_matrix(A).lanes == 4
     floored = DeltaSlices.from_matrix(A, min_lanes=16)

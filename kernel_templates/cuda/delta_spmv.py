@@ -68,7 +68,7 @@ CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh delta_spmv.cu@"""
 import numpy as np
 import torch
 
-from sparseditto.delta_format import DeltaSlices, lanes_to_fill, physical_extent
+from sparseditto.delta_format import DeltaSlices, lanes_floor, physical_extent
 from sparseditto.kernel_templates import runtime as rt
 
 _DTYPE_TAGS = {torch.float16: "F16", torch.bfloat16: "BF16"}
@@ -171,12 +171,9 @@ def prepare(A, dtype, device) -> dict:
 
 
 def min_lanes(m: int, sms: int) -> int:
-    """The fewest lanes per row "auto" may pick so that M rows in CTAs of WARPS warps spread over
-    the GPU's ``sms`` SMs (`delta_format.lanes_to_fill`); 1 (no floor) without a GPU or with
-    ROW_SPLIT, whose streams cut rows and fill the SMs anyway."""
-    if sms < 1 or int(PARAMS["ROW_SPLIT"]) or m < 1:
-        return 1
-    return lanes_to_fill(m, int(PARAMS["WARPS"]), sms)
+    """The fewest lanes per row "auto" may pick under PARAMS (`delta_format.lanes_floor`): M rows in
+    CTAs of WARPS warps spread over the GPU's ``sms`` SMs; 1 without a GPU or with ROW_SPLIT."""
+    return lanes_floor(m, int(PARAMS["WARPS"]), sms, int(PARAMS["ROW_SPLIT"]))
 
 
 def row_split_work(streams: int, column_blocks: int, device) -> tuple:

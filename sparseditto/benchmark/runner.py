@@ -104,10 +104,11 @@ def report(out: str | os.PathLike, command: str | None = None) -> BenchReport:
             previous = json.loads((out / SUMMARY_JSON).read_text())
         except (OSError, ValueError):
             previous = {}
+    remaining = int(previous.get("remaining") or 0)
     rows, summaries = write_reports(out, command=previous.get("command") or command or
                                     f"sparseditto bench --report-only --out {out}",
-                                    stopped=previous.get("stopped"), remaining=int(previous.get("remaining") or 0))
-    return BenchReport(out_dir=str(out), rows=len(rows), new_rows=0, skipped=0, remaining=int(previous.get("remaining") or 0),
+                                    stopped=previous.get("stopped"), remaining=remaining)
+    return BenchReport(out_dir=str(out), rows=len(rows), new_rows=0, skipped=0, remaining=remaining,
                        summaries=summaries, files=_files(out))
 
 

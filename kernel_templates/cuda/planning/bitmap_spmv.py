@@ -5,7 +5,7 @@ the measured fit below keeps the planner from trying it where it loses to cuBLAS
 measured, so far)."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bitmap_applicable, next_pow2
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled, next_pow2
 
 APPLICABILITY = "density >= 0.02 (a mask bit per element must cost less than the values it indexes); fp32/fp16/bf16"
 COST_MODEL = ("bytes = ((nnz+1)*vb + M*ceil(K/32)*4 + M*ceil(K/1024)*4) * ceil(N/NV) + B + C; time = max(bytes / "
@@ -20,7 +20,6 @@ MAX_NV = 8
 # cuBLAS's 18.5 us. Other GPUs get it scaled by their bandwidth (an assumption).
 ELEMENT_S = 1.05e-12
 COLUMN_S = 0.184e-12
-H200_BANDWIDTH_GBS = 4130.0
 
 
 def packed_bytes(m: int, k: int, nnz: int, vb: int) -> int:
@@ -47,6 +46,5 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     if passes > 1:
         notes.append(f"N = {n} runs as {passes} passes over A of NV = {nv} columns")
     slot_s = stats.m * stats.k * (ELEMENT_S + COLUMN_S * (min(nv, max(1, n)) - 1)) * passes
-    decode = slot_s * H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs())) if target is not None else slot_s
     return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes,
-                     decode_s=decode)
+                     decode_s=h200_scaled(slot_s, target))

@@ -7,8 +7,8 @@ block, so it only pays at small N.
 """
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, delta_lanes_to_fill, delta_packing, next_pow2,
-                                               sm_count)
+from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, delta_lanes_floor, delta_packing, h200_scaled,
+                                               next_pow2, sm_count)
 
 APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
@@ -23,7 +23,6 @@ SMEM_CAP = 100 * 1024
 # their bandwidth (an assumption).
 SLOT_S = 0.5e-12
 SLOT_COLUMN_S = 0.1e-12
-H200_BANDWIDTH_GBS = 4130.0
 
 
 def nv_cap(k: int, element_bytes: int = 2) -> int:
@@ -40,10 +39,8 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, float]:
     """delta_packing under these launch parameters, with prepare's floor on "auto" lanes
-    (`lanes_to_fill`: the rows must spread over the target's SMs; none with ROW_SPLIT)."""
-    floor = 1
-    if not int(params.get("ROW_SPLIT", 0)) and stats.m >= 1:
-        floor = delta_lanes_to_fill(stats.m, int(params.get("WARPS", 8)), sm_count(target))
+    (`delta_format.lanes_floor`: the rows must spread over the target's SMs)."""
+    floor = delta_lanes_floor(stats.m, int(params.get("WARPS", 8)), sm_count(target), int(params.get("ROW_SPLIT", 0)))
     return delta_packing(stats, vb, params.get("LANES", "auto"), floor)
 
 
@@ -72,8 +69,6 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     notes = [f"{bits}-bit deltas, {lanes} lanes per row, B strip of {nv} column(s) in shared memory"]
     if passes > 1:
         notes.append(f"N = {n} runs as {passes} passes over A of NV = {nv} columns")
-    floor = slots * (SLOT_S + SLOT_COLUMN_S * min(nv, max(1, n))) * passes
-    if target is not None:
-        floor *= H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
+    floor = h200_scaled(slots * (SLOT_S + SLOT_COLUMN_S * min(nv, max(1, n))) * passes, target)
     return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes,
                      decode_s=floor)

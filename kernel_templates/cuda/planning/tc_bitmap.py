@@ -2,7 +2,8 @@
 beat per-value indices; its time is set by the register decode, not by its bytes (H200 fit)."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, round_up, tc_bytes
+from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled,
+                                               round_up, tc_bytes)
 
 # Measured calibration: a fit to the H200 sweep of benchmarks/llm_layers.py (--preset core, fp16,
 # N <= 16, CUDA-graph launch, cold L2, 2026-12-01) on 4096x4096 and 11008x4096; other GPUs get it
@@ -14,7 +15,6 @@ from sparseditto.kernel_templates.cost import BITMAP_MIN_DENSITY, VALUE_BYTES, C
 ELEMENT_S = 0.37e-12
 VALUE_S = 0.6e-12
 TILE_S = 0.35e-12
-H200_BANDWIDTH_GBS = 4130.0
 
 
 def decode_s(m: int, k: int, nnz: int, n: int, target) -> float:
@@ -22,7 +22,7 @@ def decode_s(m: int, k: int, nnz: int, n: int, target) -> float:
     n8 = min(8, -(-n // 8))
     blocks = -(-n // 64)
     per_block = m * k * (ELEMENT_S + TILE_S * (n8 - 1)) + nnz * VALUE_S
-    return blocks * per_block * H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
+    return h200_scaled(blocks * per_block, target)
 
 APPLICABILITY = (f"density >= {BITMAP_MIN_DENSITY} (one bit per element must cost less than the values it "
                  "indexes); fp16/bf16")

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, TENSOR_TILE_N, VALUE_BYTES, CostTerms,
-                                               bitmap_applicable, bitmap_bytes, mma_unit, param, round_up)
+                                               bitmap_applicable, bitmap_bytes, h200_scaled, mma_unit, param,
+                                               round_up)
 
 APPLICABILITY = f"density >= {BITMAP_MIN_DENSITY} (below, one bit per element costs more than the values)"
 COST_MODEL = ("bytes = nnz*vb + M*ceil(K/tile_k)*(tile_k/8 + 4) + (M+1)*4 + B + C; flops 2*M*K*N16 on "
@@ -15,7 +16,6 @@ COST_MODEL = ("bytes = nnz*vb + M*ceil(K/tile_k)*(tile_k/8 + 4) + (M+1)*4 + B + 
 # tile once per block of N columns, so the floor stays a lower bound there (not measured). Other
 # GPUs: scaled by their bandwidth (an assumption, as for delta_spmv).
 ELEMENT_S = 2.2e-12
-H200_BANDWIDTH_GBS = 4130.0
 
 
 def applicable(stats, template) -> tuple[bool, str]:
@@ -31,9 +31,7 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     vb = VALUE_BYTES[dtype]
     tile_k = int(param(params, "TILE_K", "tile_k", default=32))
     offsets = params.get("OFFSETS", "stored") != "running"
-    floor = ELEMENT_S * stats.m * stats.k
-    if target is not None:
-        floor *= H200_BANDWIDTH_GBS / max(1.0, float(target.bandwidth_gbs()))
+    floor = h200_scaled(ELEMENT_S * stats.m * stats.k, target)
     return CostTerms(a_bytes=bitmap_bytes(stats.m, stats.k, stats.nnz, vb, tile_k, tile_offsets=offsets),
                      flops=2.0 * stats.m * round_up(stats.k, tile_k) * round_up(n, TENSOR_TILE_N),
                      unit=mma_unit(dtype, params),
