@@ -47,7 +47,7 @@ for stage in "$@"; do
       CK=${BATCH_CKPT:-$PWD/.gpu/llama7b}; [ -f "$CK/model.safetensors.index.json" ] || python3 benchmarks/batch_7b.py make --dir "$CK" ${BATCH_BLOCKS:+--blocks $BATCH_BLOCKS} 2>&1 | tail -3
       BO="$OUT/batch7b"; mkdir -p "$BO"; RES=""
       if [ -n "${BATCH_FROM:-}" ]; then cp -r "$BATCH_FROM"/. "$BO"/ && RES=--resume; fi
-      timeout ${BATCH_TIMEOUT:-420} python3 benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
+      timeout ${BATCH_TIMEOUT:-420} python3 ${BATCH_PROFILE:+-m cProfile -o $OUT/batch7b.prof} benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES ${BATCH_ARGS:-} 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
     batch7b-retime)
       python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$OUT/batch7b}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
     decode)

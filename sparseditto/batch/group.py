@@ -129,17 +129,19 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         t0 = time.time()
         base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"],
                           sparsity=report["sparsity"], nnz=report["nnz"], signature=report["signature"])
+        phases: dict[str, float] = {}
         try:
             same = by_signature.get(report["signature"])
             if same is not None:
                 layer = _shared(same, base)
             else:
                 A = load_weight(ref)
+                phases["load"] = round(time.time() - t0, 3)
                 layer = None
                 old = prev_by_signature.get(report["signature"])
                 if old is not None:
                     bar.working(ref.name, f"checking the previous batch's {old.template}")
-                    got = try_reuse(old, report, base, A, report, settings)
+                    got = try_reuse(old, report, base, A, report, settings, phases)
                     if isinstance(got, LayerResult):
                         layer = got.model_copy(update=dict(
                             status="previous", reason=f"the previous batch's kernel for {old.name} (signature "
@@ -149,18 +151,22 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
                     bar.working(ref.name, f"starting from {winner.name}'s {winner.template}")
                     if winner_report is None:   # the winner was done before a resume: analyze it again
                         winner_report = layer_report(winner_ref)
-                    got = try_reuse(winner, winner_report, base, A, report, settings)
+                    got = try_reuse(winner, winner_report, base, A, report, settings, phases)
                     layer, why = (got, None) if isinstance(got, LayerResult) else (None, got)
                 if layer is None:
                     bar.working(ref.name, "full search (run_graph)")
+                    t1 = time.time()
                     layer = _search(A, base, report, settings, why)
+                    phases["search"] = round(time.time() - t1, 3)
                 if winner is None and layer.status in WINNER_STATUSES:
                     winner, winner_report = layer, report
         except WorkerStartError:   # the environment, not this layer: no later layer could run either
             raise
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
             layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
-        layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3)))
+        if report.get("analyze_seconds") is not None:
+            phases["analyze"] = report["analyze_seconds"]
+        layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3), phase_seconds=phases))
         old = prev.get(ref.name)
         slower = old is not None and old.kernel_ms and layer.kernel_ms and \
             layer.kernel_ms > old.kernel_ms * (1 + settings.tolerance)

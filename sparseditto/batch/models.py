@@ -55,6 +55,8 @@ class LayerResult(BaseModel):
     verified_dtype: str | None = None
     verification: dict[str, Any] = Field(default_factory=dict)   # status, seed, backend, checks, seconds
     seconds: float = 0.0                  # wall time the batch spent on this layer
+    phase_seconds: dict[str, float] = Field(default_factory=dict)   # where ``seconds`` went: analyze, load,
+                                          # verify, time (kernel + vendors), dense, search
     previous_kernel_ms: float | None = None
     slower_than_previous: bool = False
 

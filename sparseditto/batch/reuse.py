@@ -16,6 +16,7 @@ Expected time:
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,22 +81,27 @@ def _vendor_times(bench) -> dict[str, float]:
             if b.ok and b.timing is not None and b.name != "cublas_dense"}
 
 
-def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings: BatchSettings):
+def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings: BatchSettings, phases: dict):
     """(observed ms, expected ms, dense ms, dense source, vendor times, basis) of the winner's kernel
     on this layer, or the reason it failed its timing (a str)."""
     from sparseditto import harness
 
     vendors = vendor_names(winner.vendor_ms)
     repeats, warmup = GPU_REPEATS
+    t0 = time.time()
     try:
         timed = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
                               repeats=repeats, warmup=warmup, baselines=vendors or False, time_dense=False)
     except harness.BenchError as exc:
         return f"{winner.template} from {winner.name} failed its timing here: {exc}"
+    finally:
+        phases["time"] = round(time.time() - t0, 3)
     graph = timed.candidate_graph is not None
     observed = (timed.candidate_graph or timed.candidate).median_ms
+    t0 = time.time()
     dense = settings.baselines.dense_for(A, settings.dtype, settings.n, settings.backend,
                                          repeats=repeats, warmup=warmup)
+    phases["dense"] = round(time.time() - t0, 3)
     lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
     scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
     expected = (winner.kernel_ms or observed) * scale
@@ -112,9 +118,11 @@ def _runnable(winner: LayerResult):
 
 
 def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, report: dict,
-              settings: BatchSettings) -> LayerResult | str:
+              settings: BatchSettings, phases: dict | None = None) -> LayerResult | str:
     """``base`` (this layer's name, shape, pattern, ...) completed with the winner's kernel, or
-    the reason the full search must run instead."""
+    the reason the full search must run instead. ``phases`` gets the seconds of each step
+    (verify, time, dense), whichever way it ends."""
+    phases = {} if phases is None else phases
     from sparseditto import harness
 
     est = estimates(report, settings, winner.template or "dense", winner.params)
@@ -128,13 +136,15 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
             run_id=winner.run_id, kernel_ms=est["dense"] if not settings.gpu else winner.dense_ms,
             dense_ms=est["dense"] if not settings.gpu else winner.dense_ms, speedup_vs_dense=1.0, time_saved_ms=0.0,
             timings_are_estimates=not settings.gpu, n=settings.n))
+    t0 = time.time()
     verify = harness.run_and_verify(_runnable(winner), A, n_values=settings.n_values, dtype=settings.dtype,
                                     backend=settings.backend)
+    phases["verify"] = round(time.time() - t0, 3)
     if not verify.ok:
         return f"{winner.template} from {winner.name} failed verification here: {verify.status}: {verify.message[:200]}"
     vendor_ms: dict[str, float] = {}
     if settings.gpu:
-        got = _gpu_timing(winner, winner_report, A, est, settings)
+        got = _gpu_timing(winner, winner_report, A, est, settings, phases)
         if isinstance(got, str):
             return got
         observed, expected, dense_ms, dense_source, vendor_ms, basis = got

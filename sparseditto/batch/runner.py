@@ -163,6 +163,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
             groups.setdefault(prior.group, []).append((ref, None))
             continue
         bar.working(ref.name, "analyzing")
+        t0 = time.time()
         try:
             A = load_weight(ref)
         except ValueError as exc:
@@ -181,6 +182,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
                 reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"))
             continue
         report = analyze(A).model_dump(mode="json")
+        report["analyze_seconds"] = round(time.time() - t0, 3)   # load + analysis, shown in the layer's phases
         del A
         groups.setdefault(group_key(report, dtype), []).append((ref, report))
     return groups

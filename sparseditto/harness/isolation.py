@@ -38,6 +38,7 @@ PASS_NAMES = frozenset({
     "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING", "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH",
+    "SPARSEDITTO_WORKER_PROFILE",   # a developer's opt-in: the worker's cProfile stats per task (worker.py)
 })
 # Prefixes of compiler/runtime settings the templates' toolchains read.
 PASS_PREFIXES = ("TRITON_", "CUPY_", "NVRTC_")

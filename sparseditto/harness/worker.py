@@ -180,6 +180,24 @@ def _preimport(backend: str) -> dict:
     return info
 
 
+def _profiled(task: str, call_id, payload, wctx, profile_dir: str):
+    """Run one task under cProfile and write its 40 costliest calls (cumulative) as text to
+    ``profile_dir/<task>-<pid>-<call>.txt``: the developer's view of where a verification or a
+    timing spends its seconds inside the sandbox, which the parent's profile cannot see."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(_resolve(task), payload, wctx)
+    finally:
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
+        with open(os.path.join(profile_dir, f"{task}-{os.getpid()}-{call_id}.txt"), "w") as fh:
+            fh.write(text.getvalue())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparseditto.harness.worker")
     parser.add_argument("--backend", required=True, choices=("cuda", "interpret"))
@@ -213,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     for extra in ("TRITON_CACHE_DIR", "CUPY_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_HOME"):
         if os.environ.get(extra):
             policy.write_roots.append(guard._real(os.environ[extra]))
+    profile_dir = os.environ.get("SPARSEDITTO_WORKER_PROFILE")
+    if profile_dir:   # opt-in (set by the developer before the pool starts): where a task's time goes
+        os.makedirs(profile_dir, exist_ok=True)
+        policy.write_roots.append(guard._real(profile_dir))
     gate = guard.install(policy)
     sandbox = {"network": network if not network.startswith("netns") or isolation.network_isolated()
                else f"{network} (but interfaces are visible)", "audit_hook": True, "limits": limits,
@@ -237,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             offset = 0
         isolation.set_cpu_budget(float(timeout or 600.0) * max(1, os.cpu_count() or 1))
         try:
-            value = _resolve(task)(payload, wctx)
+            value = _profiled(task, call_id, payload, wctx, profile_dir) if profile_dir else \
+                _resolve(task)(payload, wctx)
             restart = bool(wctx.tainted) or bool(args.backend == "cuda" and cuda_context_broken())
             reply = ["result", call_id, value, _read_from(args.log, offset), restart]
         except BaseException as exc:  # report everything, including SystemExit from a candidate
