@@ -284,7 +284,7 @@ def _from_torch(t) -> tuple[Any, str, dict]:
 
     shape = (int(t.shape[0]), int(t.shape[1]))
     if layout == "dense":
-        return sp.csr_array(host(t)), dtype_name, meta
+        return _dense_torch_to_csr(t, host, shape), dtype_name, meta
     if layout == "sparse_coo":
         t = t.coalesce()
         idx = t.indices().numpy()
@@ -303,6 +303,26 @@ def _from_torch(t) -> tuple[Any, str, dict]:
                             t.ccol_indices().numpy()), shape=(shape[1], shape[0])).T
     meta["block_size"] = list(blocks.shape[1:])
     return mat, dtype_name, meta
+
+
+def _dense_torch_to_csr(t, host, shape: tuple[int, int]):
+    """A dense tensor's nonzeros as CSR, found with torch's (multi-threaded) kernels in the
+    tensor's own dtype: the row-major scan gives sorted, unique column indices at once. scipy's
+    dense -> COO -> CSR path took 2.4 s on an 11008 x 4096 weight (2-core machine), most of it
+    in the float32 copy of every element and the COO sort; a batch loads each weight twice."""
+    import torch
+
+    flat = t.reshape(-1)
+    mask = flat != 0                                     # NaN != 0: kept, so the finiteness check sees it
+    where = torch.nonzero(mask).reshape(-1)
+    counts = mask.view(shape).sum(dim=1)
+    indptr = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts.numpy(), out=indptr[1:])
+    index_dtype = np.int32 if shape[1] < 2 ** 31 and where.numel() < 2 ** 31 else np.int64
+    indices = torch.remainder(where, shape[1]).numpy().astype(index_dtype)
+    csr = sp.csr_array((host(flat[where]), indices, indptr.astype(index_dtype)), shape=shape)
+    csr.has_sorted_indices = True
+    return csr
 
 
 # ---- canonical form and its checks ------------------------------------------------------------

@@ -150,11 +150,50 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     return report
 
 
-def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "OrderedDict[str, list]":
-    """Group key -> [(ref, report dict)] of the layers still to do (plus the done ones' keys)."""
+ANALYSIS_THREADS = 8   # at most; the weights are loaded and analyzed this many at a time
+
+
+def _analysis_threads() -> int:
+    """Threads for the analysis pass: torch's and numpy's large-array kernels drop the GIL, so a
+    few threads overlap the loads and analyses of several weights (a 7B checkpoint: 224 weights,
+    1-3 s each on one thread); one core is left to the progress display and the journal."""
+    import os
+
+    return max(1, min(ANALYSIS_THREADS, (os.cpu_count() or 2) - 1))
+
+
+def _analyze_one(ref, min_sparsity: float):
+    """(layer to record, None) when ``ref`` is skipped or fails to load; (None, report) otherwise."""
     from sparseditto.analysis import analyze
 
+    t0 = time.time()
+    try:
+        A = load_weight(ref)
+    except ValueError as exc:
+        if "no nonzeros" in str(exc):
+            return base_layer(ref, status="skipped", sparsity=1.0, nnz=0,
+                              reason="all zeros: no pattern to build a kernel for"), None
+        return base_layer(ref, status="failed", reason=f"cannot load: {exc}"), None
+    m, k = A.shape
+    sparsity = 1.0 - A.nnz / float(m * k)
+    if sparsity < min_sparsity:
+        return base_layer(ref, status="skipped", sparsity=sparsity, nnz=A.nnz,
+                          reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"), None
+    report = analyze(A).model_dump(mode="json")
+    report["analyze_seconds"] = round(time.time() - t0, 3)   # load + analysis, shown in the layer's phases
+    return None, report
+
+
+def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "OrderedDict[str, list]":
+    """Group key -> [(ref, report dict)] of the layers still to do (plus the done ones' keys).
+
+    Each weight is loaded and analyzed once (a few at a time, `_analysis_threads`); its report is
+    kept and the matrix dropped, so a 7B checkpoint is never held whole. Results are recorded in
+    the model's order, so the groups and the journal do not depend on the threads' timing."""
+    from concurrent.futures import ThreadPoolExecutor
+
     groups: OrderedDict[str, list] = OrderedDict()
+    todo = []
     for ref in chosen:
         prior = done.get(ref.name)
         if prior is not None and (prior.status == "skipped" or not prior.group):
@@ -162,29 +201,23 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
         if prior is not None:   # done before a resume: its group is known, no need to load it again
             groups.setdefault(prior.group, []).append((ref, None))
             continue
-        bar.working(ref.name, "analyzing")
-        t0 = time.time()
-        try:
-            A = load_weight(ref)
-        except ValueError as exc:
-            if "no nonzeros" in str(exc):
-                layer = base_layer(ref, status="skipped", sparsity=1.0, nnz=0,
-                                   reason="all zeros: no pattern to build a kernel for")
-            else:
-                layer = base_layer(ref, status="failed", reason=f"cannot load: {exc}")
-            done[ref.name] = record_layer(journal, bar, layer)
-            continue
-        m, k = A.shape
-        sparsity = 1.0 - A.nnz / float(m * k)
-        if sparsity < min_sparsity:
-            done[ref.name] = record_layer(journal, bar, base_layer(
-                ref, status="skipped", sparsity=sparsity, nnz=A.nnz,
-                reason=f"sparsity {sparsity:.1%} is below min_sparsity {min_sparsity:.0%}"))
-            continue
-        report = analyze(A).model_dump(mode="json")
-        report["analyze_seconds"] = round(time.time() - t0, 3)   # load + analysis, shown in the layer's phases
-        del A
-        groups.setdefault(group_key(report, dtype), []).append((ref, report))
+        todo.append(ref)
+    if not todo:
+        return groups
+    threads = _analysis_threads()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analyze") as pool:
+        # a bounded window of weights in flight: memory stays at `threads` (+1) matrices
+        pending = [pool.submit(_analyze_one, ref, min_sparsity) for ref in todo[:threads + 1]]
+        for i, ref in enumerate(todo):
+            bar.working(ref.name, "analyzing")
+            layer, report = pending[i].result()
+            pending[i] = None
+            if i + threads + 1 < len(todo):
+                pending.append(pool.submit(_analyze_one, todo[i + threads + 1], min_sparsity))
+            if layer is not None:
+                done[ref.name] = record_layer(journal, bar, layer)
+                continue
+            groups.setdefault(group_key(report, dtype), []).append((ref, report))
     return groups
 
 

@@ -112,6 +112,25 @@ def with_values(matrix, values64: np.ndarray, dtype: str):
 GPU_REFERENCE_MAX_BYTES = 4 << 30
 
 
+_FLAT_POSITIONS: list = []   # [(matrix, its row * k + col positions)]: the last matrix's, held strongly
+
+
+def _flat_positions(matrix) -> np.ndarray:
+    """Row-major positions (row * k + col, int64) of ``matrix``'s entries, kept for the last matrix.
+
+    A verification computes 16 references of one pattern (4 calls at each of 4 N values), a
+    benchmark 4 more: building the positions is the host side's largest part on an LLM-sized weight
+    (22M entries). Host memory (pageable) only: device memory is where a candidate's kernel writes,
+    so nothing of a reference lives there while candidate code runs (module doc of verify)."""
+    if _FLAT_POSITIONS and _FLAT_POSITIONS[0][0] is matrix:
+        return _FLAT_POSITIONS[0][1]
+    k = int(matrix.shape[1])
+    flat = matrix.row_ids() * k
+    flat += matrix.indices
+    _FLAT_POSITIONS[:] = [(matrix, flat)]
+    return flat
+
+
 def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """A @ B and |A| @ |B| in float64."""
     m, k = matrix.shape
@@ -125,10 +144,10 @@ def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.nd
         except ImportError:
             use_gpu = False
         if use_gpu:
-            rows = torch.from_numpy(matrix.row_ids()).cuda()
-            cols = torch.from_numpy(matrix.indices.astype(np.int64)).cuda()
-            a = torch.zeros((m, k), dtype=torch.float64, device="cuda")
-            a[rows, cols] = torch.from_numpy(np.ascontiguousarray(values64, dtype=np.float64)).cuda()
+            a = torch.zeros(m * k, dtype=torch.float64, device="cuda")
+            a[torch.from_numpy(_flat_positions(matrix)).cuda()] = torch.from_numpy(
+                np.ascontiguousarray(values64, dtype=np.float64)).cuda()
+            a = a.view(m, k)
             b = torch.from_numpy(np.ascontiguousarray(b64, dtype=np.float64)).cuda()
             value = (a @ b).cpu().numpy()
             bound = (a.abs_() @ b.abs_()).cpu().numpy()

@@ -240,6 +240,16 @@ class _Run:
         self.snapshot = self._run_candidate(self.wctx, "state snapshot", self._snapshot_cls.take, self.packed,
                                             getattr(self.module, "module", None))
 
+    def _reference(self, b64):
+        """The fp64 reference for B = ``b64``: the "repeat" call runs the B of the call before it
+        (same values), so that one product serves both."""
+        last = getattr(self, "_last_ref", None)
+        if last is not None and last[0] is b64 and last[1] is self.values:
+            return last[2]
+        ref = Reference.compute(self.matrix, self.values, b64, self.dtype)
+        self._last_ref = (b64, self.values, ref)
+        return ref
+
     def fresh_b(self, b64):
         B = self.torch.from_numpy(b64).to(device=self.device, dtype=self.tdtype)
         self.keep.append(B)
@@ -259,7 +269,7 @@ class _Run:
                                    f"N={self.n} ({kind}): out was resized/retyped to {tuple(out.shape)} "
                                    f"{out.dtype}; expected {(self.m, self.n)} {self.tdtype}")
         got = out.detach().to(torch.float64).cpu().numpy()
-        ref = Reference.compute(self.matrix, self.values, b64, self.dtype)   # only now: after the call
+        ref = self._reference(b64)   # only now: after the call
         if not garbage_prefill:
             nan_mask = np.isnan(got)
             if nan_mask.any():
