@@ -88,24 +88,34 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
 
     vendors = vendor_names(winner.vendor_ms)
     repeats, warmup = GPU_REPEATS
+    lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
+    scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
     t0 = time.time()
     try:
         timed = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
                               repeats=repeats, warmup=warmup, baselines=vendors or False, time_dense=False)
+        observed = (timed.candidate_graph or timed.candidate).median_ms
+        expected = (winner.kernel_ms or observed) * scale
+        retimed = ""
+        if observed > expected * (1 + settings.tolerance):
+            # a miss costs a full search (a minute on the H200): confirm it with a second timing
+            # first. Back-to-back timings of one kernel on the H200 differed by 10-70% at times
+            # (session 22), enough to send sibling layers of one pattern to needless searches.
+            again = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
+                                  repeats=repeats, warmup=warmup, baselines=False, time_dense=False)
+            second = (again.candidate_graph or again.candidate).median_ms
+            retimed = f" (a second timing: {second * 1e3:.1f} us, the lower kept)"
+            observed = min(observed, second)
     except harness.BenchError as exc:
         return f"{winner.template} from {winner.name} failed its timing here: {exc}"
     finally:
         phases["time"] = round(time.time() - t0, 3)
     graph = timed.candidate_graph is not None
-    observed = (timed.candidate_graph or timed.candidate).median_ms
     t0 = time.time()
     dense = settings.baselines.dense_for(A, settings.dtype, settings.n, settings.backend,
                                          repeats=repeats, warmup=warmup)
     phases["dense"] = round(time.time() - t0, 3)
-    lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
-    scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
-    expected = (winner.kernel_ms or observed) * scale
-    basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}"
+    basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {winner.name}{retimed}"
     return observed, expected, dense.for_basis(graph), dense.source, _vendor_times(timed), basis
 
 
