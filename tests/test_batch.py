@@ -59,6 +59,10 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     assert same.status == "shared" and same.signature == lead.signature and same.source_hash == lead.source_hash
     q = by["layers.0.attn.q.weight"]
     assert q.status == "searched" and q.group != lead.group
+    # where each layer's seconds went: the search, or the reuse's steps (no GPU: nothing timed)
+    assert {"analyze", "load", "search"} <= set(lead.phase_seconds) and lead.phase_seconds["search"] <= lead.seconds
+    assert {"analyze", "load", "verify"} <= set(follow.phase_seconds) and "search" not in follow.phase_seconds
+    assert 0 < follow.phase_seconds["verify"] <= follow.seconds
     for layer in (lead, follow, same):
         assert layer.speedup_vs_dense > 1.0 and layer.time_saved_ms > 0 and layer.timings_are_estimates
     on_disk = BatchReport.model_validate_json((out / "report.json").read_text())

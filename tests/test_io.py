@@ -484,3 +484,24 @@ def test_every_suitesparse_file_loads_with_expanded_counts(shared_data):
             with gzip.open(path) as fh:
                 ref = sp.csr_array(scipy.io.mmread(fh))
             assert abs(m.to_scipy() - ref).max() == 0, path
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_dense_tensor_to_csr_matches_scipy_exactly(dtype):
+    """The torch scan (nonzero + row counts) gives scipy's CSR of the same dense tensor: same
+    row pointers, sorted columns, values; -0.0 is a zero, a NaN is kept and refused by name."""
+    import scipy.sparse as sp
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(37, 53, generator=g).to(getattr(torch, dtype))
+    w[torch.rand(37, 53, generator=g) < 0.6] = 0
+    w[3] = 0                      # an empty row
+    w[5, 7] = -0.0
+    A = load_matrix(w, name="w")
+    ref = sp.csr_array(w.to(torch.float64).numpy())
+    assert np.array_equal(A.indptr, ref.indptr) and np.array_equal(A.indices, ref.indices)
+    assert np.array_equal(A.data.astype(np.float64), ref.data) and A.dtype == dtype
+    w[2, 9] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN/Inf.*row 2, column 9"):
+        load_matrix(w, name="w")

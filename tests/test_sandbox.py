@@ -275,3 +275,15 @@ def test_trusted_modules_and_dev_null_are_usable_inside_a_candidate_scope(pool, 
     result = run_and_verify(src, small, pool=pool, check_static=False, n_values=(1,), extra_ns=False)
     assert result.status == "wrong_result", (result.status, result.message)
     assert "sandbox" not in (result.message or ""), result.message
+
+
+def test_worker_profile_writes_each_tasks_stats(tmp_path, monkeypatch):
+    """SPARSEDITTO_WORKER_PROFILE=DIR (a developer's opt-in): every task the worker serves writes
+    its cProfile stats as text into DIR; without it, nothing is written."""
+    from sparseditto.harness import WorkerPool
+
+    monkeypatch.setenv("SPARSEDITTO_WORKER_PROFILE", str(tmp_path / "prof"))
+    with WorkerPool(cache_dir=tmp_path / "cache") as pool:
+        assert ping(pool)["pid"] > 0
+    files = list((tmp_path / "prof").glob("ping-*.txt"))
+    assert len(files) == 1 and "cumulative" in files[0].read_text()

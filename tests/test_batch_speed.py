@@ -1,0 +1,115 @@
+"""The batch's speed-ups that need no GPU to test: the shape's dense baseline taken from the
+search's dense vendor record, the one vendor a reused layer re-times, a timing miss confirmed by
+a second timing (stubbed GPU timings), and the parallel analysis keeping the model's order."""
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from sparseditto.batch import group, reuse, runner
+from sparseditto.batch.baselines import DenseTiming, ShapeBaselines, vendor_names
+from sparseditto.batch.models import LayerResult
+
+
+def _record(**kw):
+    base = dict(origin="template", template="delta_spmv", status="verified", timings_are_gpu=True, median_ms=0.013,
+                eager_ms=0.07, graph_ms=0.013)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def test_dense_baseline_comes_from_the_dense_vendor_record_not_the_benchmark_beside_the_best():
+    # the H200 case: the dense run beside the best kernel's benchmark read 71.5 us, the dense path 14.6 us
+    dense_rec = _record(origin="vendor", template="dense", median_ms=0.0146, eager_ms=0.031, graph_ms=0.0146)
+    result = types.SimpleNamespace(candidates=[_record(), dense_rec],
+                                   dense={"timings_are_gpu": True, "median_ms": 0.0715, "graph": {"median_ms": 0.0715},
+                                          "eager": {"median_ms": 0.0715}})
+    timing = group._dense_timing(result)
+    cache = ShapeBaselines()
+    cache.seed((4096, 4096), "float16", 1, "cuda", timing, "search of q")
+    got = cache.dense[cache.key((4096, 4096), "float16", 1, "cuda")]
+    assert got.for_basis(graph=True) == pytest.approx(0.0146) and got.for_basis(graph=False) == pytest.approx(0.031)
+    # no dense vendor record (an older run): the benchmark's dense, as before
+    result.candidates = [_record()]
+    assert group._dense_timing(result) is result.dense
+
+
+def test_a_reused_layer_re_times_only_the_leads_fastest_vendor():
+    assert vendor_names({"cusparse_csr_torch": 0.07, "cusparse_csr_cupy": 0.3, "triton_bsr_torch": 0.66,
+                         "cublas_dense": 0.02, "semi_structured": None}) == ["cusparse_csr_torch"]
+    assert vendor_names({}) == [] and vendor_names(None) == []
+
+
+class _Timing:
+    def __init__(self, ms):
+        self.median_ms = ms
+
+
+class _Bench:
+    def __init__(self, ms):
+        self.candidate_graph = _Timing(ms)
+        self.candidate = _Timing(ms * 3)
+        self.baselines = []
+
+
+def _settings():
+    from sparseditto.targets import get_target
+
+    s = reuse.BatchSettings(target=get_target("H200"), n_values=[1], dtype="float16", backend="cuda", budget=None,
+                            tolerance=0.05, memory=None, checkpoint="")
+    s.baselines.dense[s.baselines.key((64, 64), "float16", 1, "cuda")] = DenseTiming(0.02, 0.05, "search of lead")
+    return s
+
+
+@pytest.mark.parametrize("times, kept, benches", [
+    ([0.0130], 0.0130, 1),              # within tolerance: one timing
+    ([0.0200, 0.0131], 0.0131, 2),      # a miss, but the second timing is on time: kept, no search
+    ([0.0200, 0.0190], 0.0190, 2),      # a miss confirmed: the caller searches
+])
+def test_a_timing_miss_is_confirmed_by_a_second_timing(monkeypatch, times, kept, benches):
+    from sparseditto import harness
+
+    calls = []
+
+    def fake_bench(*args, **kwargs):
+        calls.append(kwargs.get("baselines"))
+        return _Bench(times[len(calls) - 1])
+
+    monkeypatch.setattr(harness, "bench", fake_bench)
+    monkeypatch.setattr(reuse, "estimates", lambda *a, **k: {"kernel": 1.0})
+    A = types.SimpleNamespace(shape=(64, 64), name="layer")
+    winner = LayerResult(name="lead", shape=(64, 64), dtype="float16", status="searched", template="delta_spmv",
+                         source="def spmm(): pass", kernel_ms=0.0130, vendor_ms={"cusparse_csr_torch": 0.07})
+    phases: dict = {}
+    got = reuse._gpu_timing(winner, {}, A, {"kernel": 1.0}, _settings(), phases)
+    observed, expected, dense_ms, _source, _vendors, basis = got
+    assert len(calls) == benches and observed == pytest.approx(kept) and expected == pytest.approx(0.0130)
+    assert calls[0] == ["cusparse_csr_torch"] and all(c is False for c in calls[1:])   # vendors timed once
+    assert dense_ms == pytest.approx(0.02) and "time" in phases and "dense" in phases
+    assert ("a second timing" in basis) == (benches == 2)
+
+
+def test_parallel_analysis_records_layers_in_the_models_order(monkeypatch):
+    """Whatever order the threads finish in, skips are journaled and groups built in model order."""
+    import random
+    import time as _time
+
+    refs = [types.SimpleNamespace(name=f"w{i}") for i in range(12)]
+
+    def fake_one(ref, min_sparsity):
+        _time.sleep(random.random() * 0.02)
+        i = int(ref.name[1:])
+        if i % 5 == 0:
+            return LayerResult(name=ref.name, shape=(4, 4), dtype="float16", status="skipped", reason="x"), None
+        return None, {"shape": [4, 4], "pattern": "unstructured", "sparsity": 0.5 if i % 2 else 0.7, "nnz": 8,
+                      "signature": ref.name}
+
+    recorded = []
+    monkeypatch.setattr(runner, "_analyze_one", fake_one)
+    monkeypatch.setattr(runner, "record_layer", lambda journal, bar, layer: recorded.append(layer.name) or layer)
+    monkeypatch.setattr(runner, "group_key", lambda report, dtype: f"s{report['sparsity']}")
+    bar = types.SimpleNamespace(working=lambda *a: None)
+    groups = runner._analyze(refs, {}, None, bar, 0.3, "float16")
+    assert recorded == ["w0", "w5", "w10"]
+    assert [r.name for r, _ in groups["s0.5"]] == [f"w{i}" for i in range(12) if i % 2 and i % 5]
+    assert [r.name for r, _ in groups["s0.7"]] == [f"w{i}" for i in range(12) if not i % 2 and i % 5]
