@@ -103,9 +103,9 @@ def csr_arrays(A) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
                          f"ids, {data.size} values.")
     if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= k):
         raise ValueError(f"Column ids must lie in [0, {k}); got {int(indices.min())}..{int(indices.max())}.")
-    rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
-    key = rows * k + indices
-    if key.size > 1 and (key[1:] <= key[:-1]).any():      # unsorted or repeated columns within a row
+    if indices.size > 1 and _unsorted_within_rows(indptr, indices):   # unsorted or repeated columns in a row
+        rows = np.repeat(np.arange(m, dtype=np.int64), np.diff(indptr))
+        key = rows * k + indices
         order = np.argsort(key, kind="stable")
         key, data = key[order], data[order]
         first = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
@@ -116,15 +116,35 @@ def csr_arrays(A) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int]]:
     return indptr, indices, data, (m, k)
 
 
-def _gaps(indptr: np.ndarray, indices: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """(previous column of each nonzero, -1 at a row's first; gap fillers needed before it). A gap
-    of g columns needs ceil(g / dmax) - 1 fillers; few gaps exceed dmax, so only those divide."""
-    dmax = max_delta(bits)
+def _unsorted_within_rows(indptr: np.ndarray, indices: np.ndarray) -> bool:
+    """Whether some row's column ids are not strictly increasing: one comparison of neighbours,
+    ignoring the pairs that straddle a row boundary (cheaper than sorting keys row * K + col)."""
+    bad = indices[1:] <= indices[:-1]
+    ends = indptr[1:-1]
+    ends = ends[(ends > 0) & (ends < indices.size)] - 1      # pair (end - 1, end) crosses into the next row
+    bad[ends] = False
+    return bool(bad.any())
+
+
+def _previous_columns(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """The column of the nonzero before each one in its row, -1 at a row's first."""
     nnz = int(indices.size)
     prev = np.empty(nnz, dtype=np.int64)
     if nnz:
         prev[1:] = indices[:-1]
         prev[indptr[:-1][np.diff(indptr) > 0]] = -1          # a row's first nonzero: no gap
+    return prev
+
+
+def _gaps(indptr: np.ndarray, indices: np.ndarray, bits: int, prev: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
+    """(previous column of each nonzero, -1 at a row's first; gap fillers needed before it). A gap
+    of g columns needs ceil(g / dmax) - 1 fillers; few gaps exceed dmax, so only those divide.
+    ``prev``: `_previous_columns`, when the caller compares several widths."""
+    dmax = max_delta(bits)
+    nnz = int(indices.size)
+    if prev is None:
+        prev = _previous_columns(indptr, indices)
     gap = indices - prev
     wide = np.flatnonzero((gap > dmax) & (prev >= 0))
     fillers = np.zeros(nnz, dtype=np.int64)
@@ -218,16 +238,28 @@ def lanes_floor(m: int, warps: int, sms: int, row_split: int = 0) -> int:
     return lanes_to_fill(m, warps, sms)
 
 
+def _index_dtype(count: int):
+    """int32 for entry-sized temporaries when every value fits (half the memory traffic of int64:
+    the packing is bandwidth-bound numpy), else int64."""
+    return np.int32 if count < 2 ** 31 else np.int64
+
+
 def positions(per_row: np.ndarray, lanes: int):
-    """(row, lane, slot within the lane's run) of every entry, rows' entries in order."""
+    """(row, lane, slot within the lane's run) of every entry, rows' entries in order, and the
+    8-entry groups per lane of each row (int64)."""
     m = per_row.size
     groups = -(-per_row // (GROUP * lanes))
-    row_first = np.zeros(m + 1, dtype=np.int64)
+    total = int(per_row.sum())
+    it = _index_dtype(max(total, int((GROUP * groups).max(initial=0)) + 1, m + 1))
+    row_first = np.zeros(m + 1, dtype=it)
     np.cumsum(per_row, out=row_first[1:])
-    rows = np.repeat(np.arange(m, dtype=np.int64), per_row)
-    pos = np.arange(rows.size, dtype=np.int64) - row_first[rows]
-    run = np.maximum(GROUP * groups[rows], 1)
-    return rows, pos // run, pos % run, groups
+    rows = np.repeat(np.arange(m, dtype=it), per_row)
+    pos = np.arange(total, dtype=it)
+    pos -= row_first[rows]
+    run = np.maximum(GROUP * groups, 1).astype(it)[rows]
+    lane = pos // run
+    pos -= lane * run        # now the slot within the lane's run
+    return rows, lane, pos, groups
 
 
 def _distinct(keys: np.ndarray) -> np.ndarray:
@@ -344,8 +376,9 @@ class DeltaSlices:
         """(bits, lanes, entries...) of the best `packing_score` (unskewed columns) for the "auto"
         choices: the widths compared by their entry counts, only the chosen one expanded."""
         options = []
+        prev = _previous_columns(indptr, indices)
         for b in (DELTA_BITS if bits == "auto" else (int(bits),)):
-            gaps = _gaps(indptr, indices, b)
+            gaps = _gaps(indptr, indices, b, prev)
             per_row = _row_entries(indptr, gaps[1])     # entry counts only (expanding costs ~1 s)
             ln = choose_lanes(per_row, min_lanes=min_lanes) if lanes == "auto" else int(lanes)
             options.append((packing_score(slots_for(per_row, ln), b), b, ln, gaps))
@@ -361,8 +394,13 @@ class DeltaSlices:
         pieces = int(group_base[-1])
         if pieces * GROUP >= 2 ** 31:
             raise ValueError(f"delta slices need {pieces * GROUP} slots, more than int32 offsets address.")
-        piece = group_base[rows] + (slot // GROUP) * lanes + lane
-        where = piece * GROUP + slot % GROUP
+        it = _index_dtype(pieces * GROUP)
+        # where = (group_base[row] + (slot // 8) * lanes + lane) * 8 + slot % 8, in place
+        where = group_base.astype(it)[rows]
+        where += (slot // GROUP) * lanes
+        where += lane
+        where *= GROUP
+        where += slot % GROUP
         values = np.zeros(pieces * GROUP, dtype=np.float64)
         real = src >= 0
         # the nonzeros appear in the entries in their CSR order (src[real] is 0, 1, ..., nnz - 1,
@@ -372,9 +410,11 @@ class DeltaSlices:
         values[slots] = data
         starts = np.zeros(m * lanes, dtype=np.int64)
         lead = slot == 0
-        starts[rows[lead] * lanes + lane[lead]] = col[lead]
-        delta = np.zeros(col.size, dtype=np.int64)
-        delta[1:] = col[1:] - col[:-1]
+        starts[rows[lead].astype(np.int64) * lanes + lane[lead]] = col[lead]
+        delta = np.empty(col.size, dtype=np.int64)
+        if col.size:
+            delta[0] = 0
+            np.subtract(col[1:], col[:-1], out=delta[1:])
         delta[lead] = 0
         if delta.size and (delta.min() < 0 or delta.max() > max_delta(bits)):
             raise AssertionError("delta slices: a delta outside its field (a packing defect)")
