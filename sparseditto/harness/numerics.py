@@ -59,9 +59,11 @@ def draw_matrix_values(matrix, rng: np.random.Generator, dtype: str) -> np.ndarr
     """Fresh nonzero values on ``matrix``'s pattern: ±U(0.5, 1.5)/sqrt(row length), dtype-rounded."""
     lengths = matrix.row_lengths()
     per_row = 1.0 / np.sqrt(np.maximum(lengths, 1).astype(np.float64))
-    magnitude = rng.uniform(0.5, 1.5, matrix.nnz)
-    sign = np.where(rng.random(matrix.nnz) < 0.5, -1.0, 1.0)
-    return round_to_dtype(sign * magnitude * np.repeat(per_row, lengths), dtype)
+    values = rng.uniform(0.5, 1.5, matrix.nnz)
+    negative = rng.random(matrix.nnz) < 0.5                  # the same draws as ever: seeds reproduce
+    values *= np.repeat(per_row, lengths)
+    np.copysign(values, 0.5 - negative, out=values)          # in place (22M values on an LLM weight)
+    return round_to_dtype(values, dtype)
 
 
 def draw_dense(rng: np.random.Generator, shape: tuple[int, int], dtype: str, scale: float = 1.0) -> np.ndarray:
