@@ -723,7 +723,8 @@ def build_result(values: dict, thread_id: str, ctx, target, note, A: SparseMatri
         llm_calls=[LLMCall.model_validate(c) for c in values.get("llm_calls") or []],
         events=list(values.get("events") or []), stop_reason=values.get("stop_reason"), resumed=resumed,
         wall_seconds=round(wall, 3), node_seconds=dict(node_seconds or {}),
-        verified_ns=_verified_ns(ctx) if rec else [], sandbox=_sandbox_layers(ctx))
+        verified_ns=_verified_ns(ctx, vendor=rec.get("origin") == "vendor") if rec else [],
+        sandbox=_sandbox_layers(ctx))
 
 
 def _sandbox_layers(ctx) -> dict:
@@ -735,12 +736,14 @@ def _sandbox_layers(ctx) -> dict:
     return {k: v for k, v in info.items() if k in ("network", "audit_hook", "limits")}
 
 
-def _verified_ns(ctx) -> list[int]:
-    """The N values every accepted candidate was verified at: the debugger's list plus the odd
-    ones the harness adds."""
+def _verified_ns(ctx, vendor: bool = False) -> list[int]:
+    """The N values the answer was verified at: the debugger's list plus the odd ones the harness
+    adds for a generated kernel; the debugger's list alone for a vendor path (agents/vendors.py)."""
     from sparseditto.agents.state import verify_n_values
     from sparseditto.harness.verify import verification_ns
 
+    if vendor:
+        return list(verify_n_values(ctx))
     return list(verification_ns(verify_n_values(ctx), ctx.backend))
 
 

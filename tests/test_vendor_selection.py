@@ -5,6 +5,7 @@ benchmarked for real in the interpreter's worker; only the timing numbers of eac
 replaced (``harness.bench`` is wrapped, its result's timings set from a table and marked as GPU
 timings), so that the measured rule decides as it would on a GPU.
 """
+import types
 import numpy as np
 import pytest
 import torch
@@ -181,3 +182,28 @@ def test_a_library_chosen_by_the_re_timing_says_so():
     # a library ahead in the first run too: the plain wording
     slow = _record("delta_spmv", 0.0400, 0.050)
     assert "1.38x faster than our best generated kernel" in vendor_wins([dense], slow)["reason"]
+
+
+def test_vendor_paths_are_verified_at_the_runs_n_values_only(monkeypatch):
+    """A vendor path is library code held to the N values it was verified at: the harness's extra
+    odd N (17, 129) are for generated kernels. torch's cuSPARSE CSR in fp16 failed the tolerance
+    only at N = 129 (heavy-tailed B) and was refused by a run asked for N = 1."""
+    from sparseditto import harness
+    from sparseditto.agents import vendors
+    from sparseditto.api import _verified_ns
+
+    seen = {}
+
+    def fake_verify(spec, matrix, **kw):
+        seen.update(kw)
+        return types.SimpleNamespace(ok=False, status="wrong_result", failure_class="wrong_values", message="stub")
+
+    monkeypatch.setattr(harness, "run_and_verify", fake_verify)
+    ctx = types.SimpleNamespace(n_values=[1], backend="cuda", dtype="float16", verify_timeout_s=60)
+    record, res = vendors._measure("cusparse_csr_torch", vendors._current("cusparse_csr_torch", "cuSPARSE", None),
+                                   None, ctx, None)
+    assert seen["extra_ns"] is False and seen["n_values"] == [1] and res is None
+    assert _verified_ns(ctx, vendor=True) == [1]                         # the run's N (odd already)
+    assert _verified_ns(ctx) == [1, 3, 17, 129]                          # a generated kernel's
+    ctx.n_values = [16]
+    assert _verified_ns(ctx, vendor=True) == [5, 16]                     # an odd N beside an even one
