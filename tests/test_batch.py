@@ -68,7 +68,7 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     on_disk = BatchReport.model_validate_json((out / "report.json").read_text())
     assert [x.name for x in on_disk.layers] == [x.name for x in report.layers]
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "NOT GPU timings" in html.replace("Not GPU", "NOT GPU")
+    assert html.count("data:image/png;base64,") == 4 and "NOT GPU timings" in html.replace("Not GPU", "NOT GPU")
     assert "layers.1.mlp.up.weight" in html and "reused" in html
 
 

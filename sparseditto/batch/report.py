@@ -1,5 +1,6 @@
 """The batch's ``report.json`` (the `BatchReport` as is) and ``report.html`` (one self-contained
-page: the layer table and three plots: speedup by layer, time saved by layer, pattern mix).
+page: the layer table and four plots: speedup by layer, time saved by layer, the batch's own
+seconds per layer by phase (where a batch's time goes), pattern mix).
 
 The page reuses the benchmark report's style, sortable table and matplotlib plumbing
 (`sparseditto.benchmark.report_html` / `plots`), so the two reports look and behave alike; a
@@ -17,7 +18,11 @@ from sparseditto.benchmark.plots import CPU_NOTE, _plt, _png
 from sparseditto.benchmark.report_html import SORT_JS, STYLE, _table, figure_tags
 
 HEADERS = ["layer", "shape", "pattern", "sparsity", "status", "kernel", "params", "kernel us", "dense us",
-           "speedup vs dense", "vs best vendor", "time saved us", "seconds", "reason"]
+           "speedup vs dense", "vs best vendor", "time saved us", "seconds", "phases s", "reason"]
+
+# the order phases are stacked in, and their labels; "analyze" ran in the pass before the groups
+PHASES = (("search", "full search (run_graph)"), ("verify", "verification"), ("time", "timing (kernel + vendor)"),
+          ("dense", "dense timing"), ("load", "load"), ("other", "other"), ("analyze", "analysis pass (threads)"))
 
 
 def _us(ms: float | None) -> str:
@@ -34,7 +39,36 @@ def layer_cells(x: LayerResult) -> list[str]:
     sparsity = "" if x.sparsity is None else f"{x.sparsity:.1%}"
     return [x.name, "x".join(str(s) for s in x.shape), x.pattern or "", sparsity,
             status, x.template or "", ", ".join(f"{k}={v}" for k, v in sorted(x.params.items())), _us(x.kernel_ms),
-            _us(x.dense_ms), _x(x.speedup_vs_dense), vendor, _us(x.time_saved_ms), f"{x.seconds:.1f}", x.reason]
+            _us(x.dense_ms), _x(x.speedup_vs_dense), vendor, _us(x.time_saved_ms), f"{x.seconds:.1f}",
+            ", ".join(f"{k} {v:.1f}" for k, v in phase_split(x).items() if v >= 0.05), x.reason]
+
+
+def phase_split(x: LayerResult) -> dict[str, float]:
+    """The layer's seconds by phase, in `PHASES` order; "other" is what no phase claims (journal,
+    estimates, the shared / skipped bookkeeping)."""
+    known = {k: float(v) for k, v in x.phase_seconds.items()}
+    inside = sum(v for k, v in known.items() if k != "analyze")
+    known["other"] = max(0.0, x.seconds - inside)
+    return {k: known[k] for k, _ in PHASES if k in known}
+
+
+def _phase_bars(layers: list[LayerResult], title: str) -> bytes:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.28 * len(layers) + 2), 4.6))
+    bottom = [0.0] * len(layers)
+    splits = [phase_split(x) for x in layers]
+    colors = ("#e45756", "#4c78a8", "#f58518", "#72b7b2", "#54a24b", "#bab0ac", "#b279a2")
+    for (key, label), color in zip(PHASES, colors):
+        heights = [sp.get(key, 0.0) for sp in splits]
+        if any(heights):
+            ax.bar(range(len(layers)), heights, bottom=bottom, color=color, label=label)
+            bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(layers)), [x.name for x in layers], rotation=70, ha="right", fontsize=7)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("batch seconds on the layer")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=10)
+    return _png(fig)
 
 
 def _bars(values: list[tuple[str, float]], ylabel: str, title: str, reference: float | None) -> bytes:
@@ -63,6 +97,10 @@ def plots(report: BatchReport) -> list[tuple[str, bytes]]:
     if saved:
         out.append(("Time saved per call at N, per layer (dense time minus kernel time)",
                     _bars(saved, "time saved per call (us)", f"Time saved by layer{note}", 0.0)))
+    timed = [x for x in worked if x.phase_seconds]
+    if timed:
+        out.append(("The batch's own seconds per layer, by phase (a searched layer's full search against a "
+                    "reused layer's verification and timing)", _phase_bars(timed, "Where the batch's time went")))
     mix = Counter(x.pattern for x in worked if x.pattern)
     if mix:
         plt = _plt()
