@@ -113,3 +113,31 @@ def test_parallel_analysis_records_layers_in_the_models_order(monkeypatch):
     assert recorded == ["w0", "w5", "w10"]
     assert [r.name for r, _ in groups["s0.5"]] == [f"w{i}" for i in range(12) if i % 2 and i % 5]
     assert [r.name for r, _ in groups["s0.7"]] == [f"w{i}" for i in range(12) if not i % 2 and i % 5]
+
+
+def test_a_resumed_batch_takes_the_analyses_from_the_journal(monkeypatch, tmp_path):
+    """Every analyzed weight's report is journaled at once; a resumed batch (a new process, the
+    same OUT) analyzes only the weights it has no report of, and groups them all as before."""
+    from sparseditto.batch.journal import Journal
+
+    refs = [types.SimpleNamespace(name=f"w{i}") for i in range(6)]
+    analyzed = []
+
+    def fake_one(ref, min_sparsity):
+        analyzed.append(ref.name)
+        return None, {"shape": [4, 4], "pattern": "unstructured", "sparsity": 0.5, "nnz": 8, "signature": ref.name}
+
+    monkeypatch.setattr(runner, "_analyze_one", fake_one)
+    monkeypatch.setattr(runner, "group_key", lambda report, dtype: "g")
+    bar = types.SimpleNamespace(working=lambda *a: None)
+    journal = Journal(tmp_path)
+    first = runner._analyze(refs[:4], {}, journal, bar, 0.3, "float16")      # a batch killed after 4 analyses
+    journal.close()
+    assert analyzed == ["w0", "w1", "w2", "w3"] and len(first["g"]) == 4
+    analyzed.clear()
+    journal = Journal(tmp_path)
+    again = runner._analyze(refs, {}, journal, bar, 0.3, "float16")
+    assert analyzed == ["w4", "w5"]
+    assert [r.name for r, _ in again["g"]] == [f"w{i}" for i in range(6)]
+    assert again["g"][1][1]["signature"] == "w1" and set(journal.analyses()) == {f"w{i}" for i in range(6)}
+    journal.close()

@@ -5,7 +5,10 @@ a killed batch (kill -9 included) loses at most the layer that was running. A re
 with ``resume=True`` reads the rows back and redoes nothing finished: a group whose layers are all
 recorded is not touched, and a group whose first layer is recorded reuses that layer's winner.
 The settings the batch started with are stored too: resuming with other settings would mix two
-batches in one report, so it is refused.
+batches in one report, so it is refused. So is each weight's pattern report as soon as it is
+analyzed: a resumed batch of a 7B checkpoint would otherwise load and analyze every unfinished
+weight again (1-3 s each on the H200 host) before its first group could start. Like the finished
+layers, they assume the model on disk is the one the batch started with.
 """
 from __future__ import annotations
 
@@ -37,6 +40,9 @@ class Journal:
                 self.db["settings"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
                 self.db["layers"].create({"name": str, "grp": str, "status": str, "record": str}, pk="name",
                                          if_not_exists=True)
+        if "analyses" not in self.db.table_names():   # also added to a journal of an older batch
+            with self.db.conn:
+                self.db["analyses"].create({"name": str, "report": str}, pk="name", if_not_exists=True)
 
     def close(self) -> None:
         self.db.conn.close()
@@ -66,6 +72,14 @@ class Journal:
         with self.db.conn:
             self.db["layers"].upsert({"name": layer.name, "grp": layer.group or "", "status": layer.status,
                                       "record": layer.model_dump_json()}, pk="name")
+
+    def record_analysis(self, name: str, report: dict) -> None:
+        """A weight's pattern report (the analysis pass's result), kept for a resume."""
+        with self.db.conn:
+            self.db["analyses"].upsert({"name": name, "report": json.dumps(report)}, pk="name")
+
+    def analyses(self) -> dict[str, dict]:
+        return {row["name"]: json.loads(row["report"]) for row in self.db["analyses"].rows}
 
     def done(self) -> dict[str, LayerResult]:
         return {row["name"]: LayerResult.model_validate_json(row["record"]) for row in self.db["layers"].rows}
