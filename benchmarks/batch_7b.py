@@ -73,7 +73,8 @@ def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int]) -> N
                       "groups": report.groups, "complete": report.complete,
                       "sum_layer_s": round(sum(x.seconds for x in report.layers), 1),
                       "after_first_max_s": max(later, default=None),
-                      "after_first_median_s": sorted(later)[len(later) // 2] if later else None}))
+                      "after_first_median_s": sorted(later)[len(later) // 2] if later else None,
+                      "phase_totals_s": {k: round(v, 1) for k, v in report.phase_totals().items()}}))
 
 
 def _round_robin(layers) -> list:

@@ -63,6 +63,9 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     assert {"analyze", "load", "search"} <= set(lead.phase_seconds) and lead.phase_seconds["search"] <= lead.seconds
     assert {"analyze", "load", "verify"} <= set(follow.phase_seconds) and "search" not in follow.phase_seconds
     assert 0 < follow.phase_seconds["verify"] <= follow.seconds
+    totals = report.phase_totals()
+    assert totals["search"] == pytest.approx(sum(x.phase_seconds.get("search", 0) for x in report.layers))
+    assert "batch seconds by phase: " in report.summary()
     for layer in (lead, follow, same):
         assert layer.speedup_vs_dense > 1.0 and layer.time_saved_ms > 0 and layer.timings_are_estimates
     on_disk = BatchReport.model_validate_json((out / "report.json").read_text())

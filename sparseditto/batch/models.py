@@ -84,6 +84,15 @@ class BatchReport(BaseModel):
             out[layer.status] = out.get(layer.status, 0) + 1
         return out
 
+    def phase_totals(self) -> dict[str, float]:
+        """Seconds by phase summed over the layers, largest first (analyze: thread time of the
+        analysis pass, which overlaps; the others ran one after the other)."""
+        total: dict[str, float] = {}
+        for layer in self.layers:
+            for k, v in layer.phase_seconds.items():
+                total[k] = total.get(k, 0.0) + float(v)
+        return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
     def layer(self, name: str) -> LayerResult:
         for layer in self.layers:
             if layer.name == name:
@@ -95,8 +104,11 @@ class BatchReport(BaseModel):
         saved = sum(x.time_saved_ms or 0.0 for x in self.layers if x.has_kernel)
         basis = "GPU timings" if self.timings_are_gpu else "cost-model estimates (NOT GPU timings)"
         slower = [x.name for x in self.layers if x.slower_than_previous]
+        phases = self.phase_totals()
         lines = [f"{len(self.layers)} tensors in {self.groups} group(s): {counts}; {self.wall_seconds:.1f} s",
                  f"time saved per forward at N: {saved * 1e3:.1f} us ({basis})",
+                 *([("batch seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))]
+                   if phases else []),
                  f"report: {self.out}/report.html, {self.out}/report.json; bundle: {self.out}/bundle"]
         if slower:
             lines.append(f"slower than the previous report: {', '.join(slower)}")
