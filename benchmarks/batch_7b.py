@@ -49,7 +49,7 @@ def make(folder: Path, blocks: int, sparsity: float = 0.5, scale: int = 1) -> No
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int]) -> None:
+def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int], ncu: str = "best") -> None:
     import signal
 
     from sparseditto import run_batch
@@ -61,7 +61,7 @@ def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int]) -> N
     signal.signal(signal.SIGTERM, stop)
     t0 = time.time()
     try:
-        report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True)
+        report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True, ncu=ncu)
     except KeyboardInterrupt:
         report = BatchReport.model_validate_json((out / "report.json").read_text())
     print(report.summary())
@@ -126,12 +126,13 @@ def main() -> None:
     ap.add_argument("--target", default="auto")
     ap.add_argument("-n", type=int, action="append")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--ncu", default="best", choices=["best", "all", "off"], help="batch: Nsight Compute in searches")
     ap.add_argument("--budget-s", type=float, default=480.0, help="retime: stop after this many seconds")
     args = ap.parse_args()
     if args.stage == "make":
         make(Path(args.dir), args.blocks, scale=args.scale)
     elif args.stage == "batch":
-        batch(Path(args.dir), Path(args.out), args.resume, args.target, args.n or [16])
+        batch(Path(args.dir), Path(args.out), args.resume, args.target, args.n or [16], args.ncu)
     else:
         retime(Path(args.dir), Path(args.out), args.budget_s)
 

@@ -141,3 +141,29 @@ def test_a_resumed_batch_takes_the_analyses_from_the_journal(monkeypatch, tmp_pa
     assert [r.name for r, _ in again["g"]] == [f"w{i}" for i in range(6)]
     assert again["g"][1][1]["signature"] == "w1" and set(journal.analyses()) == {f"w{i}" for i in range(6)}
     journal.close()
+
+
+def test_ncu_setting_is_checked_and_reaches_every_search(monkeypatch, tmp_path):
+    from sparseditto import api
+    from sparseditto.batch.runner import run_batch
+
+    with pytest.raises(ValueError, match="ncu must be one of best, all, off"):
+        run_batch(tmp_path / "missing.safetensors", ncu="sometimes", out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()          # refused before anything was written
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_run_graph(A, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(api, "run_graph", fake_run_graph)
+    settings = _settings()
+    settings.ncu = "off"
+    base = LayerResult(name="w", shape=(64, 64), dtype="float16", status="failed")
+    with pytest.raises(Stop):
+        group._search(object(), base, {}, settings, None)
+    assert seen["ncu"] == "off" and seen["n"] == [1]

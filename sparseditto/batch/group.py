@@ -100,7 +100,7 @@ def _search(A, base: LayerResult, report: dict, settings: BatchSettings, why: st
     t0 = time.time()
     result = run_graph(A, target=settings.target.name, n=settings.n_values, dtype=settings.dtype,
                        backend=settings.backend, budget=settings.budget, memory=settings.memory,
-                       checkpoint=settings.checkpoint)
+                       checkpoint=settings.checkpoint, ncu=settings.ncu)
     layer = searched_layer(base, result, report, settings, time.time() - t0)
     if why:
         layer.reason = f"full search ({why}); {layer.reason}"

@@ -40,6 +40,7 @@ class BatchSettings:
     checkpoint: str
     baselines: ShapeBaselines = field(default_factory=ShapeBaselines)   # dense once per shape
     cache_dir: str | None = None   # the driver's sparseditto.paths.cache_dir(): workers compile into it
+    ncu: str = "best"              # Nsight Compute inside each full search (run_graph's ncu)
 
     @property
     def gpu(self) -> bool:

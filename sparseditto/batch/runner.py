@@ -26,6 +26,7 @@ from sparseditto.batch.reuse import BatchSettings
 from sparseditto.batch.weights import list_weights
 
 DEFAULT_OUT = "sparseditto-batch"
+NCU_MODES = ("best", "all", "off")
 
 
 def _model_label(model: Any) -> str:
@@ -72,7 +73,7 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
               select: str | None = None, min_sparsity: float = 0.3, out: str | Path = DEFAULT_OUT,
               resume: bool = False, backend: str = "auto", budget: int | None = None, memory: Any = None,
               previous: str | Path | None = None, tolerance: float = 0.05, progress: bool = False,
-              workers: int | str | None = None, ray_address: str | None = None) -> BatchReport:
+              workers: int | str | None = None, ray_address: str | None = None, ncu: str = "best") -> BatchReport:
     """A verified kernel (or dense) for every selected weight of ``model``; see the module doc.
 
     ``model``: a .safetensors file, a folder of safetensors shards (with its index json), a .pt
@@ -85,7 +86,8 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     flagged. ``tolerance``: how far (fraction) a reused kernel may be from its expected time.
     ``workers``: None (default: one process per local GPU when there are several, else this
     process), a number of local worker processes, or "ray" (Ray tasks; ``ray_address`` implies it);
-    see `sparseditto.batch.workers`.
+    see `sparseditto.batch.workers`. ``ncu``: Nsight Compute inside each full search, as run_graph's
+    ``ncu`` (best | all | off).
     """
     from sparseditto.api import _check_settings
 
@@ -95,6 +97,8 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     tolerance = _check_fraction(tolerance, "tolerance")
     if tolerance <= 0:
         raise ValueError("tolerance must be above 0 (a fraction such as 0.05).")
+    if ncu not in NCU_MODES:
+        raise ValueError(f"ncu must be one of {', '.join(NCU_MODES)} (Nsight Compute inside each search), got {ncu!r}.")
     from sparseditto.batch.workers import check_workers
 
     if workers is None and ray_address is None and resolved == "cuda" and isinstance(model, (str, Path)):
@@ -110,10 +114,12 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
 
     settings = BatchSettings(target=tgt, n_values=n_values, dtype=dtype, backend=resolved, budget=budget,
                              tolerance=tolerance, memory=memory, checkpoint=str(out_dir / "checkpoint.sqlite"),
-                             cache_dir=str(cache_dir()))
+                             cache_dir=str(cache_dir()), ncu=ncu)
     fingerprint = {"model": _model_label(model), "target": tgt.name, "n": n_values, "dtype": dtype,
                    "backend": resolved, "budget": budget, "select": select, "min_sparsity": min_sparsity,
                    "tolerance": tolerance, "previous": str(previous) if previous is not None else None}
+    if ncu != "best":   # the default is left out: a journal written before this setting existed still resumes
+        fingerprint["ncu"] = ncu
     journal = Journal(out_dir)
     try:
         journal.start(fingerprint, resume)   # refused: out's batch and its report stay as they are

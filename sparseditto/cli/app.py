@@ -98,6 +98,9 @@ def _add_batch_options(p: argparse.ArgumentParser) -> None:
                    help="--out of an earlier batch of this model: unchanged layers reuse its kernels, slower "
                         "layers are flagged")
     p.add_argument("--budget", type=int, default=None, metavar="K", help="run_graph budget of each full search")
+    p.add_argument("--ncu", default="best", choices=["best", "all", "off"],
+                   help="Nsight Compute inside each full search (default best: each new best candidate; off saves "
+                        "~10 s per profile on the H200)")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="how close (fraction) a reused kernel must be to its expected time (default: 0.05)")
     p.add_argument("--memory", default=None, metavar="FILE", help="SQLite memory file (default: the cache's)")

@@ -216,7 +216,7 @@ def cmd_batch(args) -> int:
     report = run_batch(args.model, target=args.target, n=args.n, dtype=args.dtype, select=args.select,
                        min_sparsity=args.min_sparsity, out=args.out, resume=args.resume, backend=args.backend,
                        budget=args.budget, memory=args.memory, previous=args.previous, tolerance=args.tolerance,
-                       progress=not args.quiet, workers=args.workers, ray_address=args.ray_address)
+                       progress=not args.quiet, workers=args.workers, ray_address=args.ray_address, ncu=args.ncu)
     print(report.model_dump_json(indent=1) if args.json else report.summary())
     return 0
 
