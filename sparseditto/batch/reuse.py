@@ -100,8 +100,8 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
         retimed = ""
         if observed > expected * (1 + settings.tolerance):
             # a miss costs a full search (a minute on the H200): confirm it with a second timing
-            # first. Back-to-back timings of one kernel on the H200 differed by 10-70% at times
-            # (session 22), enough to send sibling layers of one pattern to needless searches.
+            # first. One kernel's timings on the H200 spread over 12-22 us in a session-22 run
+            # (sandbox profiled), enough to send 5 of 8 sibling layers to needless searches.
             again = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
                                   repeats=repeats, warmup=warmup, baselines=False, time_dense=False)
             second = (again.candidate_graph or again.candidate).median_ms
@@ -133,8 +133,9 @@ def try_reuse(winner: LayerResult, winner_report: dict, base: LayerResult, A, re
     """``base`` (this layer's name, shape, pattern, ...) completed with the winner's kernel, or
     the reason the full search must run instead. ``phases`` gets the seconds of each step
     (verify, time, dense), whichever way it ends."""
-    phases = {} if phases is None else phases
     from sparseditto import harness
+
+    phases = {} if phases is None else phases
 
     est = estimates(report, settings, winner.template or "dense", winner.params)
     tol = settings.tolerance

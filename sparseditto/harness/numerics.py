@@ -120,9 +120,9 @@ _FLAT_POSITIONS: list = []   # [(matrix, its row * k + col positions)]: the last
 def _flat_positions(matrix) -> np.ndarray:
     """Row-major positions (row * k + col, int64) of ``matrix``'s entries, kept for the last matrix.
 
-    A verification computes 16 references of one pattern (4 calls at each of 4 N values), a
-    benchmark 4 more: building the positions is the host side's largest part on an LLM-sized weight
-    (22M entries). Host memory (pageable) only: device memory is where a candidate's kernel writes,
+    A verification computes 9 references of one pattern (two calls at each of 4 N values, two more
+    at the first), a benchmark up to 4 more: building the positions was the host side's largest
+    part on an LLM-sized weight (22M entries). Host memory (pageable) only: device memory is where a candidate's kernel writes,
     so nothing of a reference lives there while candidate code runs (module doc of verify)."""
     if _FLAT_POSITIONS and _FLAT_POSITIONS[0][0] is matrix:
         return _FLAT_POSITIONS[0][1]
