@@ -235,6 +235,17 @@ def test_result_says_where_the_wall_time_went(run_dir):
     assert "time by node: " in result.summary()
 
 
+def test_a_nodes_inner_tasks_are_charged_to_it():
+    """finalize's vendor paths and re-timing run as LangGraph tasks (`kit.once`) whose updates
+    stream under their own names: their seconds belong to finalize, not to no node."""
+    from sparseditto.api import _charged_nodes
+
+    assert _charged_nodes({"finalize_vendor_paths": {}}) == ["finalize"]
+    assert _charged_nodes({"finalize_retime": {}, "finalize": {}}) == ["finalize"]
+    assert _charged_nodes({"profiler": {}}) == ["profiler"]
+    assert _charged_nodes({"__interrupt__": ()}) == [] and _charged_nodes(("not", "a dict")) == []
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"target": "Z9000"}, "Z9000"),
     ({"dtype": "int8"}, "int8"),
