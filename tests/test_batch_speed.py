@@ -167,3 +167,27 @@ def test_ncu_setting_is_checked_and_reaches_every_search(monkeypatch, tmp_path):
     with pytest.raises(Stop):
         group._search(object(), base, {}, settings, None)
     assert seen["ncu"] == "off" and seen["n"] == [1]
+
+
+def test_the_eta_counts_one_search_per_group_without_a_winner_and_reused_layers_after():
+    from sparseditto.batch.progress import Eta
+
+    def layer(name, group, status, seconds):
+        return LayerResult(name=name, shape=(4, 4), dtype="float16", status=status, group=group, seconds=seconds)
+
+    eta = Eta()
+    eta.plan({"a": ["a0", "a1", "a2", "a3"], "b": ["b0", "b1", "b2"]}, {})
+    assert eta.seconds_left() is None                     # nothing seen yet
+    eta.finished(layer("a0", "a", "searched", 60.0))
+    assert eta.seconds_left() is None                     # no reused layer seen yet
+    eta.finished(layer("a1", "a", "reused", 4.0))
+    # a: 2 reused left at 4 s; b: one search (60 s) and 2 reused at the only median there is (4 s)
+    assert eta.seconds_left() == pytest.approx(2 * 4 + 60 + 2 * 4)
+    eta.finished(layer("b0", "b", "searched", 80.0))
+    eta.finished(layer("b1", "b", "reused", 10.0))
+    assert eta.seconds_left() == pytest.approx(2 * 4 + 10)   # each group its own median
+    # a resumed batch: the finished layers are known, a group with a winner needs no search
+    again = Eta()
+    again.plan({"a": ["a0", "a1", "a2"]}, {"a0": layer("a0", "a", "searched", 60.0)})
+    again.finished(layer("a1", "a", "reused", 5.0))
+    assert again.seconds_left() == pytest.approx(5.0)

@@ -138,6 +138,7 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
                 if ref.name not in done:
                     done[ref.name] = record_layer(journal, bar, base_layer(ref, status="skipped", reason=why))
             groups = _analyze(selection.chosen, done, journal, bar, min_sparsity, dtype)
+            bar.plan({key: [ref.name for ref, _ in members] for key, members in groups.items()}, done)
             if workers is None:
                 for key, members in groups.items():
                     run_group(key, members, done, journal, bar, settings, prev)
