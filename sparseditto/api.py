@@ -596,7 +596,6 @@ def run_graph(matrix, target: str = "A100", *, n: int | list[int] | None = None,
                    "iteration": 0}
         if state == "resume":
             _claim_memory_run(ctx, graph.get_state(config).values)
-        from sparseditto.graphs.build import NODES
         from sparseditto.harness.timing import LapClock
 
         # each streamed update closes the interval since the previous one, charged to its node; a

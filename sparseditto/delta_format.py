@@ -337,16 +337,15 @@ class DeltaSlices:
             hit = _LAYOUTS.get(key)
             if hit is not None:
                 _LAYOUTS.move_to_end(key)
-        if hit is not None:
-            return hit[0].with_values(data, hit[1])
-        fmt, slots = cls._layout(indptr, indices, data, (m, k), lanes, bits, skew, min_lanes)
-        with _LAYOUTS_LOCK:
-            # the cache keeps its own copies: the caller's arrays may become tensors it writes to
-            _LAYOUTS[key] = (replace(fmt, values=np.zeros(0), deltas=fmt.deltas.copy(), starts=fmt.starts.copy(),
-                                     group_base=fmt.group_base.copy()), slots)
-            while len(_LAYOUTS) > LAYOUT_CACHE_ENTRIES:
-                _LAYOUTS.popitem(last=False)
-        return fmt
+        if hit is None:
+            hit = cls._layout(indptr, indices, (m, k), lanes, bits, skew, min_lanes)
+            with _LAYOUTS_LOCK:
+                _LAYOUTS[key] = hit
+                while len(_LAYOUTS) > LAYOUT_CACHE_ENTRIES:
+                    _LAYOUTS.popitem(last=False)
+        # one scatter for a new pattern and a known one; the copies keep the cached layout apart
+        # from the caller's arrays, which may become tensors it writes to
+        return hit[0].with_values(data, hit[1])
 
     def with_values(self, data: np.ndarray, slots: np.ndarray) -> "DeltaSlices":
         """These slices (copied) holding ``data``, A's values in canonical CSR order, at ``slots``."""
@@ -356,8 +355,9 @@ class DeltaSlices:
                        group_base=self.group_base.copy())
 
     @classmethod
-    def _layout(cls, indptr, indices, data, shape, lanes, bits, skew, min_lanes):
-        """(slices, value slots): the packing search and the pack, for a pattern not in the cache."""
+    def _layout(cls, indptr, indices, shape, lanes, bits, skew, min_lanes):
+        """(slices without values, value slots): the packing search and the pack, for a pattern not
+        in the cache."""
         bits, lanes, col, src, per_row = cls._choose(indptr, indices, lanes, bits, min_lanes)
         if skew == "auto":
             # the simulation samples the first CONFLICT_SAMPLE_WARPS warps: only their rows' entries
@@ -369,7 +369,7 @@ class DeltaSlices:
             skew = best if score[best] <= SKEW_MIN_GAIN * score[0] else 0
         if skew:
             col, src, per_row = expanded_entries(indptr, physical_columns(indices, skew), bits)
-        return cls._pack(shape, data, int(lanes), int(bits), int(skew), col, src, per_row)
+        return cls._pack(shape, int(lanes), int(bits), int(skew), col, src, per_row)
 
     @staticmethod
     def _choose(indptr, indices, lanes, bits, min_lanes=1):
@@ -386,7 +386,7 @@ class DeltaSlices:
         return (b, ln, *expanded_entries(indptr, indices, b, gaps))
 
     @classmethod
-    def _pack(cls, shape, data, lanes: int, bits: int, skew: int, col, src, per_row) -> tuple["DeltaSlices", np.ndarray]:
+    def _pack(cls, shape, lanes: int, bits: int, skew: int, col, src, per_row) -> tuple["DeltaSlices", np.ndarray]:
         m, k = shape
         rows, lane, slot, groups = positions(per_row, lanes)
         group_base = np.zeros(m + 1, dtype=np.int64)
@@ -401,13 +401,11 @@ class DeltaSlices:
         where += lane
         where *= GROUP
         where += slot % GROUP
-        values = np.zeros(pieces * GROUP, dtype=np.float64)
         real = src >= 0
         # the nonzeros appear in the entries in their CSR order (src[real] is 0, 1, ..., nnz - 1,
         # fillers and padding between them), so where[real] is each value's slot in data's order:
-        # what a cached layout scatters a new matrix's values into
+        # what `with_values` scatters a matrix's values into
         slots = where[real].astype(np.int32)
-        values[slots] = data
         starts = np.zeros(m * lanes, dtype=np.int64)
         lead = slot == 0
         starts[rows[lead].astype(np.int64) * lanes + lane[lead]] = col[lead]
@@ -425,9 +423,9 @@ class DeltaSlices:
         else:
             shifts = (4 * np.arange(GROUP, dtype=np.uint32))[None, :]
             deltas = (fields.reshape(pieces, GROUP).astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
-        fmt = cls(shape=(m, k), lanes=lanes, bits=bits, skew=skew, values=values, deltas=deltas,
+        fmt = cls(shape=(m, k), lanes=lanes, bits=bits, skew=skew, values=np.zeros(0), deltas=deltas,
                   starts=starts.astype(np.int32), group_base=group_base.astype(np.int32),
-                  nnz=int(data.size), fillers=int((~real).sum()))
+                  nnz=int(slots.size), fillers=int((~real).sum()))
         return fmt, slots
 
     @property

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import time
 
-from sparseditto.batch.models import LayerResult
+from sparseditto.batch.models import WINNER_STATUSES, LayerResult
 from sparseditto.batch.progress import Progress
 from sparseditto.batch.reuse import BatchSettings, estimates, try_reuse
 from sparseditto.batch.weights import WeightRef, as_matrix_tensor
 from sparseditto.harness.sandbox import WorkerStartError
 
-
-# A layer the rest of its group starts from: one searched here, or one whose previous-batch kernel
-# was verified and timed here.
-WINNER_STATUSES = ("searched", "previous")
 
 
 def base_layer(ref: WeightRef, **fields) -> LayerResult:

@@ -15,6 +15,9 @@ from pydantic import BaseModel, Field
 # previous: a kernel of the previous batch's bundle whose signature still matches; dense: no kernel
 # beats dense; skipped: not a candidate (not 2-D, below --min-sparsity, not selected); failed.
 LayerStatus = Literal["searched", "reused", "shared", "previous", "skipped", "failed"]
+# A layer the rest of its group starts from: one searched here, or one whose previous-batch kernel
+# was verified and timed here.
+WINNER_STATUSES = ("searched", "previous")
 
 
 class LayerResult(BaseModel):

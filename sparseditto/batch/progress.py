@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from sparseditto.batch.models import LayerResult
+from sparseditto.batch.models import WINNER_STATUSES, LayerResult
 
 SEARCHED = ("searched",)                         # a group's full search
 REUSED = ("reused", "previous", "shared")        # a layer started from a kernel found before
@@ -28,7 +28,7 @@ class Eta:
         """The layers each group still has to do (``done``: what a resumed batch finished)."""
         for key, names in groups.items():
             self.left[key] = {n for n in names if n not in done}
-            self.has_winner[key] = any(done[n].status in ("searched", "previous") for n in names if n in done)
+            self.has_winner[key] = any(done[n].status in WINNER_STATUSES for n in names if n in done)
 
     def finished(self, layer: LayerResult) -> None:
         key = layer.group
@@ -38,7 +38,7 @@ class Eta:
             self.searches.append(layer.seconds)
         elif layer.status in REUSED:
             self.reused.setdefault(key or "", []).append(layer.seconds)
-        if key is not None and layer.status in ("searched", "previous"):
+        if key is not None and layer.status in WINNER_STATUSES:
             self.has_winner[key] = True
 
     def seconds_left(self) -> float | None:

@@ -91,20 +91,22 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
     repeats, warmup = GPU_REPEATS
     lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
     scale = (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
+    def timing(baselines):
+        """(bench result, the kernel's ms: graph-replayed when captured, else eager)."""
+        res = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
+                            repeats=repeats, warmup=warmup, baselines=baselines, time_dense=False)
+        return res, (res.candidate_graph or res.candidate).median_ms
+
     t0 = time.time()
     try:
-        timed = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
-                              repeats=repeats, warmup=warmup, baselines=vendors or False, time_dense=False)
-        observed = (timed.candidate_graph or timed.candidate).median_ms
+        timed, observed = timing(vendors or False)
         expected = (winner.kernel_ms or observed) * scale
         retimed = ""
         if observed > expected * (1 + settings.tolerance):
             # a miss costs a full search (a minute on the H200): confirm it with a second timing
             # first. One kernel's timings on the H200 spread over 12-22 us in a session-22 run
             # (sandbox profiled), enough to send 5 of 8 sibling layers to needless searches.
-            again = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
-                                  repeats=repeats, warmup=warmup, baselines=False, time_dense=False)
-            second = (again.candidate_graph or again.candidate).median_ms
+            second = timing(False)[1]
             retimed = f" (a second timing: {second * 1e3:.1f} us, the lower kept)"
             observed = min(observed, second)
     except harness.BenchError as exc:

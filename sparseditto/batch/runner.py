@@ -198,7 +198,9 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
     kept and the matrix dropped, so a 7B checkpoint is never held whole. Results are recorded in
     the model's order, so the groups and the journal do not depend on the threads' timing. Each
     report goes to the journal too: a resumed batch takes it from there instead of analyzing again."""
+    from collections import deque
     from concurrent.futures import ThreadPoolExecutor
+    from itertools import islice
 
     groups: OrderedDict[str, list] = OrderedDict()
     known = journal.analyses() if journal is not None else {}
@@ -211,23 +213,22 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
             groups.setdefault(prior.group, []).append((ref, None))
             continue
         todo.append(ref)
-    fresh = [ref for ref in todo if ref.name not in known]
-    slot = {ref.name: i for i, ref in enumerate(fresh)}
     if not todo:
         return groups
+    fresh = iter([ref for ref in todo if ref.name not in known])   # in todo's order
     threads = _analysis_threads()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analyze") as pool:
-        # a bounded window of weights in flight: memory stays at `threads` (+1) matrices
-        pending = [pool.submit(_analyze_one, ref, min_sparsity) for ref in fresh[:threads + 1]]
+        # a bounded window of weights in flight: memory stays at `threads` (+1) matrices, and a
+        # Ctrl-C waits for at most that many analyses
+        window = deque(pool.submit(_analyze_one, ref, min_sparsity) for ref in islice(fresh, threads + 1))
         for ref in todo:
             report = known.get(ref.name)
             if report is None:
                 bar.working(ref.name, "analyzing")
-                i = slot[ref.name]
-                layer, report = pending[i].result()
-                pending[i] = None
-                if i + threads + 1 < len(fresh):
-                    pending.append(pool.submit(_analyze_one, fresh[i + threads + 1], min_sparsity))
+                layer, report = window.popleft().result()
+                following = next(fresh, None)
+                if following is not None:
+                    window.append(pool.submit(_analyze_one, following, min_sparsity))
                 if layer is not None:
                     done[ref.name] = record_layer(journal, bar, layer)
                     continue
