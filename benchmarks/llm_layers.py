@@ -11,7 +11,10 @@ every result checked against an fp64 reference with the verification tolerance b
 and re-checked on new inputs after timing; cold L2 (a 2x-L2 buffer read before every launch),
 median of repeats, launch replayed from a CUDA graph ("graph", the kernel's own time) and plain
 ("eager"); dense cuBLAS (torch.matmul on the dense weight) timed the same way in the same process.
-% roofline = format bytes (A + B + C) at the measured copy bandwidth over the graph time; % floor =
+"chain" (harness.timing.time_cuda_chain): the launch repeated back to back from one graph, each on its
+own copy of the weight (cold in L2, B shared), per launch: what a layer costs inside a model's graph,
+without the ~4 us a lone replay between events carries; cuBLAS and the read floor are chained the same
+way, and x dense (chain) compares those. % roofline = format bytes (A + B + C) at the measured copy bandwidth over the graph time; % floor =
 the time of a pure streaming read of those bytes, timed the same way in the same run
 (read_floor_probe.py), over the graph time: at 5-60 MB the method's own fixed cost (an empty kernel
 measures ~4 us) keeps even a pure read at 0.8-3.3 TB/s, so % floor is what the kernel wastes.
@@ -96,6 +99,34 @@ def check(fn, matrix, values64, dtype: str, n: int, rng) -> dict:
     return {"ok": bool(cmp.ok), "rel_err": cmp.rel_err, "message": cmp.message[:300]}
 
 
+def time_chain(fns, b, out, repeats: int) -> float:
+    """Per-launch microseconds of ``fns`` (one per copy of the weight) chained in one graph."""
+    from sparseditto.harness.timing import time_cuda_chain
+
+    return time_cuda_chain([lambda f=f: f(b, out) for f in fns], repeats=repeats, warmup=3).median_ms * 1e3
+
+
+def chained_kernel(mod, packed, a_bytes: float, b, out, repeats: int, rng_seed: int) -> dict:
+    """The kernel chained over copies of its packed matrix (runtime.clone_packed), and a bitwise
+    check that the last copy computes what the original does on a fresh B."""
+    import torch
+
+    from sparseditto.harness.timing import chain_copies
+    from sparseditto.kernel_templates.runtime import clone_packed
+
+    copies = [packed] + [clone_packed(packed) for _ in range(chain_copies(a_bytes) - 1)]
+    fns = [lambda bb, oo, _p=p: mod.spmm(_p, bb, oo) for p in copies]
+    us = time_chain(fns, b, out, repeats)
+    g = torch.Generator(device="cuda").manual_seed(rng_seed)
+    b2 = torch.randn(b.shape, device="cuda", generator=g).to(b.dtype)
+    o1, o2 = torch.empty_like(out), torch.empty_like(out)
+    mod.spmm(packed, b2, o1)
+    mod.spmm(copies[-1], b2, o2)
+    same = bool(torch.equal(o1, o2))
+    del copies
+    return {"chain_us": us, "chain_copies_same": same}
+
+
 def time_launch(fn, b, out, repeats: int) -> dict:
     from sparseditto.harness.timing import time_cuda, time_cuda_graph
 
@@ -171,12 +202,13 @@ PRESETS = {
 # use), so a sweep does not re-pack an 11008x4096 matrix per variant.
 TEMPLATE_VARIANTS = {
     "check": {"tc_dense": [{}, {"R": 1, "PIPE": 4, "SPLIT": 1}, {"WARPS": 4, "PIPE": 3}],
+              "tc_lanemask": [{}, {"SPLIT": 1, "PIPE": 2}, {"WARPS": 4, "PIPE": 6, "SPLIT": 8}, {"WARPS": 16, "PIPE": 3}],
               "tc_bitmap": [{}, {"WARPS": 8, "RING_KB": 16}, {"SPLIT": 1, "RING_KB": 12}],
               "tc_sp24": [{}, {"R": 1, "PIPE": 4, "SPLIT": 1}, {"WARPS": 4, "PIPE": 3}]},
     "core": {"tc_dense": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}],
              "tc_bitmap": [{}, {"WARPS": 8}, {"SPLIT": 8}, {"SPLIT": 4, "RING_KB": 16}, {"SPLIT": 1}],
              "tc_sp24": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}, {"PIPE": 4}]},
-    "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}],
+    "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}], "tc_lanemask": [{}],
                "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}], "delta_spmv": [{}, {"PIPE": 2}, {"WARPS": 4}]},
 }
 # Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
@@ -184,10 +216,18 @@ TEMPLATE_VARIANTS = {
 PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv")
 
 
+def packed_bytes(packed: dict) -> int:
+    """Bytes of the device arrays a prepared matrix holds (its format bytes)."""
+    import torch
+
+    arrays = packed.get("arrays") or [key for key, v in packed.items() if torch.is_tensor(v)]
+    return sum(packed[key].numel() * packed[key].element_size() for key in arrays)
+
+
 def applicable(template: str, style: str) -> bool:
     if template == "tc_sp24":
         return style in ("nm24", "nm12")
-    if template == "tc_bitmap":
+    if template in ("tc_bitmap", "tc_lanemask"):
         return style != "dense"
     if template == "tc_dense":   # the dense stream's time does not depend on the pattern: time it once
         return style == "dense"
@@ -211,6 +251,7 @@ def run(args) -> list[dict]:
         print(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write), read-only {read_bandwidth() / 1e12:.2f} TB/s")
     variants = json.loads(args.variants) if args.variants else TEMPLATE_VARIANTS[args.preset]
     dense_cache: dict = {}
+    dense_chain: dict = {}
     floor = None
     if preset["time"]:
         # a pure read of each row's bytes, timed the same way (read_floor_probe.py): what the method
@@ -275,8 +316,21 @@ def run(args) -> list[dict]:
                                 dense_cache[key] = time_launch(cublas, b, out, args.repeats)
                             row["cublas_graph_us"], row["cublas_eager_us"] = dense_cache[key]["graph_us"], dense_cache[key]["eager_us"]
                             row["recheck"] = check(fn, matrix, values64, dtype, n, rng)
-                            arrays = packed.get("arrays") or [key_ for key_, v in packed.items() if torch.is_tensor(v)]
-                            nbytes = sum(packed[key_].numel() * packed[key_].element_size() for key_ in arrays)
+                            if args.chain:
+                                try:
+                                    row.update(chained_kernel(mod, packed, packed_bytes(packed), b, out, args.repeats,
+                                                              args.seed + n))
+                                except Exception as exc:  # noqa: BLE001 - recorded; the single-launch timing stays
+                                    row["chain_error"] = f"{type(exc).__name__}: {exc}"[:300]
+                                if key not in dense_chain:
+                                    from sparseditto.harness.timing import chain_copies
+                                    dws = [dense_w] + [dense_w.clone() for _ in range(chain_copies(m * k * 2) - 1)]
+                                    dense_chain[key] = time_chain(
+                                        [lambda bb, oo, _w=w: torch.matmul(_w, bb, out=oo) for w in dws], b, out,
+                                        args.repeats)
+                                    del dws
+                                row["cublas_chain_us"] = dense_chain[key]
+                            nbytes = packed_bytes(packed)
                             row["a_bytes"] = nbytes
                             total = nbytes + (k * n + m * n) * 2
                             if row["graph_us"]:
@@ -284,6 +338,10 @@ def run(args) -> list[dict]:
                                 row["roofline_pct"] = 100.0 * total / bw / (row["graph_us"] * 1e-6)
                                 row["read_floor_us"] = floor.floor_us(total)
                                 row["floor_pct"] = 100.0 * row["read_floor_us"] / row["graph_us"]
+                            if row.get("chain_us"):
+                                row["speedup_chain"] = row["cublas_chain_us"] / row["chain_us"]
+                                row["read_floor_chain_us"] = floor.chain_us(total)
+                                row["floor_chain_pct"] = 100.0 * row["read_floor_chain_us"] / row["chain_us"]
                         rows.append(row)
                         c = row["check"]
                         tag = ",".join(f"{a}={b}" for a, b in params.items()) or "default"
@@ -292,6 +350,10 @@ def run(args) -> list[dict]:
                               + (f" graph {row['graph_us']:.1f}us eager {row['eager_us']:.1f}us cublas "
                                  f"{row['cublas_graph_us']:.1f}us x{row.get('speedup', 0):.2f} "
                                  f"roof {row.get('roofline_pct', 0):.0f}% floor {row.get('floor_pct', 0):.0f}%"
+                                 + (f" | chain {row['chain_us']:.1f}us cublas {row['cublas_chain_us']:.1f}us "
+                                    f"x{row['speedup_chain']:.2f} floor {row['floor_chain_pct']:.0f}%"
+                                    + ("" if row["chain_copies_same"] else " COPIES DIFFER")
+                                    if row.get("chain_us") else "")
                                  if row.get("graph_us") else "")
                               + ("" if c["ok"] else f"  {c['message'][:160]}"), flush=True)
                 packed = mod = None
@@ -308,13 +370,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", help='JSON {template: [launch params, ...]} to sweep instead of the preset\'s')
     ap.add_argument("--cases", help="regex over 'SHAPE/style/sparsity' (e.g. '11008x4096/magnitude'): only those cases")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--no-chain", dest="chain", action="store_false",
+                    help="skip the chained timing (launches back to back from one graph, each on a cold copy)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("out/llm_layers.json"))
     args = ap.parse_args(argv)
     rows = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=1, default=str))
-    bad = [r for r in rows if r.get("error") or not r.get("check", {}).get("ok", False)]
+    bad = [r for r in rows if r.get("error") or not r.get("check", {}).get("ok", False)
+           or not r.get("recheck", {"ok": True})["ok"] or r.get("chain_copies_same") is False]
     print(f"{len(rows)} rows, {len(bad)} failed -> {args.out}")
     return 1 if bad else 0
 

@@ -92,6 +92,21 @@ class ReadFloor:
             self.cache[key] = self.time_us("read8", key * 1e5, 8)
         return self.cache[key]
 
+    def chain_us(self, nbytes: float) -> float:
+        """The pure read of ``nbytes`` (rounded to 0.1 MB) per launch in a chained timing
+        (timing.time_cuda_chain: back to back from one graph, each launch on its own cold buffer)."""
+        key = ("chain", round(nbytes / 1e5))
+        if key not in self.cache:
+            words = max(1, int(key[1] * 1e5) // 16)
+            copies = timing.chain_copies(words * 16)
+            bufs = [torch.randint(0, 2 ** 31 - 1, (words * 4,), dtype=torch.int32, device=self.device)
+                    for _ in range(copies)]
+            launches = [self.launcher("read8", (self.sms * 8,), (256,), np.uint64(b.data_ptr()), np.int64(words))
+                        for b in bufs]
+            self.cache[key] = timing.time_cuda_chain(launches, repeats=self.repeats).median_ms * 1e3
+            del bufs
+        return self.cache[key]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -103,11 +118,18 @@ def main() -> None:
     t = timing.time_cuda_graph(probe.launcher("empty_kernel", (1,), (32,)), repeats=args.repeats)
     rows.append({"kernel": "empty", "mb": 0.0, "us": t.median_ms * 1e3})
     print(f"empty kernel (1 CTA): {t.median_ms * 1e3:.2f} us", flush=True)
+    t = timing.time_cuda_chain([probe.launcher("empty_kernel", (1,), (32,))] * 16, repeats=args.repeats)
+    rows.append({"kernel": "empty, chained x16", "mb": 0.0, "us": t.median_ms * 1e3})
+    print(f"empty kernel (1 CTA), per launch of 16 chained: {t.median_ms * 1e3:.2f} us", flush=True)
     for mb in SIZES_MB:
         for name, ctas in (("read4", 4), ("read8", 4), ("read8", 8)):
             us = probe.time_us(name, mb * 1e6, ctas, args.repeats if mb < 1000 else 10)
             rows.append({"kernel": f"{name} x{ctas} CTAs/SM", "mb": mb, "us": us, "tbs": mb * 1e6 / (us * 1e-6) / 1e12})
             print(f"{name} {ctas} CTAs/SM {mb:7.1f} MB: {us:8.2f} us = {rows[-1]['tbs']:.2f} TB/s", flush=True)
+        if mb < 1000:
+            us = probe.chain_us(mb * 1e6)
+            rows.append({"kernel": "read8 x8 CTAs/SM, chained", "mb": mb, "us": us, "tbs": mb * 1e6 / (us * 1e-6) / 1e12})
+            print(f"read8 8 CTAs/SM {mb:7.1f} MB chained: {us:8.2f} us = {rows[-1]['tbs']:.2f} TB/s", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,4 +1,4 @@
-"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap): NVRTC compile
+"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask): NVRTC compile
 through CuPy, launch geometry, the shared-memory budget and the cached one-launch spmm.
 
 Why one module: the three templates differ only in the arrays they pass and the kernel they name;
@@ -63,23 +63,32 @@ def b_row_bytes(nt: int) -> int:
     return 16 * nt
 
 
+def lanemask_offsets_stride(chunks_per_cta: int) -> int:
+    """u32 blob offsets staged per warp by tc_lanemask (chunks + 1, rounded up to 16 bytes)."""
+    return (chunks_per_cta + 4) & ~3
+
+
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
-               ring_kb: int = 0) -> int:
-    """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap)."""
+               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0) -> int:
+    """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
+    tc_lanemask)."""
     total = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
     if split > 1:
         total += warps * rows_per_warp * TILE_M * nt * 8 * 4
     if kind == "bitmap":
         total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
+    if kind == "lanemask":
+        total += LUT_BYTES + warps * lanemask_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
     return total
 
 
 def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int) -> dict:
     """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU."""
     warps = int(params["WARPS"])
-    rows = 1 if kind == "bitmap" else int(params.get("R", 1))
+    rows = 1 if kind in ("bitmap", "lanemask") else int(params.get("R", 1))
     ring_kb = int(params.get("RING_KB", 0))
     pipe = int(params.get("PIPE", 0))
+    slot_bytes = int(params.get("SLOT_BYTES", 0))
     gx = -(-tiles // (warps * rows))
     split = params.get("SPLIT", "auto")
     candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
@@ -88,7 +97,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem))
         if feasible or nt == 1:
@@ -107,12 +116,15 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     else:
         s, cpc, smem = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
-            "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe}
+            "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
+            "slot_bytes": slot_bytes}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "bitmap":
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
+    if kind == "lanemask":
+        return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
 
 
@@ -161,11 +173,15 @@ def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
     return max(1, -(-largest // 1024))
 
 
-def launch_params(params: dict, ring_floor_kb: int = 0) -> dict:
-    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap)."""
+def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0) -> dict:
+    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap) and
+    the ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES, a property of the matrix, not
+    a choice)."""
     out = dict(params)
     if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
         out["RING_KB"] = int(ring_floor_kb)
+    if slot_bytes:
+        out["SLOT_BYTES"] = int(slot_bytes)
     return out
 
 
@@ -195,21 +211,23 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
 
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
-                   device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0) -> dict:
+                   device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0,
+                   slot_bytes: int = 0) -> dict:
     """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
 
     `ring_floor_kb` (tc_bitmap: `bitmap_ring_floor_kb` of the offsets) raises RING_KB wherever a
-    launch is planned, so no params choice can make a bulk copy overrun its warp's ring."""
+    launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
+    `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob."""
     sms = runtime.sm_count(device)
     bf16 = DTYPE_FLAGS[dtype]
-    geoms = reachable_geometries(kind, tiles, nchunks, launch_params(params, ring_floor_kb), sms)
+    geoms = reachable_geometries(kind, tiles, nchunks, launch_params(params, ring_floor_kb, slot_bytes), sms)
     names = [kernel_name(kind, bf16, g) for g in geoms]
     kernels = compile_kernels(cuda_src, names, device) if device.type == "cuda" else {}
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "ring_floor_kb": int(ring_floor_kb), "sm_count": sms, "kernels": kernels, "cuda_src": cuda_src,
-            "scratch": {}}
+            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "sm_count": sms, "kernels": kernels,
+            "cuda_src": cuda_src, "scratch": {}}
 
 
 def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str) -> dict:
@@ -219,8 +237,9 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     fmt = fmt_cls.from_matrix(A, dtype_name(dt))
     tiles, chunks, arrays = fmt.kernel_arrays()
     floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
+    slot = fmt.slot_bytes() if kind == "lanemask" else 0
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
-                          ring_floor_kb=floor)
+                          ring_floor_kb=floor, slot_bytes=slot)
 
 
 def _set_dynamic_smem(fn, nbytes: int) -> None:
@@ -234,7 +253,7 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
-    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0))
+    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
     geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"])
     name = kernel_name(kind, packed["bf16"], geom)
     fn = packed["kernels"].get(name)
@@ -246,6 +265,8 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     bvec = int(b.stride(0) % 8 == 0 and b.data_ptr() % 16 == 0)
     tail = (np.int32(m), np.int32(n), np.int32(k), np.int32(packed["nchunks"] * CHUNK_K), np.int64(b.stride(0)),
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
+    if kind == "lanemask":
+        tail += (np.int32(geom["slot_bytes"]),)
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
             "tail": tail, "geom": geom}
 

@@ -17,6 +17,9 @@ a CPU round trip proves the layout, not just the numpy that built it.
   TCBitmap  per (16-row tile, 64-column chunk) a blob: a 176-byte header (the octet masks W[g][s],
             the lane ranks P[g][s], the step value offsets cum[s], the blob's size) and the kept
             values in fragment order; 2 bytes per kept value + 1.375 bits per element.
+  TCLaneMask  per (tile, chunk) a blob: lane L's u32 mask of its 32 elements (128 bytes) and the
+            kept values in TCBitmap's order (step, lane, row half, column); 2 bytes per kept value +
+            1 bit per element (+ 16-byte padding).
 """
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from sparseditto.matrix import SparseMatrix
 TILE_M = 16
 CHUNK_K = 64
 BITMAP_HEADER = 176          # W: 128 bytes, P: 32 bytes, cum: 4 x u16, the blob's size: u32, 4 spare
+LANEMASK_WORDS = 128         # tc_lanemask: 32 lanes x one u32 mask word per blob
+LANEMASK_OVERREAD = 4        # bytes a lane's last quad may read past the blob's last value
 SP24_META_BYTES_PER_CHUNK = 8 * 2 * 2 * 4   # [g][t][s] u32 words per (tile, chunk)
 VALUE_DTYPES = ("float16", "bfloat16")
 
@@ -209,13 +214,12 @@ class TCSparse24:
 def fragment_key(rows: np.ndarray, cols: np.ndarray, chunks: int) -> np.ndarray:
     """Position of element (row, col) in the bitmap kernels' value order: blob (tile, chunk), then
     step s, lane (g, t), row half h, column j within the lane's quad."""
-    tile, r = np.divmod(rows, TILE_M)
-    h, g = np.divmod(r, 8)
-    c, kk = np.divmod(cols, CHUNK_K)
-    t, rem = np.divmod(kk, 16)
-    s, j = np.divmod(rem, 4)
-    within = s * 256 + (g * 4 + t) * 8 + h * 4 + j
-    return (tile * chunks + c) * 1024 + within
+    # shifts and masks, not divmod: the tile sizes are powers of two and this runs over every nonzero
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    h, g = (rows >> 3) & 1, rows & 7
+    t, s, j = (cols >> 4) & 3, (cols >> 2) & 3, cols & 3
+    within = (s << 8) | (g << 5) | (t << 3) | (h << 2) | j
+    return (((rows >> 4) * chunks + (cols >> 6)) << 10) | within
 
 
 @dataclass(frozen=True, eq=False)
@@ -355,3 +359,141 @@ def decode_quad_model(stream: np.ndarray, start: int, nibble: int) -> tuple[int,
     mid = start + (x >> 16) // 2
     hi = prmt(at(mid), at(mid + 1), y & 0xFFFF)
     return lo, hi, start + (y >> 16) // 2
+
+
+# ---- one mask word per lane (tc_lanemask) -----------------------------------------------------------
+
+def lanemask_slots(rows: np.ndarray, cols: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(blob, lane, bit) of elements (row, col) in tc_lanemask's layout: lane (g, t) of blob
+    (tile, chunk) owns rows g and g+8 of the tile and columns 16t..16t+15 of the chunk; bit i is row
+    g's column 16t + i, bit 16 + i row g+8's."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    return (rows >> 4) * chunks + (cols >> 6), ((rows & 7) << 2) | ((cols >> 4) & 3), \
+        (((rows >> 3) & 1) << 4) | (cols & 15)
+
+
+def lanemask_counts(w: int) -> tuple[int, int]:
+    """(y, own) as tc_lanemask computes them from a lane's mask word: y holds the kept values of each
+    nibble (a SWAR popcount; nibble s = row g's quad of step s, nibble 4 + s = row g+8's), own one
+    byte per step with the lane's kept values at that step (both row halves). A model of the
+    kernel's arithmetic, so CPU tests check it."""
+    w &= 0xFFFFFFFF
+    x = (w - ((w >> 1) & 0x55555555)) & 0xFFFFFFFF
+    y = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    z = (y & 0xFFFF) + (y >> 16)
+    own = (z & 0xF) | ((z & 0xF0) << 4) | ((z & 0xF00) << 8) | ((z & 0xF000) << 12)
+    return y, own
+
+
+def lanemask_ranks(words) -> tuple[list[int], list[int]]:
+    """(excl, bases) as the kernel's warp scan leaves them: excl[L] = lane L's exclusive prefix of
+    the packed per-step bytes, summed mod 2^32 in the kernel's order (Hillis-Steele, 5 rounds), and
+    the steps' first values from lane 31's totals."""
+    own = [lanemask_counts(int(w))[1] for w in words]
+    incl = list(own)
+    d = 1
+    while d < 32:
+        incl = [(incl[ln] + (incl[ln - d] if ln >= d else 0)) & 0xFFFFFFFF for ln in range(32)]
+        d <<= 1
+    excl = [(incl[ln] - own[ln]) & 0xFFFFFFFF for ln in range(32)]
+    t = [((excl[31] >> (8 * s)) & 0xFF) + ((own[31] >> (8 * s)) & 0xFF) for s in range(3)]
+    return excl, [0, t[0], t[0] + t[1], t[0] + t[1] + t[2]]
+
+
+@dataclass(frozen=True, eq=False)
+class TCLaneMask:
+    """Blobs per (tile, chunk): 32 lane mask words + the kept values lane by lane (module docstring).
+
+    Why this layout: a lane's 32 elements (what it feeds the chunk's four m16n8k16 steps) are one
+    mask word, so one warp scan of its per-step counts (a byte each) gives every lane its start in
+    every step: no per-step headers (tc_bitmap's 176 bytes) and no chain between a chunk's quads.
+    The values stay in tc_bitmap's step-major order: lane-major runs put a warp's gathers ~32 bytes
+    apart per lane, 8-way shared-memory bank conflicts on the H200."""
+
+    shape: tuple[int, int]
+    blobs: np.ndarray         # uint8, all blobs back to back, each 16-byte aligned
+    offsets: np.ndarray       # uint32 [tiles, chunks + 1], blob starts in 16-byte units
+    dtype: str
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCLaneMask":
+        A = _check(A)
+        mp, kp = padded_shape(A.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        nb = tiles * chunks
+        rows, cols = _coords(A)
+        blob, lane, bit = lanemask_slots(rows, cols, chunks)
+        # distinct powers of two up to 2^31 sum exactly in float64: the OR of each lane's bits
+        words = np.bincount(blob * 32 + lane, weights=np.ldexp(1.0, bit), minlength=nb * 32).astype(np.uint32)
+        nvals = np.bincount(blob, minlength=nb)
+        # each value's place in the step, lane, half, column order: the count of nonzeros with a
+        # smaller fragment key (keys are unique and dense in [0, nb * 1024): a prefix count, no sort)
+        key = fragment_key(rows, cols, chunks)
+        present = np.zeros(nb * 1024, dtype=np.int32)
+        present[key] = 1
+        np.cumsum(present, out=present)
+        rank = present[key].astype(np.int64) - 1
+        del present
+        vbits = value_bits(A.data, dtype)
+        sizes = (LANEMASK_WORDS + 2 * nvals + 15) // 16                                 # 16-byte units
+        starts = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        if starts[-1] > np.iinfo(np.uint32).max:
+            raise ValueError("The lane-mask blobs exceed 64 GiB; the kernel addresses them with 32-bit offsets.")
+        buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
+        buf32 = buf.view(np.uint32)
+        buf32[(starts[:-1, None] * 4 + np.arange(32)).ravel()] = words
+        first = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(nvals, out=first[1:])
+        buf.view(np.uint16)[(starts[blob] * 16 + LANEMASK_WORDS) // 2 + (rank - first[blob])] = vbits
+        offsets = np.empty((tiles, chunks + 1), dtype=np.int64)
+        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
+        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
+        return cls(tuple(A.shape), buf, offsets.astype(np.uint32), dtype)
+
+    def nbytes(self) -> int:
+        return int(self.blobs.nbytes + self.offsets.nbytes)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one ring slot of the kernel: the largest blob plus room for the last quad's
+        over-read, in 16-byte units (the kernel copies whole 16-byte pieces)."""
+        sizes = np.diff(self.offsets.astype(np.int64), axis=1)
+        return int(sizes.max(initial=LANEMASK_WORDS // 16)) * 16 + 16
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays tc_lanemask reads, flat, in its argument order)."""
+        tiles, chunks1 = self.offsets.shape
+        return tiles, chunks1 - 1, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
+
+    def to_dense(self) -> np.ndarray:
+        """Decode blob by blob the way tc_lanemask's lanes do: the lane's word, its start in each step
+        from `lanemask_ranks` (the packed scan), the row g+8 quad after the row g quad by the
+        word's nibble count, and each quad's two fragment registers from `decode_quad_model` (the
+        kernel's table and PRMT)."""
+        mp, kp = padded_shape(self.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        out = np.zeros((mp, kp), dtype=np.float64)
+        u16 = self.blobs.view(np.uint16)
+        for tile in range(tiles):
+            for c in range(chunks):
+                base = int(self.offsets[tile, c]) * 16
+                end = int(self.offsets.reshape(-1)[tile * (chunks + 1) + c + 1]) * 16
+                words = self.blobs[base:base + LANEMASK_WORDS].view(np.uint32)
+                stream = u16[(base + LANEMASK_WORDS) // 2:end // 2]
+                excl, bases = lanemask_ranks(words)
+                for ln in range(32):
+                    w = int(words[ln])
+                    g, t = divmod(ln, 4)
+                    y, _ = lanemask_counts(w)
+                    for s in range(4):
+                        start = bases[s] + ((excl[ln] >> (8 * s)) & 0xFF)
+                        for h, start in ((0, start), (1, start + ((y >> (4 * s)) & 15))):
+                            nib = (w >> (16 * h + 4 * s)) & 15
+                            lo, hi, _ = decode_quad_model(stream, start, nib)
+                            row = tile * 16 + 8 * h + g
+                            col = c * 64 + 16 * t + 4 * s
+                            for j, reg in enumerate((lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)):
+                                if reg:
+                                    out[row, col + j] = bits_to_float(np.array([reg], dtype=np.uint16), self.dtype)[0]
+        m, k = self.shape
+        return out[:m, :k]

@@ -50,6 +50,7 @@ def test_dense_and_bitmap_round_trip_exactly(m, k, density, dtype):
     ref = _rounded(w, dtype)
     assert np.array_equal(tf.TCDense.from_matrix(A, dtype).to_dense(), ref)
     assert np.array_equal(tf.TCBitmap.from_matrix(A, dtype).to_dense(), ref)
+    assert np.array_equal(tf.TCLaneMask.from_matrix(A, dtype).to_dense(), ref)
 
 
 @settings(max_examples=25, deadline=None)
@@ -142,3 +143,62 @@ def test_value_dtypes_are_checked():
         tf.TCDense.from_matrix(A, "float32")
     with pytest.raises(ValueError, match="SparseMatrix"):
         tf.TCBitmap.from_matrix(np.zeros((2, 2)), "float16")
+
+
+# ---- tc_lanemask ----------------------------------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 70), k=st.integers(1, 200), density=st.floats(0.02, 1.0), seed=st.integers(0, 10_000))
+def test_lanemask_round_trip_on_random_shapes(m, k, density, seed):
+    A, w = _matrix(m, k, density, seed)
+    fmt = tf.TCLaneMask.from_matrix(A, "float16")
+    assert np.array_equal(fmt.to_dense(), _rounded(w, "float16"))
+    assert fmt.blobs.nbytes % 16 == 0 and fmt.nbytes() == fmt.blobs.nbytes + fmt.offsets.nbytes
+    sizes = np.diff(fmt.offsets.astype(np.int64), axis=1) * 16
+    kept = np.bincount(tf.lanemask_slots(*(np.asarray(x) for x in np.nonzero(w)), fmt.offsets.shape[1] - 1)[0],
+                       minlength=sizes.size)
+    assert np.array_equal(sizes.reshape(-1), (tf.LANEMASK_WORDS + 2 * kept + 15) // 16 * 16)
+
+
+def test_lanemask_words_hold_each_lanes_32_elements():
+    """Lane (g, t)'s word: bit i = row g, chunk column 16t + i; bit 16 + i = row g + 8's (what it
+    feeds the four m16n8k16 steps under tc_dense's K permutation)."""
+    w = np.zeros((16, 64), dtype=np.float32)
+    w[3, 16 * 2 + 5] = 1.0        # g 3, t 2, bit 5
+    w[8 + 3, 16 * 2 + 9] = 2.0    # g 3, t 2, bit 16 + 9
+    w[0, 63] = 3.0                # g 0, t 3, bit 15
+    A = SparseMatrix.from_scipy(sp.csr_array(w), dtype="float16")
+    fmt = tf.TCLaneMask.from_matrix(A, "float16")
+    words = fmt.blobs[:tf.LANEMASK_WORDS].view(np.uint32)
+    expect = np.zeros(32, dtype=np.uint32)
+    expect[4 * 3 + 2] = (1 << 5) | (1 << 25)
+    expect[4 * 0 + 3] = 1 << 15
+    assert np.array_equal(words, expect)
+    # step-major values: step 1 (lane 14's bit 5 = column 16*2 + 4 + 1) before step 2 (its bit 25 =
+    # column 16*2 + 8 + 1 of row 11) and step 3 (lane 3's bit 15)
+    vals = fmt.blobs[tf.LANEMASK_WORDS:].view(np.uint16)[:3].view(np.float16)
+    assert vals.tolist() == [1.0, 2.0, 3.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.integers(0, 2 ** 32 - 1), min_size=32, max_size=32))
+def test_lanemask_packed_scan_is_exact_even_when_a_step_is_full(words):
+    """The kernel scans one byte per step across the warp: an exclusive prefix is at most 31 * 8, so
+    it never overflows its byte; lane 31's inclusive sum may carry into the next byte (a full step:
+    256 values), and incl - own is still exact mod 2^32. Checked against plain popcounts."""
+    excl, bases = tf.lanemask_ranks(np.array(words, dtype=np.uint32))
+    per_step = np.array([[bin((w >> (4 * s)) & 0xF).count("1") + bin((w >> (16 + 4 * s)) & 0xF).count("1")
+                          for s in range(4)] for w in words])
+    before = np.cumsum(per_step, axis=0) - per_step
+    for ln in range(32):
+        assert [(excl[ln] >> (8 * s)) & 0xFF for s in range(4)] == before[ln].tolist()
+    totals = per_step.sum(axis=0)
+    assert bases == [0, totals[0], totals[0] + totals[1], totals[0] + totals[1] + totals[2]]
+
+
+def test_lanemask_full_steps_carry_and_decode():
+    """Every element kept (each step 256 values: the byte carry of the scan's lane 31) still decodes."""
+    A, w = _matrix(32, 128, 1.0, seed=3)
+    assert np.array_equal(tf.TCLaneMask.from_matrix(A, "float16").to_dense(), _rounded(w, "float16"))
+    excl, bases = tf.lanemask_ranks(np.full(32, 0xFFFFFFFF, dtype=np.uint32))
+    assert bases == [0, 256, 512, 768] and excl[31] == 0xF8F8F8F8

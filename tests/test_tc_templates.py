@@ -1,4 +1,4 @@
-"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_bitmap): their shared source compiles for
+"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask): their shared source compiles for
 sm_90 with every kernel instantiated, the candidates pass the static checks, the launch geometry
 respects the shared-memory budget for every shape and N class, prepare() works without a GPU, and
 (GPU) every template matches an fp64 reference through the harness's verification."""
@@ -18,7 +18,7 @@ from sparseditto.kernel_templates import tc_launch
 from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
 from sparseditto.matrix import SparseMatrix
 
-TEMPLATES = ("tc_dense", "tc_sp24", "tc_bitmap")
+TEMPLATES = ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask")
 CU_FILE = TEMPLATE_ROOT / "cuda" / "tc_stream.cu"
 gpu = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def test_launch_tracing_knows_the_kernels_as_the_candidates_own():
     from sparseditto.harness.tracing import KernelTracer, own_kernel_names
 
     own = own_kernel_names(get_template("tc_sp24").instantiate({}).source)
-    assert {"tc_dense", "tc_sp24", "tc_bitmap"} <= own and not any(n.startswith("__") for n in own)
+    assert {"tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask"} <= own and not any(n.startswith("__") for n in own)
     tracer = KernelTracer(own)
     assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4>(unsigned short const*, unsigned int const*, "
                          "unsigned short const*, unsigned short*, int, int, int, int, long long, long long, int, int, int)")
@@ -72,6 +72,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
+    assert len([e for e in entries if "tc_lanemask" in e]) == 4
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in the decode kernels"
 
@@ -81,6 +82,8 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("bitmap", {"WARPS": 8, "SPLIT": "auto", "RING_KB": 16}),
+    ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
+    ("lanemask", {"WARPS": 16, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 2192}),
 ])
 @pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (14336, 4096), (37, 130), (16, 64)])
 def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
@@ -89,12 +92,13 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         g = tc_launch.plan_geometry(kind, tiles, nchunks, n, params, 132)
         assert g["smem"] <= tc_launch.SMEM_LIMIT
         gx, split, gz = g["grid"]
-        rows = 1 if kind == "bitmap" else params["R"]
+        rows = 1 if kind in ("bitmap", "lanemask") else params["R"]
         assert gx * params["WARPS"] * rows >= tiles
         assert split * g["chunks_per_cta"] >= nchunks and split in tc_launch.SPLIT_CHOICES
         assert gz * 8 * g["nt"] >= n
         assert g["smem"] == tc_launch.smem_bytes(kind, g["nt"], params["WARPS"], rows, split,
-                                                 g["chunks_per_cta"], params.get("RING_KB", 0))
+                                                 g["chunks_per_cta"], params.get("RING_KB", 0),
+                                                 params.get("PIPE", 0), params.get("SLOT_BYTES", 0))
         name = tc_launch.kernel_name(kind, 0, g)
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
 
@@ -103,6 +107,7 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
+    ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])
 @pytest.mark.parametrize("m,k,sms", [(4096, 4096, 132), (11008, 4096, 132), (300, 1000, 132), (16, 64, 8),
                                      (4096, 11008, 114)])
@@ -155,7 +160,8 @@ def test_explicit_split_that_cannot_fit_is_a_clear_error():
         tc_launch.plan_geometry("bitmap", 688, 172, 64, {"WARPS": 8, "SPLIT": 1, "RING_KB": 16}, 132)
 
 
-@pytest.mark.parametrize("name,style", [("tc_dense", "0.3"), ("tc_bitmap", "0.3"), ("tc_sp24", "2:4")])
+@pytest.mark.parametrize("name,style", [("tc_dense", "0.3"), ("tc_bitmap", "0.3"), ("tc_sp24", "2:4"),
+                                        ("tc_lanemask", "0.3")])
 def test_prepare_on_cpu_packs_without_compiling(name, style, tmp_path):
     from sparseditto.harness.source_loader import load_module
 
@@ -185,6 +191,7 @@ def test_sp24_prepare_refuses_unstructured(tmp_path):
 @pytest.mark.parametrize("name,style,shape", [
     ("tc_dense", "0.5", (300, 1000)), ("tc_bitmap", "0.5", (300, 1000)), ("tc_bitmap", "0.9", (4096, 4096)),
     ("tc_sp24", "2:4", (300, 1000)), ("tc_sp24", "2:4", (4096, 4096)), ("tc_dense", "0.3", (37, 130)),
+    ("tc_lanemask", "0.5", (300, 1000)), ("tc_lanemask", "1.0", (100, 260)), ("tc_lanemask", "2:4", (4096, 4096)),
 ])
 def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     from sparseditto.harness.verify import run_and_verify
@@ -195,3 +202,24 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     result = run_and_verify(get_template(name).instantiate({}), A, n_values=(1, 3, 16, 17, 64, 129),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
+
+
+def test_lanemask_slot_holds_the_largest_blob_and_the_last_quads_overread(tmp_path):
+    """Each ring slot takes a whole blob (16-byte pieces) plus the 4 bytes the last quad of the last
+    lane may read past its values (decode_quad_c reads two halves at the quad's start and two at its
+    second pair, selected away when past the end)."""
+    from sparseditto.harness.source_loader import load_module
+    from sparseditto.tc_formats import LANEMASK_OVERREAD, TCLaneMask
+
+    for density in ("1.0", "0.5", "0.05"):
+        A = _pruned(40, 300, density)
+        fmt = TCLaneMask.from_matrix(A, "float16")
+        largest = int(np.diff(fmt.offsets.astype(np.int64), axis=1).max()) * 16
+        assert fmt.slot_bytes() % 16 == 0 and fmt.slot_bytes() >= largest + LANEMASK_OVERREAD
+        mod = load_module(get_template("tc_lanemask").instantiate({}).source, cache_dir=tmp_path)
+        packed = mod.prepare(A, torch.float16, torch.device("cpu"))
+        assert packed["slot_bytes"] == fmt.slot_bytes()
+        params = tc_launch.launch_params(packed["params"], 0, packed["slot_bytes"])
+        g = tc_launch.plan_geometry("lanemask", packed["tiles"], packed["nchunks"], 16, params, 132)
+        assert g["slot_bytes"] == fmt.slot_bytes()
+        assert g["smem"] >= g["warps"] * g["pipe"] * fmt.slot_bytes()

@@ -176,6 +176,16 @@ __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
 }
 
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Wait until at most PENDING of this thread's committed groups are still in flight.
+template <int PENDING>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory");
+}
+
 template <int NT, int SP>
 __device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, int kc, int K, int n0, int N,
                         long long ldb, int vec) {
@@ -662,6 +672,131 @@ tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_
     epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
 }
 
+// ---- tc_lanemask ----------------------------------------------------------------------------
+// Unstructured sparsity with one 32-bit mask word per lane and chunk (tc_bitmap's successor
+// candidate for N = 4..32: no per-step header, no dependent loads between a chunk's quads).
+// Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]
+// (in 16-byte units; entry nchunks is the end of the tile's last blob):
+//   words (bytes 0..127): lane L = (g, t)'s u32 mask at byte 4L: bit i (0..15) = row g, chunk column
+//     16t + i; bit 16 + i = row g+8, column 16t + i: the 32 elements lane L feeds the chunk's four
+//     m16n8k16 steps (tc_dense's K permutation); step s takes nibble s of each row half (slots 0/1
+//     form a0 or a1, slots 2/3 a2 or a3).
+//   values (from byte 128): step-major, as tc_bitmap's: step 0's kept values lane by lane (each
+//     lane: its row g quad, then its row g+8 quad), then step 1's, ...; zero padding to 16 bytes.
+//     Step-major keeps a warp's gathers of one step within ~8 bytes per lane: a lane-major order
+//     (each lane's 32 elements in one run) put the lanes ~32 bytes apart and measured 8-way bank
+//     conflicts on the H200 (ncu: 3.3 M conflicts in 7.0 M shared wavefronts, 2:4 weights 1.6x slower).
+// A warp streams its tile over the CTA's K slice: each blob is copied into a ring slot of the warp's
+// (PIPE slots of slot_bytes, the host's largest blob + 16) with 16-byte cp.async per lane, PIPE-1
+// blobs in flight. Decode of a chunk: the lane's word; its kept values per step, packed one byte per
+// step, scanned across the warp in one pass (an exclusive prefix is at most 31 * 8 = 248, so no byte
+// overflows; lane 31's inclusive sum may carry, and the exclusive value, incl - own, is exact mod
+// 2^32); the steps' bases from lane 31's totals; each quad's first value from those and a SWAR
+// nibble count; the 16-entry table and PRMT of tc_bitmap turn each quad into two fragment registers.
+
+// decode_quad on a plain shared-memory pointer: no volatile asm, so the compiler may issue the loads
+// of several quads before the first PRMT needs one.
+__device__ __forceinline__ void decode_quad_c(const unsigned char* v, uint2 L, u32& lo, u32& hi) {
+    const u32 h0 = *reinterpret_cast<const u16*>(v), h1 = *reinterpret_cast<const u16*>(v + 2);
+    const unsigned char* w = v + (L.x >> 16);     // + 2 * (b0 + b1) bytes: the table's offset field
+    const u32 g0 = *reinterpret_cast<const u16*>(w), g1 = *reinterpret_cast<const u16*>(w + 2);
+    lo = prmt(h0, h1, L.x);
+    hi = prmt(g0, g1, L.y);
+}
+
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+            u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+            int tiles, int bvec, int slot_bytes) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nchunks = Kp / SD_CHUNK;
+    const int c0 = blockIdx.y * chunks_per_cta;
+    const int c1 = min(nchunks, c0 + chunks_per_cta);
+    const int n0 = blockIdx.z * NT * 8;
+    const int tile0 = blockIdx.x * WARPS;
+    const int tile = tile0 + warp;
+    const int nc = (tile < tiles && c0 < c1) ? c1 - c0 : 0;
+    const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    unsigned char* cpart_p = smem + b_bytes;
+    uint2* lut = reinterpret_cast<uint2*>(cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes);
+    const int offs_stride = (chunks_per_cta + 4) & ~3;                   // u32 per warp, 16-byte multiple
+    u32* my_offs = reinterpret_cast<u32*>(lut + 16) + warp * offs_stride;
+    unsigned char* my_ring = reinterpret_cast<unsigned char*>(reinterpret_cast<u32*>(lut + 16) + WARPS * offs_stride)
+                             + warp * PIPE * slot_bytes;
+    const u32 ring_addr = smem_addr(my_ring);
+    if (threadIdx.x < 16) lut[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
+    if (nc) {
+        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
+        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
+    }
+    __syncwarp();
+    // Blob i of this warp's K slice into ring slot i % PIPE: 16-byte pieces, 32 per round.
+    auto issue = [&](int i) {
+        const u32 lo = my_offs[i], units = my_offs[i + 1] - lo;
+        const unsigned char* src = blobs + ((unsigned long long)lo + lane) * 16u;
+        u32 dst = ring_addr + (u32)((i % PIPE) * slot_bytes) + 16u * lane;
+#pragma unroll 1
+        for (u32 u = lane; u < units; u += 32, src += 512, dst += 512) cp_async16(dst, src, 16u);
+    };
+    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_commit();                                           // group: B's slice
+#pragma unroll
+    for (int p = 0; p + 1 < PIPE; ++p) {
+        if (p < nc) issue(p);
+        cp_async_commit();                                       // one group per blob (maybe empty)
+    }
+    cp_async_wait<PIPE - 1>();                                   // B's group has landed
+    __syncthreads();
+    const u32 bs = smem_addr(smem);
+    float acc[1][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    for (int i = 0; i < nc; ++i) {
+        if (i + PIPE - 1 < nc) issue(i + PIPE - 1);
+        cp_async_commit();
+        cp_async_wait<PIPE - 1>();                               // blob i has landed (this lane's pieces)
+        __syncwarp();                                            // ... and every lane's
+        const unsigned char* slot = my_ring + (i % PIPE) * slot_bytes;
+        const u32 w = reinterpret_cast<const u32*>(slot)[lane];
+        const u32 x = w - ((w >> 1) & 0x55555555u);
+        const u32 y = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);       // kept values per nibble (0..4)
+        const u32 z = (y & 0xFFFFu) + (y >> 16);                           // nibble s: this lane's values at step s
+        const u32 own = (z & 0xFu) | ((z & 0xF0u) << 4) | ((z & 0xF00u) << 8) | ((z & 0xF000u) << 12);
+        u32 incl = own;                                                    // one byte per step, scanned
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const u32 v = __shfl_up_sync(0xffffffffu, incl, d);
+            if (lane >= d) incl += v;
+        }
+        const u32 excl = incl - own;
+        const u32 ex31 = __shfl_sync(0xffffffffu, excl, 31), own31 = __shfl_sync(0xffffffffu, own, 31);
+        const u32 t0 = (ex31 & 0xFFu) + (own31 & 0xFFu);                   // kept values of step 0 (<= 256)
+        const u32 t1 = ((ex31 >> 8) & 0xFFu) + ((own31 >> 8) & 0xFFu);
+        const u32 t2 = ((ex31 >> 16) & 0xFFu) + ((own31 >> 16) & 0xFFu);
+        const u32 base[4] = {0u, t0, t0 + t1, t0 + t1 + t2};
+        const unsigned char* vals = slot + 128;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const uint2 Lg = lut[(w >> (4 * s)) & 15u];
+            const uint2 Lh = lut[(w >> (16 + 4 * s)) & 15u];
+            const u32 start = base[s] + ((excl >> (8 * s)) & 0xFFu);       // row g's quad
+            const u32 start_h = start + ((y >> (4 * s)) & 15u);            // row g+8's, after it
+            u32 a0, a1, a2, a3;
+            decode_quad_c(vals + 2 * start, Lg, a0, a2);
+            decode_quad_c(vals + 2 * start_h, Lh, a1, a3);
+            u32 b[NT][2];
+            load_b_step<NT>(bs, i * SD_CHUNK + 16 * s, b);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+        }
+        __syncwarp();                                            // slot i % PIPE may be refilled next
+    }
+    cp_async_wait<0>();
+    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+}
+
 // Explicit instantiations for offline compiles (nvcc -DSPARSEDITTO_INSTANTIATE_ALL); CuPy's
 // name_expressions instantiate only what a launch plan can reach.
 #ifdef SPARSEDITTO_INSTANTIATE_ALL
@@ -675,4 +810,7 @@ tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_
 SD_DENSE(0, 2, 2, 8, 4, 2) SD_DENSE(1, 1, 1, 8, 1, 4) SD_DENSE(0, 8, 1, 4, 8, 3)
 SD_SP(0, 2, 2, 8, 4, 2) SD_SP(1, 1, 1, 8, 1, 4) SD_SP(0, 8, 1, 4, 8, 3)
 SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
+#define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
 #endif

@@ -26,6 +26,16 @@ kernel of LEAD_US is queued after the flush and before the start event: the host
 submit the replay before the GPU can wait for it. Eager timings keep the host in (they are what a
 caller without graphs pays, launch latency included).
 
+Why a chained timing beside the single launch (`time_cuda_chain`): one graph replay between two
+events carries a fixed cost of its own (an empty kernel measures ~4 us on the H200, 2026-12-01),
+which a 8-25 us decode kernel and cuBLAS both pay and which flattens every ratio between them.
+Inside a model the layers run back to back from one graph: the launch of layer i+1 overlaps the
+tail of layer i, and each weight is cold in L2 because the layers before it streamed more than the
+L2 holds. The chained timing reproduces that: R launches captured in one graph, each on its own
+copy of the weight (the copies together hold CHAIN_L2_MULTIPLE times the L2), the L2 flushed before
+the replay, time / R per launch. B stays shared (hot in L2, as an activation the previous layer
+just wrote is). It is reported beside the single-launch time, never instead of it.
+
 Why a warm-up measured in milliseconds, not only in launches: a GPU that was idle (compiling,
 verifying) runs its first milliseconds of work at lower clocks. On the H200 a 15-40 us kernel timed
 right after such a gap measured up to 2x its time (csr_rowsplit 23 vs 39-42 us; tc_dense 16.9 vs
@@ -238,6 +248,37 @@ def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 
     """
     check_repeats(repeats, warmup)
     return _time_launches(capture_graph(fn).replay, repeats, warmup, flush, before, after)
+
+
+CHAIN_L2_MULTIPLE = 3     # a chained timing's weight copies hold at least this many L2 sizes
+CHAIN_MIN_COPIES = 4
+CHAIN_MAX_COPIES = 64
+
+
+def chain_copies(nbytes: float, device=None) -> int:
+    """How many copies of a weight of ``nbytes`` a chained timing rotates through so that each
+    launch finds its copy evicted: together at least CHAIN_L2_MULTIPLE L2 sizes (module docstring)."""
+    need = -(-CHAIN_L2_MULTIPLE * l2_cache_bytes(device) // max(1, int(nbytes)))
+    return int(min(CHAIN_MAX_COPIES, max(CHAIN_MIN_COPIES, need)))
+
+
+def time_cuda_chain(launches, *, repeats: int = 30, warmup: int = 3, flush: bool = True) -> Timing:
+    """Per-launch time of ``launches`` (callables, each launching on its own copy of the data)
+    replayed back to back from one CUDA graph, the L2 flushed before each replay: the time a
+    layer costs inside a model's graph (module docstring). The Timing's fields are per launch."""
+    launches = list(launches)
+    if not launches:
+        raise ValueError("time_cuda_chain needs at least one launch.")
+    check_repeats(repeats, warmup)
+
+    def run_all() -> None:
+        for launch in launches:
+            launch()
+
+    whole = _time_launches(capture_graph(run_all).replay, repeats, warmup, flush, None, None)
+    r = len(launches)
+    return Timing(median_ms=whole.median_ms / r, p10_ms=whole.p10_ms / r, p90_ms=whole.p90_ms / r,
+                  repeats=whole.repeats, min_ms=whole.min_ms / r if whole.min_ms is not None else None)
 
 
 def time_cpu(fn: Callable[[], None], *, repeats: int = 10, warmup: int = 1,
