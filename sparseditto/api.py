@@ -209,6 +209,12 @@ def _fmt_params(params: dict) -> str:
 
 # ---- the chosen kernel as a callable ----------------------------------------------------------------
 
+def _torch_tensor_type():
+    import torch
+
+    return torch.Tensor
+
+
 def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -245,6 +251,10 @@ class SpMMKernel:
         self._module = None
         self._packed: dict[tuple, Any] = {}
         self._lock = threading.Lock()
+        # (N, dtype, device) whose B passed check_input and the N check: a call like them goes straight
+        # to the kernel (patch_model calls it once per layer and token step; the checks cost more
+        # host time than a decode kernel runs)
+        self._accepted: dict[tuple, Any] = {}
 
     def __repr__(self) -> str:
         return (f"SpMMKernel({self.template}, A={self.matrix.shape}, nnz={self.matrix.nnz}, "
@@ -337,9 +347,13 @@ class SpMMKernel:
         they are (any strides: a Triton template reads B's and C's strides, a CUDA C++ one copies
         a column-strided B or C into a unit-stride stand-in). `patch_model` uses it to compute
         y = x W^T as (W x^T)^T on views of x and y, without copying either."""
-        self.check_input(B)
-        self._ensure_verified(int(B.shape[1]), B.device)
-        packed = self._packed_for(B)
+        key = (B.shape[1], B.dtype, B.device) if isinstance(B, _torch_tensor_type()) and B.dim() == 2 else None
+        packed = self._accepted.get(key) if key is not None and B.shape[0] == self.matrix.shape[1] else None
+        if packed is None:
+            self.check_input(B)
+            self._ensure_verified(int(B.shape[1]), B.device)
+            packed = self._packed_for(B)
+            self._accepted[key] = packed
         self._module.spmm(packed, B, out)   # a generated kernel, or the vendor path's (dense: matmul out=)
 
 

@@ -68,6 +68,9 @@ def test_batch_over_safetensors_shards_groups_reuses_and_shares(batch):
     assert "batch seconds by phase: " in report.summary()
     for layer in (lead, follow, same):
         assert layer.speedup_vs_dense > 1.0 and layer.time_saved_ms > 0 and layer.timings_are_estimates
+        assert layer.n_speedups == {16: layer.speedup_vs_dense}       # one N: its own ratio, for patch_model
+    manifest = json.loads((out / "bundle" / "manifest.json").read_text())
+    assert manifest["kernels"]["layers.0.mlp.up.weight"]["n_speedups"] == {"16": lead.speedup_vs_dense}
     on_disk = BatchReport.model_validate_json((out / "report.json").read_text())
     assert [x.name for x in on_disk.layers] == [x.name for x in report.layers]
     html = (out / "report.html").read_text()
@@ -137,6 +140,67 @@ def test_patch_keeps_copies_for_a_kernel_that_ignores_strides(tensors):
             layer.linear_into(x, y)
         assert torch.allclose(y.float(), (x.float() @ W.float().t()), atol=1e-2, rtol=1e-2)
     assert layer.strided_ok == {("cpu", 8): False} and len(layer.warned) == 1
+
+
+def test_patch_runs_dense_where_the_batch_measured_dense_faster(tensors):
+    """A bundle's n_speedups below 1.0 at an N: that N runs the dense forward, by design (counted,
+    no warning); at the others the kernel runs, through the direct eager path (no op dispatch)."""
+    from sparseditto.api import SpMMKernel
+    from sparseditto.batch.patch import _KERNELS, _forward, PatchedLinear
+    from sparseditto.io import load_matrix
+
+    W = tensors["layers.0.attn.q.weight"]
+    calls = []
+
+    class Spy(SpMMKernel):
+        def spmm_into(self, B, out):
+            calls.append(B.shape[1])
+            out.copy_((W.float() @ B.float()).to(out.dtype))
+
+    linear = torch.nn.Linear(W.shape[1], W.shape[0], bias=False).half()
+    with torch.no_grad():
+        linear.weight.copy_(W)
+    kernel = Spy(load_matrix(W, name="q"), "", "spy", verified_ns=[1, 8], verified_dtype="float16", verify_new_n=False)
+    state = PatchedLinear(name="q", kernel=kernel, verified_ns=frozenset([1, 8]), verified_dtype="float16",
+                          out_features=W.shape[0], n_speedups={1: 1.6, 8: 0.4})
+    _KERNELS["test:q"] = state
+    state.strided_ok[("cpu", 1)] = True
+    forward = _forward(linear, "test:q")
+    x = torch.randn(8, W.shape[1], generator=torch.Generator().manual_seed(5)).half()
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y8 = forward(x)                  # N = 8: dense measured faster
+        y1 = forward(x[:1])              # N = 1: the kernel
+        forward(x[:1])
+    assert not caught
+    assert calls == [1, 1] and state.calls == 2 and state.dense_by_choice == 1 and state.fallbacks == 0
+    assert torch.equal(y8, torch.nn.functional.linear(x, linear.weight))
+    assert torch.allclose(y1.float(), x[:1].float() @ W.float().t(), atol=1e-2, rtol=1e-2)
+    assert state.decisions == {(torch.float16, 8, "cpu", False): "dense", (torch.float16, 1, "cpu", False): None}
+    del _KERNELS["test:q"]
+
+
+def test_n_speedups_measured_on_the_cost_model_without_a_gpu_and_inherited(tensors):
+    from sparseditto.analysis import analyze
+    from sparseditto.batch import n_speedups
+    from sparseditto.batch.models import LayerResult
+    from sparseditto.batch.reuse import BatchSettings, estimates
+    from sparseditto.io import load_matrix
+    from sparseditto.targets import resolve_target
+
+    W = tensors["layers.0.mlp.up.weight"]
+    A = load_matrix(W, name="up")
+    report = analyze(A).model_dump(mode="json")
+    settings = BatchSettings(target=resolve_target("A100")[0], n_values=[1, 64], dtype="float16",
+                             backend="interpret", budget=2, tolerance=0.1, memory=False, checkpoint="off")
+    layer = LayerResult(name="up", shape=tuple(W.shape), dtype="float16", status="searched", template="csr_rowsplit",
+                        params={}, speedup_vs_dense=1.7)
+    ratios = n_speedups.measured(layer, A, report, settings)
+    at64 = estimates(report, n_speedups._at_n(settings, 64), "csr_rowsplit", {})
+    assert ratios[1] == 1.7 and ratios[64] == pytest.approx(at64["dense"] / at64["kernel"])
+    follower = layer.model_copy(update=dict(name="up2", status="reused", speedup_vs_dense=1.5, n_speedups={}))
+    assert n_speedups.inherited(follower, layer.model_copy(update=dict(n_speedups=ratios)), settings) == \
+        {1: 1.5, 64: ratios[64]}
 
 
 def test_patch_model_refuses_a_changed_weight(batch, tensors):

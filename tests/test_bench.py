@@ -307,3 +307,55 @@ def test_timed_launch_outputs_are_checked_in_batched_references(n, columns, monk
         problems = timed.check(values, "graph")
         assert len(problems) == 1 and f"graph launch {kept[bad][0]} output" in problems[0], problems
     assert timed.kept == []
+
+
+def test_clone_packed_copies_tensors_and_forgets_launch_plans():
+    """A chained timing rotates over copies of a prepared matrix: every tensor (nested too) is a new
+    storage with the same bits, the compiled kernels are shared, and `scratch` (plans holding the
+    original's device pointers) starts empty."""
+    import torch
+
+    from sparseditto.kernel_templates.runtime import clone_packed
+
+    kernels = {"k": object()}
+    packed = {"values": torch.arange(6.0), "splits": {4: {"split": torch.ones(3, dtype=torch.int32)}},
+              "work": (torch.zeros(2), torch.ones(2)), "arrays": ["values"], "kernels": kernels,
+              "shape": (2, 3), "scratch": {"plan": "pointer of the original"}}
+    copy = clone_packed(packed)
+    assert copy["scratch"] == {} and packed["scratch"] == {"plan": "pointer of the original"}
+    assert copy["kernels"]["k"] is kernels["k"] and copy["shape"] == (2, 3) and copy["arrays"] == ["values"]
+    for a, b in ((packed["values"], copy["values"]), (packed["splits"][4]["split"], copy["splits"][4]["split"]),
+                 (packed["work"][1], copy["work"][1])):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    assert isinstance(copy["work"], tuple)
+
+
+def test_chain_copies_hold_several_l2_sizes(monkeypatch):
+    from sparseditto.harness import timing
+
+    monkeypatch.setattr(timing, "l2_cache_bytes", lambda device=None: 60 << 20)
+    assert timing.chain_copies(90e6) == timing.CHAIN_MIN_COPIES            # big weights: the minimum
+    small = timing.chain_copies(5e6)
+    assert small * 5e6 >= timing.CHAIN_L2_MULTIPLE * (60 << 20) and small <= timing.CHAIN_MAX_COPIES
+    assert timing.chain_copies(1) == timing.CHAIN_MAX_COPIES
+    with pytest.raises(ValueError, match="at least one launch"):
+        timing.time_cuda_chain([])
+
+
+@pytest.mark.gpu
+def test_gpu_chained_timing_is_per_launch_and_below_a_lone_replay():
+    """time_cuda_chain divides one replay of R launches by R: for a tiny kernel that is its launch
+    cost inside a graph (~1 us on the H200), well below a lone replay between events (~3-4 us)."""
+    import torch
+
+    from sparseditto.harness import timing
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    xs = [torch.randn(1 << 12, device="cuda") for _ in range(16)]
+    ys = [torch.empty_like(x) for x in xs]
+    launches = [lambda x=x, y=y: torch.mul(x, 2.0, out=y) for x, y in zip(xs, ys)]
+    lone = timing.time_cuda_graph(launches[0], repeats=20).median_ms
+    chained = timing.time_cuda_chain(launches, repeats=20)
+    assert chained.median_ms < lone and chained.p10_ms <= chained.median_ms <= chained.p90_ms
+    assert all(torch.equal(y, 2.0 * x) for x, y in zip(xs, ys))

@@ -46,6 +46,9 @@ class BundleKernel(BaseModel):
     timings_are_estimates: bool = True
     run_id: str | None = None             # the run_graph search that found the kernel (memory / export)
     sparsity: float | None = None
+    # N -> kernel-vs-dense ratio the batch measured there (GPU) or estimated (cost model):
+    # patch_model runs dense at an N where it is below 1.0 (empty in bundles made before it existed)
+    n_speedups: dict[int, float] = Field(default_factory=dict)
 
 
 class Bundle(BaseModel):
@@ -112,7 +115,7 @@ def _entry(layer: LayerResult, source_file: str | None) -> BundleKernel:
                         verified_dtype=layer.verified_dtype or "float16", verification=dict(layer.verification),
                         kernel_ms=layer.kernel_ms, dense_ms=layer.dense_ms,
                         timings_are_estimates=layer.timings_are_estimates, run_id=layer.run_id,
-                        sparsity=layer.sparsity)
+                        sparsity=layer.sparsity, n_speedups=dict(layer.n_speedups))
 
 
 def write_bundle(folder: Path, layers: list[LayerResult]) -> Path:

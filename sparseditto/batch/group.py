@@ -108,9 +108,31 @@ def _shared(done: LayerResult, base: LayerResult) -> LayerResult:
                                            "format_bytes", "run_id", "kernel_ms", "dense_ms", "expected_ms",
                                            "speedup_vs_dense", "best_vendor", "speedup_vs_vendor", "time_saved_ms",
                                            "timings_are_estimates", "n", "verified_ns", "verified_dtype",
-                                           "verification")}
+                                           "verification", "n_speedups")}
     return base.model_copy(update=dict(keep, status="shared",
                                        reason=f"same structure signature as {done.name}: its kernel outright"))
+
+
+def _n_speedups(layer: LayerResult, ref: WeightRef, report: dict, same: LayerResult | None,
+                winner: LayerResult | None, settings: BatchSettings, phases: dict) -> dict[int, float]:
+    """The layer's kernel-vs-dense ratio at every N of the batch (batch.n_speedups): a layer that took
+    a kernel already measured takes its ratios at the other N, a new winner is measured there. A
+    failure to measure leaves the ratios out (patch_model then runs the verified kernel, as before)."""
+    from sparseditto.batch import n_speedups
+
+    if layer.status == "shared" and same is not None:
+        return n_speedups.inherited(layer, same, settings)
+    if layer.status == "reused" and winner is not None and winner.name != layer.name:
+        return n_speedups.inherited(layer, winner, settings)
+    t0 = time.time()
+    try:
+        return n_speedups.measured(layer, load_weight(ref), report, settings)
+    except WorkerStartError:
+        raise
+    except Exception:   # noqa: BLE001 - ratios are an optimisation of patch_model, never a layer failure
+        return n_speedups.inherited(layer, None, settings)
+    finally:
+        phases["n_speedups"] = round(time.time() - t0, 3)
 
 
 def record_layer(journal, bar: Progress, layer: LayerResult) -> LayerResult:
@@ -146,6 +168,7 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"],
                           sparsity=report["sparsity"], nnz=report["nnz"], signature=report["signature"])
         phases: dict[str, float] = {}
+        same = None
         try:
             same = by_signature.get(report["signature"])
             if same is not None:
@@ -180,6 +203,9 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
             raise
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
             layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
+        if layer.has_kernel and not layer.n_speedups:
+            layer = layer.model_copy(update=dict(n_speedups=_n_speedups(layer, ref, report, same, winner,
+                                                                        settings, phases)))
         if report.get("analyze_seconds") is not None:
             phases["analyze"] = report["analyze_seconds"]
         layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3), phase_seconds=phases))

@@ -54,6 +54,9 @@ class LayerResult(BaseModel):
     time_saved_ms: float | None = None    # dense_ms - kernel_ms, per call at N
     timings_are_estimates: bool = True
     n: int | None = None
+    # kernel-vs-dense ratio at each of the batch's N values (GPU: measured, dense beside it; else the
+    # cost model's estimate): patch_model runs dense where it is below 1.0
+    n_speedups: dict[int, float] = Field(default_factory=dict)
     verified_ns: list[int] = Field(default_factory=list)
     verified_dtype: str | None = None
     verification: dict[str, Any] = Field(default_factory=dict)   # status, seed, backend, checks, seconds

@@ -17,8 +17,19 @@ skipped while a CUDA graph is being captured (the copying path runs until an eag
 
 A kernel runs only where it was verified: at the bundle's N values and dtype. Any other N or
 dtype, or a device the kernel cannot run on, takes the dense forward instead, with a warning the
-first time per layer and reason. A weight whose shape or sparsity structure differs from the one
-the bundle verified is refused (ValueError) before anything is patched.
+first time per layer and reason. And it runs only where it is faster: at an N where the batch
+measured the kernel slower than dense cuBLAS (the bundle's ``n_speedups`` below 1.0; a decode
+kernel chosen at N = 1 can be 4x slower than cuBLAS at N = 16), the dense forward runs, by design
+and without a warning (``PatchedLinear.dense_by_choice`` counts those calls). A weight whose shape
+or sparsity structure differs from the one the bundle verified is refused (ValueError) before
+anything is patched.
+
+Why a direct call in eager mode: in eager PyTorch the custom op's dispatcher, the fallback checks
+and SpMMKernel's input checks cost tens of microseconds per call, as much as a decode kernel runs
+(the H200, session 23: a patched 3-layer MLP 2.2-4.2x slower than dense, most of it host time).
+So each layer decides once per (N, dtype, device, autograd) and caches the answer, and outside
+`torch.compile` the forward calls the op's implementation directly; under `torch.compile` (and so
+in compiled CUDA graphs) the forward goes through ``torch.ops.sparseditto.bundle_linear``.
 """
 from __future__ import annotations
 
@@ -48,6 +59,22 @@ class PatchedLinear:
     calls: int = 0                  # kernel calls (not the dense fallbacks)
     fallbacks: int = 0
     strided_ok: dict = field(default_factory=dict)   # (device, N) -> strided views give the same bits
+    n_speedups: dict = field(default_factory=dict)   # N -> the batch's kernel-vs-dense ratio there
+    dense_by_choice: int = 0        # calls at an N where dense was measured faster (no warning)
+    decisions: dict = field(default_factory=dict)    # (dtype, N, device type, autograd) -> None | reason
+
+    def route(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
+        """None to run the kernel, "dense" where the batch measured dense faster at this N, else the
+        reason for the dense fallback; decided once per (dtype, N, device type, autograd)."""
+        grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
+        n = x.numel() // max(1, x.shape[-1])
+        key = (x.dtype, n, x.device.type, grad)
+        if key not in self.decisions:
+            reason = self.fallback_reason(x, weight)
+            if reason is None and self.n_speedups.get(n, 1.0) < 1.0:
+                reason = "dense"
+            self.decisions[key] = reason
+        return self.decisions[key]
 
     def linear_into(self, rows: torch.Tensor, y: torch.Tensor) -> None:
         """y [N, out] = rows [N, in] @ W^T through the kernel, on transposed views when that was
@@ -89,14 +116,17 @@ class PatchedLinear:
                           "dense without another warning.", stacklevel=3)
 
 
-@torch.library.custom_op("sparseditto::bundle_linear", mutates_args=())
-def bundle_linear(x: torch.Tensor, key: str) -> torch.Tensor:
-    """x @ W^T for the patched layer ``key``, as (W @ x^T)^T through its bundle kernel."""
-    entry = _KERNELS[key]
+def _linear(entry: PatchedLinear, x: torch.Tensor) -> torch.Tensor:
     rows = x.reshape(-1, x.shape[-1])                  # [N, in]: a view of a contiguous x
     y = x.new_empty((rows.shape[0], entry.out_features))
     entry.linear_into(rows, y)                         # y^T = W @ x^T, written through views
     return y.reshape(*x.shape[:-1], entry.out_features)
+
+
+@torch.library.custom_op("sparseditto::bundle_linear", mutates_args=())
+def bundle_linear(x: torch.Tensor, key: str) -> torch.Tensor:
+    """x @ W^T for the patched layer ``key``, as (W @ x^T)^T through its bundle kernel."""
+    return _linear(_KERNELS[key], x)
 
 
 def _capturing(t: torch.Tensor) -> bool:
@@ -109,15 +139,22 @@ def _bundle_linear_fake(x: torch.Tensor, key: str) -> torch.Tensor:
 
 
 def _forward(module: torch.nn.Linear, key: str):
+    entry = _KERNELS[key]
+
     def forward(x: torch.Tensor) -> torch.Tensor:
-        entry = _KERNELS[key]
-        reason = entry.fallback_reason(x, module.weight)
+        reason = entry.route(x, module.weight)
         if reason is not None:
-            entry.fallbacks += 1
-            entry.warn_once(reason)
+            if reason == "dense":
+                entry.dense_by_choice += 1
+            else:
+                entry.fallbacks += 1
+                entry.warn_once(reason)
             return torch.nn.functional.linear(x, module.weight, module.bias)
         entry.calls += 1
-        y = torch.ops.sparseditto.bundle_linear(x, key)
+        if torch.compiler.is_compiling():
+            y = torch.ops.sparseditto.bundle_linear(x, key)
+        else:   # eager: the op's implementation without the dispatcher (module docstring)
+            y = _linear(entry, x)
         return y if module.bias is None else y + module.bias
     return forward
 
@@ -157,7 +194,8 @@ def patch_model(model: torch.nn.Module, bundle, *, strict: bool = False) -> dict
         entry = bundle.kernels[key]
         op_key = f"{id(module)}:{key}"
         state = PatchedLinear(name=name or key, kernel=bundle.kernel(key, A), verified_ns=frozenset(entry.verified_ns),
-                              verified_dtype=entry.verified_dtype, out_features=module.out_features)
+                              verified_dtype=entry.verified_dtype, out_features=module.out_features,
+                              n_speedups={int(n): float(v) for n, v in entry.n_speedups.items()})
         with _LOCK:
             _KERNELS[op_key] = state
         module.forward = _forward(module, op_key)
