@@ -223,13 +223,48 @@ def fragment_key(rows: np.ndarray, cols: np.ndarray, chunks: int) -> np.ndarray:
 
 
 @dataclass(frozen=True, eq=False)
-class TCBitmap:
-    """Blobs per (tile, chunk): header + kept values in fragment order (see the module docstring)."""
+class _BlobFormat:
+    """A blob per (16-row tile, 64-column chunk), each 16-byte aligned, back to back, and their
+    offsets: what the bitmap kernels (tc_bitmap, tc_lanemask) stream."""
 
     shape: tuple[int, int]
     blobs: np.ndarray         # uint8, all blobs back to back, each 16-byte aligned
     offsets: np.ndarray       # uint32 [tiles, chunks + 1], blob starts in 16-byte units
     dtype: str
+
+    def nbytes(self) -> int:
+        return int(self.blobs.nbytes + self.offsets.nbytes)
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays the kernel reads, flat, in its argument order)."""
+        tiles, chunks1 = self.offsets.shape
+        return tiles, chunks1 - 1, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
+
+    def _walk(self):
+        """(a zero [Mp, Kp] float64 array, and per blob (tile, chunk, first byte, end byte)): what
+        every decoder walks."""
+        mp, kp = padded_shape(self.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        flat = self.offsets.reshape(-1).astype(np.int64) * 16
+        blobs = [(tile, c, int(flat[tile * (chunks + 1) + c]), int(flat[tile * (chunks + 1) + c + 1]))
+                 for tile in range(tiles) for c in range(chunks)]
+        return np.zeros((mp, kp), dtype=np.float64), blobs
+
+
+def blob_offsets(starts: np.ndarray, tiles: int, chunks: int) -> np.ndarray:
+    """[tiles, chunks + 1] uint32 from the blobs' starts (16-byte units, one past the last at the
+    end): entry chunks of a tile is the end of its last blob. ValueError past 32-bit offsets."""
+    if starts[-1] > np.iinfo(np.uint32).max:
+        raise ValueError("The bitmap blobs exceed 64 GiB; the kernels address them with 32-bit offsets.")
+    offsets = np.empty((tiles, chunks + 1), dtype=np.int64)
+    offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
+    offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
+    return offsets.astype(np.uint32)
+
+
+@dataclass(frozen=True, eq=False)
+class TCBitmap(_BlobFormat):
+    """Blobs per (tile, chunk): header + kept values in fragment order (see the module docstring)."""
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCBitmap":
@@ -273,50 +308,32 @@ class TCBitmap:
         k = np.arange(key.size, dtype=np.int64)
         buf16 = buf.view(np.uint16)
         buf16[(starts[blob] * 16 + BITMAP_HEADER) // 2 + (k - first[blob])] = vbits
-        offsets = np.zeros((tiles, chunks + 1), dtype=np.int64)
-        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
-        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
-        if offsets.max(initial=0) > np.iinfo(np.uint32).max:
-            raise ValueError("The bitmap blobs exceed 64 GiB; the kernels address them with 32-bit offsets.")
-        return cls(tuple(A.shape), buf, offsets.astype(np.uint32), dtype)
-
-    def nbytes(self) -> int:
-        return int(self.blobs.nbytes + self.offsets.nbytes)
-
-    def kernel_arrays(self) -> tuple[int, int, dict]:
-        """(row tiles, K chunks, the arrays tc_bitmap reads, flat, in its argument order)."""
-        tiles, chunks1 = self.offsets.shape
-        return tiles, chunks1 - 1, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
+        return cls(tuple(A.shape), buf, blob_offsets(starts, tiles, chunks), dtype)
 
     def to_dense(self) -> np.ndarray:
         """Decode blob by blob through the header fields, exactly as tc_bitmap's lanes do."""
-        mp, kp = padded_shape(self.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
-        out = np.zeros((mp, kp), dtype=np.float64)
+        out, blobs = self._walk()
         u16 = self.blobs.view(np.uint16)
-        for tile in range(tiles):
-            for c in range(chunks):
-                base = int(self.offsets[tile, c]) * 16
-                hdr = self.blobs[base:base + BITMAP_HEADER]
-                W = hdr[:128].view(np.uint32).reshape(8, 4)
-                P = hdr[128:160].reshape(8, 4)
-                cum = hdr[160:168].view(np.uint16)
-                size = int(hdr[168:172].view(np.uint32)[0])
-                assert size == (int(self.offsets.reshape(-1)[tile * (chunks + 1) + c + 1]) - int(self.offsets[tile, c])) * 16, \
-                    "header size field disagrees with the blob offsets"
-                for s in range(4):
-                    vbase = (base + BITMAP_HEADER) // 2 + int(cum[s])
-                    for g in range(8):
-                        for t in range(4):
-                            octet = (int(W[g, s]) >> (8 * t)) & 0xFF
-                            rank = (int(P[g, s]) if g else 0) + bin(int(W[g, s]) & ((1 << (8 * t)) - 1)).count("1")
-                            for bit in range(8):
-                                if octet >> bit & 1:
-                                    h, j = divmod(bit, 4)
-                                    row = tile * 16 + 8 * h + g
-                                    col = c * 64 + 16 * t + 4 * s + j
-                                    out[row, col] = bits_to_float(u16[vbase + rank], self.dtype)
-                                    rank += 1
+        for tile, c, base, end in blobs:
+            hdr = self.blobs[base:base + BITMAP_HEADER]
+            W = hdr[:128].view(np.uint32).reshape(8, 4)
+            P = hdr[128:160].reshape(8, 4)
+            cum = hdr[160:168].view(np.uint16)
+            size = int(hdr[168:172].view(np.uint32)[0])
+            assert size == end - base, "header size field disagrees with the blob offsets"
+            for s in range(4):
+                vbase = (base + BITMAP_HEADER) // 2 + int(cum[s])
+                for g in range(8):
+                    for t in range(4):
+                        octet = (int(W[g, s]) >> (8 * t)) & 0xFF
+                        rank = (int(P[g, s]) if g else 0) + bin(int(W[g, s]) & ((1 << (8 * t)) - 1)).count("1")
+                        for bit in range(8):
+                            if octet >> bit & 1:
+                                h, j = divmod(bit, 4)
+                                row = tile * 16 + 8 * h + g
+                                col = c * 64 + 16 * t + 4 * s + j
+                                out[row, col] = bits_to_float(u16[vbase + rank], self.dtype)
+                                rank += 1
         m, k = self.shape
         return out[:m, :k]
 
@@ -401,19 +418,14 @@ def lanemask_ranks(words) -> tuple[list[int], list[int]]:
 
 
 @dataclass(frozen=True, eq=False)
-class TCLaneMask:
-    """Blobs per (tile, chunk): 32 lane mask words + the kept values lane by lane (module docstring).
+class TCLaneMask(_BlobFormat):
+    """Blobs per (tile, chunk): 32 lane mask words + the kept values (module docstring).
 
     Why this layout: a lane's 32 elements (what it feeds the chunk's four m16n8k16 steps) are one
     mask word, so one warp scan of its per-step counts (a byte each) gives every lane its start in
     every step: no per-step headers (tc_bitmap's 176 bytes) and no chain between a chunk's quads.
     The values stay in tc_bitmap's step-major order: lane-major runs put a warp's gathers ~32 bytes
     apart per lane, 8-way shared-memory bank conflicts on the H200."""
-
-    shape: tuple[int, int]
-    blobs: np.ndarray         # uint8, all blobs back to back, each 16-byte aligned
-    offsets: np.ndarray       # uint32 [tiles, chunks + 1], blob starts in 16-byte units
-    dtype: str
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCLaneMask":
@@ -438,21 +450,14 @@ class TCLaneMask:
         sizes = (LANEMASK_WORDS + 2 * nvals + 15) // 16                                 # 16-byte units
         starts = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(sizes, out=starts[1:])
-        if starts[-1] > np.iinfo(np.uint32).max:
-            raise ValueError("The lane-mask blobs exceed 64 GiB; the kernel addresses them with 32-bit offsets.")
+        offsets = blob_offsets(starts, tiles, chunks)
         buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
         buf32 = buf.view(np.uint32)
         buf32[(starts[:-1, None] * 4 + np.arange(32)).ravel()] = words
         first = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(nvals, out=first[1:])
         buf.view(np.uint16)[(starts[blob] * 16 + LANEMASK_WORDS) // 2 + (rank - first[blob])] = vbits
-        offsets = np.empty((tiles, chunks + 1), dtype=np.int64)
-        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
-        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
-        return cls(tuple(A.shape), buf, offsets.astype(np.uint32), dtype)
-
-    def nbytes(self) -> int:
-        return int(self.blobs.nbytes + self.offsets.nbytes)
+        return cls(tuple(A.shape), buf, offsets, dtype)
 
     def slot_bytes(self) -> int:
         """Bytes of one ring slot of the kernel: the largest blob plus room for the last quad's
@@ -460,40 +465,30 @@ class TCLaneMask:
         sizes = np.diff(self.offsets.astype(np.int64), axis=1)
         return int(sizes.max(initial=LANEMASK_WORDS // 16)) * 16 + 16
 
-    def kernel_arrays(self) -> tuple[int, int, dict]:
-        """(row tiles, K chunks, the arrays tc_lanemask reads, flat, in its argument order)."""
-        tiles, chunks1 = self.offsets.shape
-        return tiles, chunks1 - 1, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
-
     def to_dense(self) -> np.ndarray:
         """Decode blob by blob the way tc_lanemask's lanes do: the lane's word, its start in each step
         from `lanemask_ranks` (the packed scan), the row g+8 quad after the row g quad by the
         word's nibble count, and each quad's two fragment registers from `decode_quad_model` (the
         kernel's table and PRMT)."""
-        mp, kp = padded_shape(self.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
-        out = np.zeros((mp, kp), dtype=np.float64)
+        out, blobs = self._walk()
         u16 = self.blobs.view(np.uint16)
-        for tile in range(tiles):
-            for c in range(chunks):
-                base = int(self.offsets[tile, c]) * 16
-                end = int(self.offsets.reshape(-1)[tile * (chunks + 1) + c + 1]) * 16
-                words = self.blobs[base:base + LANEMASK_WORDS].view(np.uint32)
-                stream = u16[(base + LANEMASK_WORDS) // 2:end // 2]
-                excl, bases = lanemask_ranks(words)
-                for ln in range(32):
-                    w = int(words[ln])
-                    g, t = divmod(ln, 4)
-                    y, _ = lanemask_counts(w)
-                    for s in range(4):
-                        start = bases[s] + ((excl[ln] >> (8 * s)) & 0xFF)
-                        for h, start in ((0, start), (1, start + ((y >> (4 * s)) & 15))):
-                            nib = (w >> (16 * h + 4 * s)) & 15
-                            lo, hi, _ = decode_quad_model(stream, start, nib)
-                            row = tile * 16 + 8 * h + g
-                            col = c * 64 + 16 * t + 4 * s
-                            for j, reg in enumerate((lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)):
-                                if reg:
-                                    out[row, col + j] = bits_to_float(np.array([reg], dtype=np.uint16), self.dtype)[0]
+        for tile, c, base, end in blobs:
+            words = self.blobs[base:base + LANEMASK_WORDS].view(np.uint32)
+            stream = u16[(base + LANEMASK_WORDS) // 2:end // 2]
+            excl, bases = lanemask_ranks(words)
+            for ln in range(32):
+                w = int(words[ln])
+                g, t = divmod(ln, 4)
+                y, _ = lanemask_counts(w)
+                for s in range(4):
+                    start = bases[s] + ((excl[ln] >> (8 * s)) & 0xFF)
+                    for h, start in ((0, start), (1, start + ((y >> (4 * s)) & 15))):
+                        nib = (w >> (16 * h + 4 * s)) & 15
+                        lo, hi, _ = decode_quad_model(stream, start, nib)
+                        row = tile * 16 + 8 * h + g
+                        col = c * 64 + 16 * t + 4 * s
+                        for j, reg in enumerate((lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)):
+                            if reg:
+                                out[row, col + j] = bits_to_float(np.array([reg], dtype=np.uint16), self.dtype)[0]
         m, k = self.shape
         return out[:m, :k]

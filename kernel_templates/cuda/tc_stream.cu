@@ -327,6 +327,18 @@ __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__
     cluster_sync_all();                               // peers may still read our partials
 }
 
+// Where a warp of the streaming kernels works: CTA (x, y, z) owns row tiles x * WARPS * R .. (its warp
+// w: R of them from tile0 + w * R), K slice y (chunks [c0, c1)) and n block z (columns n0 .. n0 + 8 NT).
+template <int NT, int R, int WARPS>
+struct WarpWork {
+    int lane, warp, nchunks, c0, c1, n0, tile0, tile;
+    __device__ __forceinline__ WarpWork(int Kp, int chunks_per_cta)
+        : lane(threadIdx.x & 31), warp(threadIdx.x >> 5), nchunks(Kp / SD_CHUNK), c0(blockIdx.y * chunks_per_cta),
+          c1(min(Kp / SD_CHUNK, (int)blockIdx.y * chunks_per_cta + chunks_per_cta)), n0(blockIdx.z * NT * 8),
+          tile0(blockIdx.x * WARPS * R), tile(blockIdx.x * WARPS * R + (threadIdx.x >> 5) * R) {}
+    __device__ __forceinline__ bool active(int tiles) const { return tile < tiles && c0 < c1; }
+};
+
 template <int NT, int R, int WARPS, int SPLIT>
 struct SmemPlan {
     static constexpr int cpart_bytes = SPLIT > 1 ? WARPS * R * 16 * NT * 8 * 4 : 0;
@@ -443,14 +455,9 @@ template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
 __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
                                  int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nchunks = Kp / SD_CHUNK;
-    const int c0 = blockIdx.y * chunks_per_cta;
-    const int c1 = min(nchunks, c0 + chunks_per_cta);
-    const int n0 = blockIdx.z * NT * 8;
-    const int tile0 = blockIdx.x * WARPS * R;
-    const int tile = tile0 + warp * R;
-    const bool active = tile < tiles && c0 < c1;
+    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
+    const bool active = ww.active(tiles);
     u32 x[PIPE][R][F::WORDS];
     if (active) {
 #pragma unroll
@@ -568,15 +575,11 @@ tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int R = 1;
     constexpr u32 RING = RING_KB * 1024;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0;
+    const int tile0 = ww.tile0, tile = ww.tile;
     const int g = lane >> 2, t = lane & 3;
-    const int nchunks = Kp / SD_CHUNK;
-    const int c0 = blockIdx.y * chunks_per_cta;
-    const int c1 = min(nchunks, c0 + chunks_per_cta);
-    const int n0 = blockIdx.z * NT * 8;
-    const int tile0 = blockIdx.x * WARPS;
-    const int tile = tile0 + warp;
-    const bool active = tile < tiles && c0 < c1;
+    const bool active = ww.active(tiles);
     const int nunits = active ? (c1 - c0 + SD_UNIT - 1) / SD_UNIT : 0;
     const int b_bytes = SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
@@ -710,14 +713,10 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
             u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
             int tiles, int bvec, int slot_bytes) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nchunks = Kp / SD_CHUNK;
-    const int c0 = blockIdx.y * chunks_per_cta;
-    const int c1 = min(nchunks, c0 + chunks_per_cta);
-    const int n0 = blockIdx.z * NT * 8;
-    const int tile0 = blockIdx.x * WARPS;
-    const int tile = tile0 + warp;
-    const int nc = (tile < tiles && c0 < c1) ? c1 - c0 : 0;
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
+    const int tile = ww.tile;
+    const int nc = ww.active(tiles) ? ww.c1 - c0 : 0;
     const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
     uint2* lut = reinterpret_cast<uint2*>(cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes);
