@@ -114,6 +114,8 @@ def main() -> None:
     ap.add_argument("-n", type=int, action="append", help="tokens per forward (default: 1 and 16)")
     ap.add_argument("--out", default="prune_and_batch_out")
     ap.add_argument("--repeats", type=int, default=None, help="timed forwards (default: 50 on a GPU, 2 on the CPU)")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="candidates per full search (run_graph's budget; default: its own)")
     ap.add_argument("--compile", default=None, metavar="BACKEND",
                     help="also run torch.compile(patched model, backend=BACKEND) at each N and compare (e.g. inductor)")
     args = ap.parse_args()
@@ -129,7 +131,7 @@ def main() -> None:
         with torch.no_grad():
             model.load_state_dict({k: prune(v.float()).half() for k, v in base.state_dict().items()})
         out = Path(args.out) / name.replace(":", "of").replace("%", "")
-        report = run_batch(model, target=args.target, n=ns, backend=args.backend, out=out,
+        report = run_batch(model, target=args.target, n=ns, backend=args.backend, out=out, budget=args.budget,
                            resume=(out / "journal.sqlite").exists(), progress=True)
         print(f"\n== {name}: {report.summary()}")
         model = model.to(device).eval()
@@ -148,7 +150,8 @@ def main() -> None:
                 note = "" if device == "cuda" else "  (CPU + Triton interpreter: NOT GPU timings)"
                 print(f"  N={n:<4} eager: dense {d_ms:9.3f} ms  patched {p_ms:9.3f} ms  speedup {d_ms / p_ms:6.2f}x  "
                       f"max |diff| {diff:.3g} (max |y| {float(ref.abs().max()):.3g}); {ran} of {len(patched)} "
-                      f"patched layers ran their kernel (the others: dense measured faster at this N){note}")
+                      f"patched layers ran their kernel"
+                      + (" (the others: dense, measured faster at this N)" if ran < len(patched) else "") + note)
                 if device == "cuda":
                     dg, pg = graph_latency_ms(dense_model, x, repeats), graph_latency_ms(model, x, repeats)
                     print(f"  N={n:<4} CUDA graph: dense {dg:9.3f} ms  patched {pg:9.3f} ms  speedup {dg / pg:6.2f}x")
