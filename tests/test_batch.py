@@ -236,6 +236,21 @@ def test_re_pruned_model_reuses_unchanged_kernels_and_flags_slower_layers(batch,
     assert "SLOWER than previous" in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_every_n_of_the_batch_gets_a_ratio_and_the_group_inherits_them(tmp_path, pool):
+    """Found on the H200: the group's reused layers took the winner's record from before its per-N
+    ratios were measured, so at N = 16 they ran a decode kernel 4x slower than dense."""
+    from batch_models import block_weight
+
+    weights = {"a.weight": block_weight(0), "b.weight": block_weight(1)}
+    report = run_batch(weights, out=tmp_path / "out", **{**RUN, "n": [16, 4]})
+    lead, follow = report.layer("a.weight"), report.layer("b.weight")
+    assert lead.status == "searched" and follow.status == "reused", (lead.reason, follow.reason)
+    assert set(lead.n_speedups) == set(follow.n_speedups) == {16, 4}
+    assert follow.n_speedups[4] == lead.n_speedups[4] and follow.n_speedups[16] == follow.speedup_vs_dense
+    bundle = load_bundle(tmp_path / "out")
+    assert bundle.kernels["b.weight"].n_speedups == follow.n_speedups
+
+
 def test_batch_over_a_torch_state_dict_and_a_module(tmp_path, pool):
     sd = {"enc.0.weight": small_unstructured(64, 96, 5), "enc.0.bias": torch.zeros(64).half(),
           "conv.weight": torch.zeros(8, 4, 3, 3).half()}

@@ -206,6 +206,9 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         if layer.has_kernel and not layer.n_speedups:
             layer = layer.model_copy(update=dict(n_speedups=_n_speedups(layer, ref, report, same, winner,
                                                                         settings, phases)))
+            if winner is not None and winner.name == layer.name:
+                winner = layer      # the group's later layers inherit these ratios (found on the H200:
+                                    # they took the winner's copy from before, without them)
         if report.get("analyze_seconds") is not None:
             phases["analyze"] = report["analyze_seconds"]
         layer = layer.model_copy(update=dict(seconds=round(time.time() - t0, 3), phase_seconds=phases))
