@@ -25,7 +25,7 @@ META = {
     # faster (11008x4096 50% N = 16: 36.8 vs 41.2 us: a third CTA per SM fits); WARPS 4 and 16 slower
     "defaults": {"WARPS": 8, "SPLIT": "auto", "PIPE": 3},
     "grid": [{}, {"PIPE": 4}, {"SPLIT": 8}],
-    # a natural candidate only where no structure gives a cheaper index (measured 0.74-0.90x cuBLAS at
+    # a natural candidate only where no structure gives a cheaper index (measured 0.56-0.90x cuBLAS at
     # N = 8-16 on 50-70% unstructured weights: the planner reaches it by cost, not by preference)
     "patterns": ["unstructured"],
     "cuda_source": "tc_stream.cu",
