@@ -316,10 +316,10 @@ def run(args) -> list[dict]:
                                 dense_cache[key] = time_launch(cublas, b, out, args.repeats)
                             row["cublas_graph_us"], row["cublas_eager_us"] = dense_cache[key]["graph_us"], dense_cache[key]["eager_us"]
                             row["recheck"] = check(fn, matrix, values64, dtype, n, rng)
+                            nbytes = packed_bytes(packed)
                             if args.chain:
                                 try:
-                                    row.update(chained_kernel(mod, packed, packed_bytes(packed), b, out, args.repeats,
-                                                              args.seed + n))
+                                    row.update(chained_kernel(mod, packed, nbytes, b, out, args.repeats, args.seed + n))
                                 except Exception as exc:  # noqa: BLE001 - recorded; the single-launch timing stays
                                     row["chain_error"] = f"{type(exc).__name__}: {exc}"[:300]
                                 if key not in dense_chain:
@@ -330,7 +330,6 @@ def run(args) -> list[dict]:
                                         args.repeats)
                                     del dws
                                 row["cublas_chain_us"] = dense_chain[key]
-                            nbytes = packed_bytes(packed)
                             row["a_bytes"] = nbytes
                             total = nbytes + (k * n + m * n) * 2
                             if row["graph_us"]:

@@ -77,10 +77,14 @@ class ReadFloor:
                 kernel(grid, block, (*extra, np.uint64(self.sink.data_ptr())))
         return launch
 
-    def time_us(self, name: str, nbytes: float, ctas: int, repeats: int | None = None) -> float:
+    def reader(self, name: str, nbytes: float, ctas: int):
+        """(a fresh random buffer of ``nbytes``, the launch of kernel ``name`` reading it whole)."""
         words = max(1, int(nbytes) // 16)
         buf = torch.randint(0, 2 ** 31 - 1, (words * 4,), dtype=torch.int32, device=self.device)
-        launch = self.launcher(name, (self.sms * ctas,), (256,), np.uint64(buf.data_ptr()), np.int64(words))
+        return buf, self.launcher(name, (self.sms * ctas,), (256,), np.uint64(buf.data_ptr()), np.int64(words))
+
+    def time_us(self, name: str, nbytes: float, ctas: int, repeats: int | None = None) -> float:
+        buf, launch = self.reader(name, nbytes, ctas)
         t = timing.time_cuda_graph(launch, repeats=repeats or self.repeats)
         del buf
         return t.median_ms * 1e3
@@ -97,14 +101,10 @@ class ReadFloor:
         (timing.time_cuda_chain: back to back from one graph, each launch on its own cold buffer)."""
         key = ("chain", round(nbytes / 1e5))
         if key not in self.cache:
-            words = max(1, int(key[1] * 1e5) // 16)
-            copies = timing.chain_copies(words * 16)
-            bufs = [torch.randint(0, 2 ** 31 - 1, (words * 4,), dtype=torch.int32, device=self.device)
-                    for _ in range(copies)]
-            launches = [self.launcher("read8", (self.sms * 8,), (256,), np.uint64(b.data_ptr()), np.int64(words))
-                        for b in bufs]
-            self.cache[key] = timing.time_cuda_chain(launches, repeats=self.repeats).median_ms * 1e3
-            del bufs
+            readers = [self.reader("read8", key[1] * 1e5, 8) for _ in range(timing.chain_copies(key[1] * 1e5))]
+            self.cache[key] = timing.time_cuda_chain([launch for _, launch in readers],
+                                                     repeats=self.repeats).median_ms * 1e3
+            del readers
         return self.cache[key]
 
 

@@ -113,11 +113,12 @@ def _shared(done: LayerResult, base: LayerResult) -> LayerResult:
                                        reason=f"same structure signature as {done.name}: its kernel outright"))
 
 
-def _n_speedups(layer: LayerResult, ref: WeightRef, report: dict, same: LayerResult | None,
+def _n_speedups(layer: LayerResult, ref: WeightRef, A, report: dict, same: LayerResult | None,
                 winner: LayerResult | None, settings: BatchSettings, phases: dict) -> dict[int, float]:
     """The layer's kernel-vs-dense ratio at every N of the batch (batch.n_speedups): a layer that took
     a kernel already measured takes its ratios at the other N, a new winner is measured there. A
-    failure to measure leaves the ratios out (patch_model then runs the verified kernel, as before)."""
+    failure to measure leaves the ratios out (patch_model then runs the verified kernel, as before).
+    ``A``: the weight's matrix when this layer loaded it already (None: loaded here)."""
     from sparseditto.batch import n_speedups
 
     if layer.status == "shared" and same is not None:
@@ -126,7 +127,7 @@ def _n_speedups(layer: LayerResult, ref: WeightRef, report: dict, same: LayerRes
         return n_speedups.inherited(layer, winner, settings)
     t0 = time.time()
     try:
-        return n_speedups.measured(layer, load_weight(ref), report, settings)
+        return n_speedups.measured(layer, A if A is not None else load_weight(ref), report, settings)
     except WorkerStartError:
         raise
     except Exception:   # noqa: BLE001 - ratios are an optimisation of patch_model, never a layer failure
@@ -168,7 +169,7 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         base = base_layer(ref, status="failed", reason="unfinished", group=key, pattern=report["pattern"],
                           sparsity=report["sparsity"], nnz=report["nnz"], signature=report["signature"])
         phases: dict[str, float] = {}
-        same = None
+        same = A = None
         try:
             same = by_signature.get(report["signature"])
             if same is not None:
@@ -204,7 +205,7 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
             layer = base.model_copy(update=dict(status="failed", reason=f"{type(exc).__name__}: {str(exc)[:400]}"))
         if layer.has_kernel and not layer.n_speedups:
-            layer = layer.model_copy(update=dict(n_speedups=_n_speedups(layer, ref, report, same, winner,
+            layer = layer.model_copy(update=dict(n_speedups=_n_speedups(layer, ref, A, report, same, winner,
                                                                         settings, phases)))
             if winner is not None and winner.name == layer.name:
                 winner = layer      # the group's later layers inherit these ratios (found on the H200:

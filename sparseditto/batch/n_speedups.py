@@ -31,9 +31,7 @@ def measured(layer: LayerResult, A, report: dict, settings: BatchSettings) -> di
     from sparseditto import harness
     from sparseditto.batch.reuse import _runnable
 
-    ratios: dict[int, float] = {}
-    if layer.speedup_vs_dense is not None:
-        ratios[settings.n] = float(layer.speedup_vs_dense)
+    ratios = inherited(layer, None, settings)          # its own ratio at the first N
     for n in settings.n_values:
         if n in ratios:
             continue
