@@ -216,6 +216,17 @@ TEMPLATE_VARIANTS = {
 PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv")
 
 
+def launch_geometry(packed: dict, n: int) -> dict | None:
+    """The tensor-core templates' launch at N = n as planned (grid, shared memory, registers per
+    thread), read from the plan spmm cached: what decides occupancy and waves."""
+    from sparseditto.kernel_templates import tc_launch
+
+    for key, plan in (packed.get("scratch") or {}).items():
+        if isinstance(key, tuple) and key and key[0] == n and isinstance(plan, dict) and "geom" in plan:
+            return {"grid": list(plan["grid"]), "smem": plan["smem"], "regs": tc_launch.kernel_registers(plan["fn"])}
+    return None
+
+
 def packed_bytes(packed: dict) -> int:
     """Bytes of the device arrays a prepared matrix holds (its format bytes)."""
     import torch
@@ -307,6 +318,9 @@ def run(args) -> list[dict]:
                             rows.append(row)
                             print(f"{label} {style} {template} {params} N={n}: {row['error']}")
                             continue
+                        geometry = launch_geometry(packed, n)
+                        if geometry:
+                            row["geometry"] = geometry
                         if preset["time"] and row["check"]["ok"]:
                             b = torch.randn((k, n), device="cuda").to(tdt)
                             out = torch.empty((m, n), dtype=tdt, device="cuda")
@@ -354,6 +368,8 @@ def run(args) -> list[dict]:
                                     + ("" if row["chain_copies_same"] else " COPIES DIFFER")
                                     if row.get("chain_us") else "")
                                  if row.get("graph_us") else "")
+                              + (f" [grid {tuple(geometry['grid'])} smem {geometry['smem'] // 1024}K regs {geometry['regs']}]"
+                                 if geometry else "")
                               + ("" if c["ok"] else f"  {c['message'][:160]}"), flush=True)
                 packed = mod = None
             del dense_w

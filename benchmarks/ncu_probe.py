@@ -8,6 +8,7 @@ from a latency- or LSU-bound one, and prints them.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -35,6 +36,11 @@ PROBE_METRICS = (
     "launch__grid_size",
     "launch__occupancy_limit_registers",
     "launch__occupancy_limit_shared_mem",
+    "launch__occupancy_limit_warps",
+    "launch__waves_per_multiprocessor",
+    "launch__block_size",
+    "launch__shared_mem_per_block_dynamic",
+    "sm__warps_active.avg.pct_of_peak_sustained_active",
 )
 
 
@@ -50,13 +56,16 @@ def main(argv=None) -> int:
     ap.add_argument("--style", default="magnitude")
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("-n", type=int, default=16)
+    ap.add_argument("--params", default="{}",
+                    help='JSON launch params for every template, e.g. \'{"SPLIT": 2}\' (defaults otherwise)')
     args = ap.parse_args(argv)
+    params = json.loads(args.params)
     m, k = SHAPES[args.shape]
     matrix = prune(m, k, args.style, args.sparsity, seed=0)
     for name in args.templates:
-        res = profile_ncu(get_template(name).instantiate({}), matrix, args.n, "float16", kernel_regex="tc_",
+        res = profile_ncu(get_template(name).instantiate(params), matrix, args.n, "float16", kernel_regex="tc_",
                           metrics=PROBE_METRICS, launch_count=1)
-        print(f"== {name} {args.shape} {args.style} {args.sparsity} N={args.n}: available={res.available} {res.note} kernels={res.kernels}")
+        print(f"== {name} {params} {args.shape} {args.style} {args.sparsity} N={args.n}: available={res.available} {res.note} kernels={res.kernels}")
         for row in parse_ncu_csv(res.raw_csv or ""):
             print(f"   {row.get('Metric Name', ''):80s} {row.get('Metric Value', '')} {row.get('Metric Unit', '')}")
     return 0

@@ -30,7 +30,16 @@ LUT_BYTES = 16 * 8
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
-CTAS_PER_SM_TARGET = 2        # auto split: total CTAs closest to this many per SM (H200 sweep)
+CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
+REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
+# An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
+# CTAs of a kernel are resident at once, so how many waves a grid takes.
+SM_REGISTERS = 65536
+SM_THREADS = 2048
+SM_CTAS = 32
+SM_SMEM = 228 * 1024
+CTA_SMEM_RESERVED = 1024      # the driver's per-CTA shared memory
+WIDE_BLOCKS = 64              # n blocks of 64 columns prepare compiles for (N up to 4096)
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
@@ -74,7 +83,10 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     tc_lanemask)."""
     total = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
     if split > 1:
-        total += warps * rows_per_warp * TILE_M * nt * 8 * 4
+        partials = warps * rows_per_warp * TILE_M * nt * 8 * 4
+        # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
+        # done with it (stream_registers); the bitmap kernels keep them beside their other regions
+        total = max(total, partials) if kind in REGISTER_KINDS else total + partials
     if kind == "bitmap":
         total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
     if kind == "lanemask":
@@ -82,8 +94,52 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     return total
 
 
-def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int) -> dict:
-    """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU."""
+def resident_ctas(warps: int, smem: int, regs_per_thread: int) -> int:
+    """CTAs of one kernel an SM holds at once, from its registers, threads and shared memory (the
+    occupancy calculator's arithmetic: registers are allocated per warp in 256-register units of
+    8-register-rounded thread counts)."""
+    per_warp = -(-(-(-regs_per_thread // 8) * 8 * 32) // 256) * 256
+    by_regs = (SM_REGISTERS // per_warp) // warps
+    by_threads = SM_THREADS // (warps * 32)
+    by_smem = SM_SMEM // (smem + CTA_SMEM_RESERVED)
+    return max(0, min(by_regs, by_threads, by_smem, SM_CTAS))
+
+
+def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, regs: int | None) -> tuple:
+    """The K split of an "auto" geometry: enough CTAs to keep every SM streaming, without a wave tail.
+
+    Without a register count (planning on the CPU): total CTAs closest in ratio to
+    CTAS_PER_SM_TARGET per SM. With the compiled kernel's registers, the CTAs an SM holds at once
+    (resident_ctas, which also depends on each split's shared memory) are counted: among the splits
+    whose grid runs in one wave, total CTAs closest to min(target, resident) per SM, the larger grid
+    on a tie; when none fits one wave, the split that fills its last wave best. Measured on the
+    H200 (tc_sp24, 11008x4096, N = 16, PIPE=4): 87 registers leave 2 CTAs per SM, and the blind
+    rule's split of 4 (344 CTAs, 1.3 waves) ran 26.1 us where split 2 (172 CTAs, one wave) took
+    24.2 us.
+    """
+    useful = [f for f in feasible if f[0] == 1 or f[1] >= 2] or feasible   # no near-empty K slices
+    if not regs:
+        want = CTAS_PER_SM_TARGET * sm_count
+        return min(useful, key=lambda f: (abs(math.log(gx * f[0] * gz / want)), f[0]))
+    resident = {f[0]: max(1, resident_ctas(warps, f[2], regs)) for f in useful}
+    total = {f[0]: gx * f[0] * gz for f in useful}
+    one_wave = [f for f in useful if total[f[0]] <= resident[f[0]] * sm_count]
+    if one_wave:
+        return min(one_wave, key=lambda f: (abs(math.log(total[f[0]] / (min(CTAS_PER_SM_TARGET, resident[f[0]]) * sm_count))),
+                                            -total[f[0]]))
+
+    def fill(f):
+        slots = resident[f[0]] * sm_count
+        return total[f[0]] / (-(-total[f[0]] // slots) * slots)
+    return max(useful, key=lambda f: (round(fill(f), 3), total[f[0]]))
+
+
+def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int,
+                  regs_by_nt: dict | None = None) -> dict:
+    """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU.
+
+    `regs_by_nt` (registers per thread of the compiled kernel for each n8-tile count, when known)
+    lets the auto split count resident CTAs instead of assuming CTAS_PER_SM_TARGET of them."""
     warps = int(params["WARPS"])
     rows = 1 if kind in ("bitmap", "lanemask") else int(params.get("R", 1))
     ring_kb = int(params.get("RING_KB", 0))
@@ -108,11 +164,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
     if split == "auto":
-        # Total CTAs closest (in ratio) to CTAS_PER_SM_TARGET per SM: fewer leaves SMs idle or the
-        # work unbalanced, more multiplies the per-CTA B staging and the split-K reduction.
-        want = CTAS_PER_SM_TARGET * sm_count
-        useful = [f for f in feasible if f[0] == 1 or f[1] >= 2] or feasible   # no near-empty K slices
-        s, cpc, smem = min(useful, key=lambda f: (abs(math.log(gx * f[0] * gz / want)), f[0]))
+        s, cpc, smem = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(nt))
     else:
         s, cpc, smem = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
@@ -128,19 +180,22 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
 
 
-def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int) -> list:
+def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int,
+                         regs_by_nt: dict | None = None) -> list:
     """Every geometry spmm can launch for this matrix, for any N (so prepare compiles them all).
 
     N picks the n8-tile count, and past 8 * NT_CHOICES[-1] columns the number of n blocks (grid.z),
     which moves the auto split: wider N means more CTAs and so fewer K splits. The split only falls
     as grid.z grows and stops once grid.x * grid.z alone reaches the CTA target, so the walk below
     is finite. (On the H200 a 4096x4096 matrix reached a split at N = 129 that N = 64 had not.)
+    With register counts the split follows the wave fill, which is not monotonic in grid.z, so the
+    walk covers every n-block count up to WIDE_BLOCKS (N = 4096); wider N compiles on first use.
     """
     seen: dict[tuple, dict] = {}
 
     def add(n: int) -> dict | None:
         try:
-            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count)
+            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt)
         except ValueError:
             return None   # that N class does not fit these params; spmm raises the clear error if asked
         seen.setdefault((geom["nt"], geom["split"], geom["smem"]), geom)
@@ -151,7 +206,8 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
     wide = add(8 * NT_CHOICES[-1] + 1)
     if wide is not None:
         gx = wide["grid"][0]
-        for gz in range(1, -(-CTAS_PER_SM_TARGET * sm_count // gx) + 2):
+        last = WIDE_BLOCKS if regs_by_nt else -(-CTAS_PER_SM_TARGET * sm_count // gx) + 1
+        for gz in range(1, last + 1):
             add(8 * wide["nt"] * gz)
     return sorted(seen.values(), key=lambda g: (g["nt"], g["split"]))
 
@@ -220,13 +276,24 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob."""
     sms = runtime.sm_count(device)
     bf16 = DTYPE_FLAGS[dtype]
-    geoms = reachable_geometries(kind, tiles, nchunks, launch_params(params, ring_floor_kb, slot_bytes), sms)
+    lparams = launch_params(params, ring_floor_kb, slot_bytes)
+    geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms)
     names = [kernel_name(kind, bf16, g) for g in geoms]
-    kernels = compile_kernels(cuda_src, names, device) if device.type == "cuda" else {}
+    kernels, regs_by_nt = {}, {}
+    if device.type == "cuda":
+        # The auto split counts resident CTAs, which takes the compiled kernels' register counts:
+        # compile the register-blind plan's kernels, read their registers per n8-tile count, plan
+        # again with them and compile what that adds.
+        kernels = compile_kernels(cuda_src, names, device)
+        regs_by_nt = {g["nt"]: kernel_registers(kernels[kernel_name(kind, bf16, g)]) for g in geoms}
+        regs_by_nt = {nt: r for nt, r in regs_by_nt.items() if r}
+        more = [kernel_name(kind, bf16, g) for g in reachable_geometries(kind, tiles, nchunks, lparams, sms, regs_by_nt)]
+        kernels.update(compile_kernels(cuda_src, [x for x in more if x not in kernels], device))
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
             "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "sm_count": sms, "kernels": kernels,
+            "regs_by_nt": regs_by_nt,
             "cuda_src": cuda_src, "scratch": {}}
 
 
@@ -242,6 +309,18 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
                           ring_floor_kb=floor, slot_bytes=slot)
 
 
+def kernel_registers(fn) -> int:
+    """Registers per thread of a compiled kernel (0 when the driver does not say)."""
+    regs = getattr(fn, "num_regs", None)
+    if regs is None:
+        try:
+            drv = cp.cuda.driver
+            regs = drv.funcGetAttribute(drv.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+        except Exception:   # noqa: BLE001 - an older CuPy without the attribute: plan without it
+            regs = 0
+    return int(regs or 0)
+
+
 def _set_dynamic_smem(fn, nbytes: int) -> None:
     """Allow more than 48 KiB of dynamic shared memory (cudaFuncSetAttribute)."""
     try:
@@ -254,7 +333,8 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
-    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"])
+    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"],
+                         packed.get("regs_by_nt") or None)
     name = kernel_name(kind, packed["bf16"], geom)
     fn = packed["kernels"].get(name)
     if fn is None:   # params changed after prepare (a sweep): compile on first use, outside packed

@@ -78,8 +78,9 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
 
 
 @pytest.mark.parametrize("kind,params", [
+    ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
-    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}),
+    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("bitmap", {"WARPS": 8, "SPLIT": "auto", "RING_KB": 16}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
@@ -104,8 +105,9 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
 
 
 @pytest.mark.parametrize("kind,params", [
+    ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
-    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}),
+    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])
@@ -153,6 +155,51 @@ def test_bitmap_ring_holds_the_largest_bulk_copy(density, tmp_path):
         assert floor == 9   # 4 full blobs: 4 * (176 + 2 * 1024) bytes
     with pytest.raises(ValueError, match="tiles, chunks"):
         tc_launch.bitmap_ring_floor_kb(np.zeros(5, dtype=np.uint32))
+
+
+def test_resident_ctas_follows_the_occupancy_arithmetic():
+    # ncu on the H200 (session 25): tc_sp24 with 87 registers at 256 threads -> 2 CTAs (register
+    # limit), 76 registers -> 3; shared memory 24,576 bytes -> 8 by smem, 12,288 -> 17 (ncu reports
+    # 7 there: it also counts the 1 KiB reserve per CTA against 228 KiB, 227 usable per CTA)
+    assert tc_launch.resident_ctas(8, 24576, 87) == 2
+    assert tc_launch.resident_ctas(8, 12288, 76) == 3
+    assert tc_launch.resident_ctas(8, 24576, 32) == 8            # the thread limit: 2048 / 256
+    assert tc_launch.resident_ctas(4, 100 * 1024, 40) == 2       # shared memory: 228 KiB / 101 KiB
+    assert tc_launch.resident_ctas(8, 230 * 1024, 40) == 0
+
+
+def test_auto_split_with_registers_keeps_the_grid_in_one_wave():
+    """Measured on the H200 (11008x4096 2:4, N = 16): PIPE=4's 87 registers leave 2 CTAs per SM,
+    and the register-blind rule's split of 4 (344 CTAs, 1.3 waves) ran 26.1 us where split 2 in one
+    wave took 24.2 us; with PIPE=2's fewer registers split 4 fits one wave (17.8 us)."""
+    params = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4}
+    blind = tc_launch.plan_geometry("sp24", 688, 64, 16, params, 132)
+    assert blind["split"] == 4
+    tight = tc_launch.plan_geometry("sp24", 688, 64, 16, params, 132, {2: 87})
+    assert tight["split"] == 2 and 86 * 2 <= tc_launch.resident_ctas(8, tight["smem"], 87) * 132
+    roomy = tc_launch.plan_geometry("sp24", 688, 64, 16, {**params, "PIPE": 2}, 132, {2: 56})
+    assert roomy["split"] == 4 and 86 * 4 <= tc_launch.resident_ctas(8, roomy["smem"], 56) * 132
+    # registers of another n8-tile count do not apply
+    assert tc_launch.plan_geometry("sp24", 688, 64, 16, params, 132, {1: 87})["split"] == blind["split"]
+
+
+def test_register_kernels_put_split_partials_over_the_b_slice():
+    # tc_dense / tc_sp24 reuse the staged B slice for the split-K partials; tc_bitmap keeps both
+    b, parts = 16 * 64 * 128, 8 * 16 * 64 * 4
+    assert tc_launch.smem_bytes("sp24", 8, 8, 1, 4, 16) == max(b, parts)
+    assert tc_launch.smem_bytes("dense", 8, 8, 1, 1, 16) == b
+    assert tc_launch.smem_bytes("bitmap", 8, 8, 1, 4, 16, ring_kb=8) > b + parts
+
+
+def test_prepare_compiles_every_kernel_the_register_aware_plan_launches():
+    tiles, nchunks = 688, 64
+    params = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}
+    regs = {1: 56, 2: 62, 4: 90, 8: 128}
+    reachable = {tc_launch.kernel_name("sp24", 0, g)
+                 for g in tc_launch.reachable_geometries("sp24", tiles, nchunks, params, 132, regs)}
+    for n in range(1, 2100, 7):
+        g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, regs)
+        assert tc_launch.kernel_name("sp24", 0, g) in reachable, (n, g["grid"])
 
 
 def test_explicit_split_that_cannot_fit_is_a_clear_error():

@@ -13,11 +13,13 @@ META = {
     "backend": "cuda",
     "format": "tc_dense",
     "description": "dense weight streamed with 16-byte loads into mma.sync fragments, split-K over a CTA cluster (decode N)",
-    "params": {"WARPS": [4, 8], "R": [1, 2], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4]},
-    "defaults": {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2},
-    # H200 sweep: the defaults win on 4096x4096 (17.2 us, 1.12x cuBLAS); SPLIT=4 / WARPS=4 on
-    # 11008x4096 (34.6 us, 1.0x).
-    "grid": [{}, {"SPLIT": 4}, {"WARPS": 4}],
+    "params": {"WARPS": [4, 8, 16], "R": [1, 2], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4]},
+    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2},
+    # H200 (session 25, llm_layers --cases /dense, chained, N = 1-32): R=1 reads 11008x4096 in
+    # 26.5-27.7 us at N = 1-16 (0.98-0.99x cuBLAS, 1.47x at N = 4), where R=2 (two row tiles per
+    # warp, more registers, fewer resident warps) took 31-32 us; on 4096x11008 and 4096x4096 the two
+    # are within 4%. At N = 32 PIPE=3 is 12% faster on 11008x4096.
+    "grid": [{}, {"PIPE": 3}, {"R": 2}, {"SPLIT": 8}],
     "patterns": ["dense", "unstructured", "row_pruned", "column_pruned", "block", "nm", "banded"],
     "cuda_source": "tc_stream.cu",
     "dtypes": ["float16", "bfloat16"],

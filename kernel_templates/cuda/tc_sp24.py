@@ -14,11 +14,13 @@ META = {
     "backend": "cuda",
     "format": "tc_sp24",
     "description": "2:4 values + hardware metadata on mma.sp.m16n8k32, split-K over a CTA cluster",
-    "params": {"WARPS": [4, 8], "R": [1, 2], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4]},
-    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 4},
-    # H200 sweep (benchmarks/llm_layers.py --preset core): R=1/PIPE=4 fastest at N <= 16 on both
-    # 11008x4096 (22.1 us, 1.56x cuBLAS) and 4096x4096 (13.3 us, 1.45x); SPLIT=4 second.
-    "grid": [{"R": 1, "PIPE": 4}, {"R": 1, "PIPE": 4, "SPLIT": 4}, {"R": 2, "PIPE": 2}],
+    "params": {"WARPS": [4, 8, 16], "R": [1, 2], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4]},
+    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2},
+    # H200 (session 25, llm_layers --cases nm24 --n 8 16, chained): PIPE=4 needs 87 registers at
+    # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
+    # cuBLAS. PIPE=2 keeps more warps resident instead of more chunks in flight per warp: 17.9 us
+    # (1.41x) there, 9.6 us (1.49x) on 4096x4096, and it is also the faster one at N = 8.
+    "grid": [{}, {"PIPE": 3}, {"PIPE": 4}, {"SPLIT": 8}],
     "patterns": ["nm"],
     "cuda_source": "tc_stream.cu",
     "dtypes": ["float16", "bfloat16"],

@@ -492,8 +492,11 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
             }
         }
     }
-    float* cpart = reinterpret_cast<float*>(smem + SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK));
-    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+    // The split-K partials go over the staged B slice (the host sizes shared memory as the larger of
+    // the two, which keeps wide-N CTAs small enough to be resident two or three at a time), so every
+    // warp must be done reading B first.
+    if (SPLIT > 1) __syncthreads();
+    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
 }
 
 template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>

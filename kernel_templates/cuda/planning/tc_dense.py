@@ -22,7 +22,7 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"SPLIT": 4}, {"WARPS": 4}, {"R": 1, "PIPE": 4}]
+    return [{}, {"PIPE": 3}, {"R": 2}, {"SPLIT": 8}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:

@@ -23,7 +23,7 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"SPLIT": 4}, {"R": 2, "PIPE": 2}, {"WARPS": 4}]
+    return [{}, {"PIPE": 3}, {"SPLIT": 8}, {"WARPS": 4}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
