@@ -30,7 +30,6 @@ LUT_BYTES = 16 * 8
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
-PASSES_CHOICES = (1, 2, 4)    # row blocks per CTA over one staged B slice (tc_dense, tc_sp24)
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
 REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
 # An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
@@ -79,17 +78,15 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
 
 
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
-               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, passes: int = 1) -> int:
+               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0) -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
     tc_lanemask)."""
     total = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
     if split > 1:
         partials = warps * rows_per_warp * TILE_M * nt * 8 * 4
-        # tc_dense / tc_sp24 with one pass write their split-K partials over the staged B slice once
-        # every warp is done with it (stream_registers); with several passes B is still needed, and
-        # the bitmap kernels keep them beside their other regions
-        aliased = kind in REGISTER_KINDS and passes == 1
-        total = max(total, partials) if aliased else total + partials
+        # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
+        # done with it (stream_registers); the bitmap kernels keep them beside their other regions
+        total = max(total, partials) if kind in REGISTER_KINDS else total + partials
     if kind == "bitmap":
         total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
     if kind == "lanemask":
@@ -106,23 +103,6 @@ def resident_ctas(warps: int, smem: int, regs_per_thread: int) -> int:
     by_threads = SM_THREADS // (warps * 32)
     by_smem = SM_SMEM // (smem + CTA_SMEM_RESERVED)
     return max(0, min(by_regs, by_threads, by_smem, SM_CTAS))
-
-
-def plan_passes(kind: str, passes, tiles: int, cta_tiles: int, nt: int, sm_count: int) -> int:
-    """Row blocks each CTA of tc_dense / tc_sp24 streams over its staged B slice (1 elsewhere).
-
-    Every CTA stages its K slice of B (K/split x 8 NT columns) from L2 before streaming; summed over
-    the grid that is K x N x 2 bytes per row block of 16 * WARPS * R rows, as many bytes as a 2:4 A
-    at N = 64. "auto" gives wide N (NT >= 4) 2 or 4 passes, as many as still leave enough CTAs
-    (grid.x times the largest split) for every SM."""
-    if kind not in REGISTER_KINDS:
-        return 1
-    if passes != "auto":
-        return max(1, int(passes))
-    for p in PASSES_CHOICES[::-1]:
-        if p <= max(1, nt // 2) and -(-tiles // (cta_tiles * p)) * SPLIT_CHOICES[-1] >= sm_count:
-            return p
-    return 1
 
 
 def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, regs: int | None) -> tuple:
@@ -165,16 +145,15 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     ring_kb = int(params.get("RING_KB", 0))
     pipe = int(params.get("PIPE", 0))
     slot_bytes = int(params.get("SLOT_BYTES", 0))
+    gx = -(-tiles // (warps * rows))
     split = params.get("SPLIT", "auto")
     candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
     nt = n_tiles_for(n)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
-        passes = plan_passes(kind, params.get("PASSES", "auto"), tiles, warps * rows, nt, sm_count)
-        gx = -(-tiles // (warps * rows * passes))
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, passes)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem))
         if feasible or nt == 1:
@@ -190,7 +169,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         s, cpc, smem = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "slot_bytes": slot_bytes, "passes": passes}
+            "slot_bytes": slot_bytes}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -368,8 +347,6 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
     if kind == "lanemask":
         tail += (np.int32(geom["slot_bytes"]),)
-    if kind in REGISTER_KINDS:
-        tail += (np.int32(geom["passes"]),)
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
             "tail": tail, "geom": geom}
 

@@ -94,13 +94,12 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         assert g["smem"] <= tc_launch.SMEM_LIMIT
         gx, split, gz = g["grid"]
         rows = 1 if kind in ("bitmap", "lanemask") else params["R"]
-        assert gx * params["WARPS"] * rows * g["passes"] >= tiles
-        assert g["passes"] == 1 or kind in tc_launch.REGISTER_KINDS
+        assert gx * params["WARPS"] * rows >= tiles
         assert split * g["chunks_per_cta"] >= nchunks and split in tc_launch.SPLIT_CHOICES
         assert gz * 8 * g["nt"] >= n
         assert g["smem"] == tc_launch.smem_bytes(kind, g["nt"], params["WARPS"], rows, split,
                                                  g["chunks_per_cta"], params.get("RING_KB", 0),
-                                                 params.get("PIPE", 0), params.get("SLOT_BYTES", 0), g["passes"])
+                                                 params.get("PIPE", 0), params.get("SLOT_BYTES", 0))
         name = tc_launch.kernel_name(kind, 0, g)
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
 
@@ -182,22 +181,6 @@ def test_auto_split_with_registers_keeps_the_grid_in_one_wave():
     assert roomy["split"] == 4 and 86 * 4 <= tc_launch.resident_ctas(8, roomy["smem"], 56) * 132
     # registers of another n8-tile count do not apply
     assert tc_launch.plan_geometry("sp24", 688, 64, 16, params, 132, {1: 87})["split"] == blind["split"]
-
-
-def test_wide_n_streams_several_row_blocks_per_staged_b_slice():
-    """The B slice a CTA stages is re-read from L2 by every row block; at N = 64 its bytes summed
-    over the grid match a 2:4 A's (11008x4096: 45 MB), so wide N gives each CTA 2-4 row blocks."""
-    params = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "PASSES": "auto"}
-    assert tc_launch.plan_geometry("sp24", 688, 64, 16, params, 132)["passes"] == 1
-    wide = tc_launch.plan_geometry("sp24", 688, 64, 64, params, 132, {8: 80})
-    assert wide["passes"] == 4 and wide["grid"][0] == 22
-    # the partials no longer alias B with several passes
-    assert wide["smem"] == wide["chunks_per_cta"] * 64 * 128 + 8 * 16 * 64 * 4
-    # a small matrix keeps enough CTAs: 4096 rows at 8 passes would leave 4 x 8 CTAs for 132 SMs
-    small = tc_launch.plan_geometry("sp24", 256, 64, 64, params, 132)
-    assert -(-256 // (8 * small["passes"])) * 8 >= 132
-    assert tc_launch.plan_geometry("sp24", 688, 64, 64, {**params, "PASSES": 2}, 132)["passes"] == 2
-    assert tc_launch.plan_geometry("bitmap", 688, 64, 64, {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}, 132)["passes"] == 1
 
 
 def test_register_kernels_put_split_partials_over_the_b_slice():

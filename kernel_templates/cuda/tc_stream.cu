@@ -451,94 +451,70 @@ struct Sp24Fmt {
     }
 };
 
-// `passes` (wide N): the CTA stages its B slice once and then streams `passes` consecutive row
-// blocks of WARPS * R tiles over it, one after the other. The staged B is the same for all of them,
-// so the L2 -> shared-memory traffic of B falls by that factor: per CTA it is K slice x N x 2
-// bytes against (16 * WARPS * R) rows of A, which at N = 64 is about as many bytes as the 2:4 A
-// itself. The first chunks of the next pass are loaded before the current pass's epilogue, so the
-// stream does not drain at pass boundaries.
-template <class F, int R, int PIPE>
-__device__ __forceinline__ void prologue_loads(const F& fmt, u32 (&x)[PIPE][R][F::WORDS], int nchunks, int tile,
-                                               int tiles, int c0, int c1, int lane) {
-#pragma unroll
-    for (int p = 0; p + 1 < PIPE; ++p)
-#pragma unroll
-        for (int rt = 0; rt < R; ++rt)
-            if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
-}
-
 template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
 __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
-                                 int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec,
-                                 int passes) {
+                                 int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
-    const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0;
-    constexpr int CTA_TILES = WARPS * R;
-    // pass q of this CTA: row block blockIdx.x * passes + q
-    const int block0 = blockIdx.x * passes;
-    const int wtile = ww.warp * R;
+    const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
+    const bool active = ww.active(tiles);
     u32 x[PIPE][R][F::WORDS];
-    if (block0 * CTA_TILES + wtile < tiles && c0 < c1)
-        prologue_loads<F, R, PIPE>(fmt, x, nchunks, block0 * CTA_TILES + wtile, tiles, c0, c1, lane);
+    if (active) {
+#pragma unroll
+        for (int p = 0; p + 1 < PIPE; ++p)
+#pragma unroll
+            for (int rt = 0; rt < R; ++rt)
+                if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
+    }
     stage_b<NT, F::SP>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
     cp_async_wait_all();
     __syncthreads();
     const u32 bs = smem_addr(smem);
-    // One pass: the partials alias the B slice (the host sizes shared memory as the larger of the
-    // two); several: they sit after it, because the next pass still reads B.
-    float* cpart = reinterpret_cast<float*>(passes > 1 ? smem + SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK)
-                                                       : smem);
-    for (int q = 0; q < passes; ++q) {
-        const int tile0 = (block0 + q) * CTA_TILES, tile = tile0 + wtile;
-        if (tile0 >= tiles) break;                    // the same for the whole CTA (and its cluster)
-        float acc[R][NT][4];
+    float acc[R][NT][4];
 #pragma unroll
-        for (int rt = 0; rt < R; ++rt)
+    for (int rt = 0; rt < R; ++rt)
 #pragma unroll
-            for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
-        if (tile < tiles && c0 < c1) {
-            for (int c = c0; c < c1; c += PIPE) {
+        for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
+    if (active) {
+        for (int c = c0; c < c1; c += PIPE) {
 #pragma unroll
-                for (int p = 0; p < PIPE; ++p) {
-                    if (c + p < c1) {
-                        const int qb = (p + PIPE - 1) % PIPE;
+            for (int p = 0; p < PIPE; ++p) {
+                if (c + p < c1) {
+                    const int q = (p + PIPE - 1) % PIPE;
 #pragma unroll
-                        for (int rt = 0; rt < R; ++rt)
-                            if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
-                                fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[qb][rt]);
+                    for (int rt = 0; rt < R; ++rt)
+                        if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
+                            fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[q][rt]);
 #pragma unroll
-                        for (int rt = 0; rt < R; ++rt)
-                            fmt.template compute<BF16, NT>(x[p][rt], bs, c + p - c0, acc[rt]);
-                    }
+                    for (int rt = 0; rt < R; ++rt)
+                        fmt.template compute<BF16, NT>(x[p][rt], bs, c + p - c0, acc[rt]);
                 }
             }
         }
-        // every buffer is consumed: start the next pass's stream before this pass's epilogue
-        if (q + 1 < passes && tile + CTA_TILES < tiles && c0 < c1)
-            prologue_loads<F, R, PIPE>(fmt, x, nchunks, tile + CTA_TILES, tiles, c0, c1, lane);
-        if (SPLIT > 1) __syncthreads();               // aliased partials: every warp is done with B
-        epilogue<BF16, NT, R, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
     }
+    // The split-K partials go over the staged B slice (the host sizes shared memory as the larger of
+    // the two, which keeps wide-N CTAs small enough to be resident two or three at a time), so every
+    // warp must be done reading B first.
+    if (SPLIT > 1) __syncthreads();
+    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
 }
 
 template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
 tc_dense(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp,
-         long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec, int passes) {
+         long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     const DenseFmt fmt{A, nullptr};
     stream_registers<DenseFmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
-                                                                tiles, bvec, passes);
+                                                                tiles, bvec);
 }
 
 template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
 tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __restrict__ B, u16* __restrict__ C,
-        int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec,
-        int passes) {
+        int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     const Sp24Fmt fmt{V, meta};
     stream_registers<Sp24Fmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
-                                                               tiles, bvec, passes);
+                                                               tiles, bvec);
 }
 
 // ---- tc_bitmap ------------------------------------------------------------------------------
@@ -828,9 +804,9 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
 #ifdef SPARSEDITTO_INSTANTIATE_ALL
 #define SD_TAIL int, int, int, int, long long, long long, int, int, int
 #define SD_DENSE(BF, NT, R, W, S, P) template __global__ void tc_dense<BF, NT, R, W, S, P>( \
-    const u16*, const u16*, u16*, SD_TAIL, int);
+    const u16*, const u16*, u16*, SD_TAIL);
 #define SD_SP(BF, NT, R, W, S, P) template __global__ void tc_sp24<BF, NT, R, W, S, P>( \
-    const u16*, const u32*, const u16*, u16*, SD_TAIL, int);
+    const u16*, const u32*, const u16*, u16*, SD_TAIL);
 #define SD_BM(BF, NT, W, S, RK) template __global__ void tc_bitmap<BF, NT, W, S, RK>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_DENSE(0, 2, 2, 8, 4, 2) SD_DENSE(1, 1, 1, 8, 1, 4) SD_DENSE(0, 8, 1, 4, 8, 3)
