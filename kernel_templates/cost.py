@@ -334,6 +334,17 @@ def sm_count(target: Any) -> int:
 
 
 H200_BANDWIDTH_GBS = 4130.0      # the read bandwidth the H200-measured decode floors were fit at
+# The register-streaming tensor-core kernels (tc_dense, tc_sp24) per (16-row tile, 64-column chunk,
+# n8 tile): below their byte time at N <= 16, their bound at N >= 32, where each warp's B-fragment
+# reads and mma's grow with N and the kernel turns latency-bound (ncu, docs/kernels.md session 25).
+# H200 fit, chained, session 25: tc_sp24 0.10-0.21 ns (11008x4096 N = 128 .. 4096x11008 N = 32),
+# tc_dense 0.13-0.17 ns; the smallest, so it stays a floor.
+TC_TILE_STEP_S = 0.10e-9
+
+
+def tc_stream_floor_s(m: int, k: int, n: int, target: Any) -> float:
+    """tc_dense / tc_sp24's measured wide-N floor: tiles x chunks x n8 tiles x TC_TILE_STEP_S."""
+    return h200_scaled(-(-m // 16) * -(-k // 64) * -(-max(1, n) // 8) * TC_TILE_STEP_S, target)
 
 
 def h200_scaled(seconds: float, target: Any) -> float:

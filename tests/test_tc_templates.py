@@ -270,3 +270,24 @@ def test_lanemask_slot_holds_the_largest_blob_and_the_last_quads_overread(tmp_pa
         g = tc_launch.plan_geometry("lanemask", packed["tiles"], packed["nchunks"], 16, params, 132)
         assert g["slot_bytes"] == fmt.slot_bytes()
         assert g["smem"] >= g["warps"] * g["pipe"] * fmt.slot_bytes()
+
+
+def test_wide_n_estimates_follow_the_measured_stream_floor():
+    """The planner's view of tc_sp24 / tc_dense at wide N: the byte roofline at N <= 16 (where they
+    measured 1.47-2.28x / ~1.0x cuBLAS on the H200) and the measured per-tile floor from N = 32 up
+    (tc_sp24 0.67x cuBLAS at N = 64, docs/kernels.md session 25), so dense ranks ahead there; N past
+    64 re-reads A once per block of 64 columns."""
+    from sparseditto.kernel_templates.cost import tc_stream_floor_s
+    from sparseditto.targets import get_target
+
+    nm = {"shape": (11008, 4096), "nnz": 11008 * 2048, "row_stats": {"mean": 2048.0, "max": 2048, "cv": 0.0},
+          "empty_rows": 0, "empty_cols": 0, "nm_conformance": {"2:4": {"row": 1.0}}, "blocks": [],
+          "best_block_shape": None}
+    h200 = get_target("H200")
+    sp24, dense = get_template("tc_sp24"), get_template("dense")
+    at = {n: sp24.cost(nm, n, "float16", h200) for n in (16, 64, 65, 128)}
+    assert at[16].bound == "memory"
+    assert at[64].bound == "decode" and at[64].seconds > dense.cost(nm, 64, "float16", h200).seconds
+    assert at[64].seconds >= tc_stream_floor_s(11008, 4096, 64, h200) > 30e-6      # measured 38.0 us
+    assert at[65].a_bytes == pytest.approx(2 * at[64].a_bytes) and at[128].a_bytes == at[65].a_bytes
+    assert get_template("tc_dense").cost(nm, 16, "float16", h200).bound == "memory"

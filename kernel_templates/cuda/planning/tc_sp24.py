@@ -2,13 +2,13 @@
 values, as 2:4, 1:2 and 1:4 pruning guarantee); the sparse tensor cores decode it for free."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, round_up, tc_bytes
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, round_up, tc_bytes, tc_stream_floor_s
 
-# Measured on the H200 (benchmarks/llm_layers.py --preset core, fp16, N <= 16, CUDA-graph launch,
-# cold L2, 2026-12-01) on 4096x4096 and 11008x4096:
-# 13.3 us / 22.1 us for 18.9 / 50.7 MB (1.45x / 1.56x cuBLAS): 3.6 TB/s (87% of the read
-# bandwidth) plus ~8.1 us fixed. The estimate below stays the byte roofline; the expert policy puts
-# tc_sp24 first for n:m patterns because it measured fastest there.
+# Measured on the H200 (benchmarks/llm_layers.py --preset decode, fp16, chained, cold L2, session 25,
+# docs/kernels.md): 8.6-9.8 us on 4096x4096 and 17.2-17.8 us on 11008x4096 at N = 1-16 (74-85% of a
+# pure read of the same bytes, 1.47-2.28x cuBLAS); at N >= 32 the per-tile work grows with N and the
+# kernel turns latency-bound (tc_stream_floor_s, its measured floor), 0.67x cuBLAS at N = 64. The
+# expert policy puts tc_sp24 first for n:m patterns; the estimate ranks it behind dense at wide N.
 
 APPLICABILITY = "every group of 4 consecutive columns of every row keeps at most 2 values (exact 2:4); fp16/bf16"
 COST_MODEL = ("bytes = Mp*Kp/2*vb + tiles*chunks*128 + B + C; "
@@ -27,6 +27,8 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    return CostTerms(a_bytes=tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
+    blocks = -(-max(1, n) // 64)     # N past 64 runs as n blocks, each re-reading A
+    return CostTerms(a_bytes=blocks * tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
                      flops=2.0 * round_up(stats.m, 16) * round_up(stats.k, 64) * round_up(n, 8) / 2.0,
-                     unit="sparse_tensor", notes=["2:4 values + mma.sp metadata, no decode instructions"])
+                     unit="sparse_tensor", decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
+                     notes=["2:4 values + mma.sp metadata, no decode instructions"])
