@@ -34,8 +34,9 @@ def two_four_matrix(m, k, seed=0):
 
 def test_bench_on_the_interpreter(pool):
     result = bench(source("good_triton_csr.py"), small_matrix(), 7, dtype="float32", repeats=2,
-                   warmup=0, pool=pool)
+                   warmup=0, pool=pool, chain=True)
     assert result.backend == "interpret" and result.timings_are_gpu is False
+    assert result.candidate_chain is None and result.dense_chain is None   # chained timing: GPU only
     assert "not GPU timings" in result.gpu_name
     assert result.dense.median_ms > 0 and result.candidate.median_ms > 0 and result.candidate.repeats == 2
     assert result.candidate_graph is None and result.conversion_ms >= 0
@@ -231,6 +232,23 @@ def test_gpu_builtin_dense_and_cuda_template(pool):
     assert result.status == "verified", result.message
     timed = bench(cand, gpu_matrix(), 16, repeats=10, baselines=False, pool=pool)
     assert timed.reverified and timed.timings_are_gpu
+
+
+@pytest.mark.gpu
+def test_gpu_chained_timing_of_a_decode_kernel_and_dense(pool):
+    """bench(chain=True): the candidate and dense chained over L2-cold copies (at least 4, together
+    3 L2 sizes), both outputs checked, and the chained ratio beside the single-launch one."""
+    registry = pytest.importorskip("sparseditto.kernel_templates.registry")
+    pytest.importorskip("cupy")
+    A = two_four_matrix(4096, 4096)
+    cand = registry.get_template("tc_sp24").instantiate({})
+    timed = bench(cand, A, 16, repeats=10, baselines=False, pool=pool, chain=True)
+    assert timed.reverified, timed.reverify_message
+    assert timed.candidate_chain is not None and timed.dense_chain is not None, timed.notes
+    assert timed.chain_copies >= 4 and "chained timing" in timed.stage_seconds
+    assert timed.speedup_vs_dense_chain == pytest.approx(timed.dense_chain.median_ms / timed.candidate_chain.median_ms)
+    # a lone replay carries a fixed cost a chained launch does not
+    assert timed.candidate_chain.median_ms < timed.candidate_graph.median_ms
 
 
 def test_warm_up_keeps_the_gpu_busy_for_milliseconds_not_only_launches():

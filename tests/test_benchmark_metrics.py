@@ -56,6 +56,28 @@ def test_speedup_basis_is_graph_when_both_have_graphs_else_eager():
     assert none["best_alternative"].value == 2.0 and none["best_alternative"].basis == "eager"
 
 
+def test_chained_ratio_only_when_both_were_chained_and_its_geomean_is_separate():
+    ts = timings((30.0, 12.0), (30.0, 15.0))
+    ts[0].chain_us, ts[1].chain_us = 8.0, 14.0
+    s = ratios.speedups(ts)
+    assert (s["speedup_vs_dense"].value, s["speedup_vs_dense"].basis) == (1.25, "graph")
+    assert (s["speedup_vs_dense_chain"].value, s["speedup_vs_dense_chain"].basis) == (1.75, "chain")
+    assert s["best_alternative"].basis == "graph"      # the chained ratio never replaces the like-for-like one
+    ts[1].chain_us = None                               # dense not chained (too large, or --no-chain)
+    assert ratios.speedups(ts)["speedup_vs_dense_chain"] is None
+    a = row("a", timings((1.0, 2.0), (1.0, 4.0)))
+    b_ts = timings((1.0, 2.0), (1.0, 3.0))
+    b_ts[0].chain_us, b_ts[1].chain_us = 1.0, 4.0
+    b = row("b", b_ts)
+    summary = metrics.summarize_suite("llm", [a, b])
+    assert summary.geomean_vs_dense == pytest.approx(math.sqrt(2.0 * 1.5))
+    assert summary.geomean_vs_dense_chain == pytest.approx(4.0)   # only b was chained
+    from sparseditto.benchmark.tables import ROW_HEADERS, SUITE_HEADERS, row_cells, suite_cells
+    cells = dict(zip(ROW_HEADERS, row_cells(b)))
+    assert (cells["us chained"], cells["dense us chained"], cells["x dense chained"]) == ("1.0", "4.0", "4.00")
+    assert dict(zip(SUITE_HEADERS, suite_cells(summary)))["geomean x dense chained"] == "4.00"
+
+
 def test_fast_p_counts_failures_and_only_vendor_cases_against_vendor_sparse():
     rows = [
         row("a", timings((10, 10), (30, 30), cusparse_csr_torch=(25, 25))),     # 3.0 dense, 2.5 vendor

@@ -88,6 +88,7 @@ def summarize_suite(suite: str, rows: list[BenchRow]) -> SuiteSummary:
         suite=suite, cases=len(rows), errors=sum(r.status == "error" for r in rows), correct=len(ok),
         timings_are_gpu=bool(rows) and all(r.timings_are_gpu for r in rows),
         geomean_vs_dense=geomean(r.speedup_vs_dense.value for r in ok if r.speedup_vs_dense),
+        geomean_vs_dense_chain=geomean(r.speedup_vs_dense_chain.value for r in ok if r.speedup_vs_dense_chain),
         geomean_vs_best_vendor=geomean(r.best_vendor.value for r in ok if r.best_vendor),
         geomean_vs_best_alternative=geomean(r.best_alternative.value for r in ok if r.best_alternative),
         fast_p_vendor=fast_p(rows, "best_vendor_sparse"),

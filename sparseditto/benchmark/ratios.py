@@ -22,17 +22,26 @@ def ratio(chosen: PathTiming, other: PathTiming) -> Speedup | None:
     return None
 
 
+def chain_ratio(chosen: PathTiming, other: PathTiming) -> Speedup | None:
+    """other / chosen on the chained basis (both timed chained), else None."""
+    if chosen.ok and other.ok and chosen.chain_us and other.chain_us:
+        return Speedup(versus=other.name, value=other.chain_us / chosen.chain_us, basis="chain")
+    return None
+
+
 def speedups(timings: list[PathTiming]) -> dict[str, Any]:
-    """vs dense, vs each vendor path, the hardest vendor and the hardest of dense + vendors."""
+    """vs dense (single launches, and chained where both were), vs each vendor path, the hardest
+    vendor and the hardest of dense + vendors."""
     chosen = timings[0]
     dense = next((t for t in timings if t.name == DENSE_PATH), None)
     vs_dense = ratio(chosen, dense) if dense is not None else None
+    vs_dense_chain = chain_ratio(chosen, dense) if dense is not None else None
     vendors = [s for s in (ratio(chosen, t) for t in timings if t.name in VENDOR_PATHS) if s is not None]
     best_vendor = min(vendors, key=lambda s: s.value) if vendors else None
     pool = vendors + ([vs_dense] if vs_dense is not None else [])
     best_alt = min(pool, key=lambda s: s.value) if pool else None
-    return {"speedup_vs_dense": vs_dense, "speedups_vs_vendor": vendors, "best_vendor": best_vendor,
-            "best_alternative": best_alt}
+    return {"speedup_vs_dense": vs_dense, "speedup_vs_dense_chain": vs_dense_chain, "speedups_vs_vendor": vendors,
+            "best_vendor": best_vendor, "best_alternative": best_alt}
 
 
 def format_roofline(row_bytes: float | None, chosen: PathTiming, copy_gbs: float | None) -> dict:

@@ -28,6 +28,10 @@ class PathTiming(BaseModel):
     ok: bool
     eager_us: float | None = None
     graph_us: float | None = None
+    # launches back to back from one CUDA graph, each on its own L2-cold copy of the weight, per
+    # launch: the layer's cost inside a model's graph (the chosen kernel and dense only; None on the
+    # CPU, for other paths, or with --no-chain)
+    chain_us: float | None = None
     error: str | None = None
     note: str | None = None
     rechecked: bool | None = None
@@ -52,11 +56,12 @@ class ChosenKernel(BaseModel):
 
 
 class Speedup(BaseModel):
-    """``value`` = competitor time / chosen time on ``basis`` (graph when both have one, else eager)."""
+    """``value`` = competitor time / chosen time on ``basis`` (graph when both have one, else eager;
+    "chain" for the chained timing, `speedup_vs_dense_chain`)."""
 
     versus: str
     value: float
-    basis: Literal["graph", "eager"]
+    basis: Literal["graph", "eager", "chain"]
 
 
 class TemplateTiming(BaseModel):
@@ -95,6 +100,7 @@ class BenchRow(BaseModel):
     chosen: ChosenKernel | None = None
     timings: list[PathTiming] = Field(default_factory=list)
     speedup_vs_dense: Speedup | None = None
+    speedup_vs_dense_chain: Speedup | None = None   # the chained basis (GPU, N where both were chained)
     speedups_vs_vendor: list[Speedup] = Field(default_factory=list)
     best_vendor: Speedup | None = None       # the hardest vendor sparse path (smallest speedup)
     best_alternative: Speedup | None = None  # the hardest of dense cuBLAS and the vendor sparse paths
@@ -145,6 +151,7 @@ class SuiteSummary(BaseModel):
     correct: int
     timings_are_gpu: bool
     geomean_vs_dense: float | None
+    geomean_vs_dense_chain: float | None = None
     geomean_vs_best_vendor: float | None
     geomean_vs_best_alternative: float | None
     fast_p_vendor: FastP

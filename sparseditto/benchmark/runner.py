@@ -240,7 +240,7 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
           backend: str = "auto", out: str | os.PathLike = "sparseditto_bench", resume: bool = False,
           budget_s: float | None = None, memory_check: int = 3, candidates: int = 4, repeats: int | None = None,
           ncu: str = "off", data_dir=None, progress: bool = True, matrix_cache=None, seed: int = 0,
-          templates=None, grid: int = 1, command: str | None = None) -> BenchReport:
+          templates=None, grid: int = 1, command: str | None = None, chain: bool = True) -> BenchReport:
     """Benchmark what `run_graph` chooses against dense cuBLAS and every vendor path, per suite.
 
     ``suites``: names from ``llm``, ``dlmc``, ``graphs``, ``all``, or matrix files / folders.
@@ -250,7 +250,8 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     (spread over the run) also get a repeat run_graph with the memory. ``candidates`` is
     run_graph's budget per case. ``templates`` (names or ``["all"]``) also times every applicable
     template's first ``grid`` parameter sets on each case (a kernel developer's view; the answer
-    stays run_graph's). Returns a `BenchReport`; the files are in ``out``.
+    stays run_graph's). ``chain`` (GPU) also times the chosen kernel and dense chained (launches back
+    to back from one graph over L2-cold weight copies). Returns a `BenchReport`; the files are in ``out``.
     """
     started = time.perf_counter()
     _check_args(preset, n, dtype, budget_s, memory_check, candidates, repeats, ncu)
@@ -292,7 +293,7 @@ def bench(suites=("llm",), *, preset: str = "core", n=None, dtype=None, target: 
     settings = Settings(target=target, backend=resolved, candidates=candidates,
                         repeats=repeats or (30 if gpu else 1), warmup=5 if gpu else 0, ncu=ncu, seed=seed,
                         memory_path=str(out / MEMORY), checkpoint_path=str(cache_dir() / "bench_checkpoints.sqlite"),
-                        templates=list(templates or []), grid=grid)
+                        templates=list(templates or []), grid=grid, chain=bool(chain))
     cache = Path(matrix_cache) if matrix_cache is not None else default_matrix_cache()
     sampled = sample_indices(len(pending), memory_check)
 

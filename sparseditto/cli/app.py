@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--templates", nargs="+", metavar="NAME", default=None,
                    help="also time these templates (or 'all') on every case, beside run_graph's answer")
     p.add_argument("--grid", type=int, default=1, help="parameter sets per template with --templates (default 1)")
+    p.add_argument("--no-chain", dest="chain", action="store_false",
+                   help="skip the chained timing (the chosen kernel and dense launched back to back from one "
+                        "CUDA graph over L2-cold weight copies; GPU only)")
     p.add_argument("--list", action="store_true", help="print the cases that would run, run nothing")
     p.add_argument("--report-only", action="store_true", help="rewrite summary.md / report.html of --out")
     p.add_argument("--quiet", action="store_true", help="no live progress display")

@@ -181,7 +181,7 @@ def cmd_bench(args) -> int:
                        backend=args.backend, out=args.out, resume=args.resume, budget_s=args.budget_s,
                        memory_check=args.memory_check, candidates=args.candidates, repeats=args.repeats,
                        ncu=args.ncu, data_dir=args.data, progress=not args.quiet, templates=args.templates,
-                       grid=args.grid, command=command)
+                       grid=args.grid, command=command, chain=args.chain)
     from sparseditto.benchmark.tables import SUITE_HEADERS, suite_cells
 
     for s in result.summaries:

@@ -49,7 +49,7 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
           repeats: int = 50, warmup: int = 5, baselines=True, seed: int | None = None,
           timeout: float = 600.0, pool=None, check_static: bool = True, baseline_graphs: bool = False,
           recheck_baselines: bool = False, time_dense: bool = True,
-          baseline_scope: str | None = None) -> BenchResult:
+          baseline_scope: str | None = None, chain: bool = False) -> BenchResult:
     """Time ``candidate`` on ``matrix`` @ B[K, n]. ``baselines`` is True (all), False (dense only),
     or a list of baseline names. ``time_dense=False`` skips dense cuBLAS (``dense`` and the
     speedups over it are None): for a caller that timed dense for this shape, dtype and N already
@@ -59,7 +59,11 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
     scope in the worker process and reused by every later bench of that scope there (the names in
     ``BenchResult.reused_baselines``); without it every bench times its own (an independent
     re-timing). ``seed=None`` draws a fresh one (the inputs of the timed launches must not be
-    predictable). Raises `BenchError` when the candidate fails to run correctly."""
+    predictable). ``chain`` (GPU only) also times the candidate and dense cuBLAS chained: launches back
+    to back from one CUDA graph, each on its own L2-cold copy of the weight (``candidate_chain``,
+    ``dense_chain``), the cost of the layer inside a model's graph, without a lone replay's fixed cost;
+    the chained outputs are checked like the timed ones. Raises `BenchError` when the candidate fails
+    to run correctly."""
     from .baselines import check_names
     from .numerics import check_dtype
     from .sandbox import get_pool, resolve_backend
@@ -91,7 +95,7 @@ def bench(candidate, matrix, n: int, *, dtype: str = "float16", backend: str = "
     payload = {"spec": spec, "matrix": matrix, "n": int(n), "dtype": dtype, "backend": exec_backend,
                "repeats": int(repeats), "warmup": int(warmup), "include": include, "seed": int(seed),
                "baseline_graphs": bool(baseline_graphs), "recheck_baselines": bool(recheck_baselines),
-               "time_dense": bool(time_dense),
+               "time_dense": bool(time_dense), "chain": bool(chain),
                "baseline_scope": None if baseline_scope is None else str(baseline_scope)}
     reply = get_pool(pool).call("bench", payload, backend=exec_backend, timeout=timeout)
     if reply.status == "ok" and "result" in reply.value:
@@ -255,6 +259,24 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
             torch.cuda.synchronize()
         stages.lap("graph timing")
 
+    candidate_chain, copies_used = None, None
+    if on_gpu and payload.get("chain") and candidate_graph is not None:
+        why_not = _chain_refusal(packed, a_bytes)
+        if why_not:
+            notes.append(f"no chained timing: {why_not}")
+        else:
+            try:
+                candidate_chain, copies_used, chain_problems = run_candidate(
+                    wctx, "spmm (chained timing)",
+                    lambda: _time_chained(module, packed, B, matrix, values, dtype, a_bytes, repeats, warmup))
+                timed_problems += chain_problems
+            except CandidateFailure as failure:
+                if failure.status == "refused":
+                    raise
+                notes.append(f"chained timing of the candidate failed, single launches kept: {failure.message[:300]}")
+                torch.cuda.synchronize()
+        stages.lap("chained timing")
+
     # The baselines: dense (unless the caller has its time) and the vendor libraries asked for,
     # each measured here unless an earlier bench of the scope in this process did (ScopedBaselines).
     scoped = ScopedBaselines(payload, a, device)
@@ -269,9 +291,10 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         fresh = FreshInputs(a, B, dtype, payload["seed"]) if payload.get("recheck_baselines") else None
         if "cublas_dense" in missing:
             dense_notes: list[str] = []
-            timing, graph_timing = _time_dense(a, B, ref, m, n, tdtype, device, backend, repeats, warmup, dense_notes)
+            timing, graph_timing, chain_timing = _time_dense(a, B, ref, m, n, tdtype, device, backend, repeats,
+                                                             warmup, dense_notes, chain=bool(payload.get("chain")))
             entry = BaselineTiming(name="cublas_dense", ok=True, timing=timing, graph_timing=graph_timing,
-                                   note=None if on_gpu else "CPU torch.matmul, not cuBLAS")
+                                   chain_timing=chain_timing, note=None if on_gpu else "CPU torch.matmul, not cuBLAS")
             if fresh is not None:
                 entry.rechecked, entry.recheck_message = fresh.check("cublas_dense")
             scoped.put(entry, dense_notes)
@@ -290,6 +313,7 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     dense_entry = baseline_results[0] if payload.get("time_dense", True) else None
     dense = dense_entry.timing if dense_entry is not None else None
     dense_graph = dense_entry.graph_timing if dense_entry is not None else None
+    dense_chain = dense_entry.chain_timing if dense_entry is not None else None
 
     # Re-verification after timing: the outputs the timed launches wrote (checked above, one
     # reference per kept launch) and the packed state, which no launch may have changed.
@@ -305,11 +329,14 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     gpu_name = torch.cuda.get_device_name() if on_gpu else "cpu (Triton interpreter; not GPU timings)"
     return BenchResult(
         n=n, dtype=dtype, backend=backend, gpu_name=gpu_name, timings_are_gpu=on_gpu,
-        candidate=candidate, candidate_graph=candidate_graph, conversion_ms=conversion_ms, packed_bytes=a_bytes,
-        dense=dense, dense_graph=dense_graph, baselines=baseline_results,
+        candidate=candidate, candidate_graph=candidate_graph, candidate_chain=candidate_chain,
+        chain_copies=copies_used, conversion_ms=conversion_ms, packed_bytes=a_bytes,
+        dense=dense, dense_graph=dense_graph, dense_chain=dense_chain, baselines=baseline_results,
         speedup_vs_dense=_ratio(dense.median_ms, candidate.median_ms) if dense is not None else None,
         speedup_vs_dense_graph=(_ratio(dense_graph.median_ms, candidate_graph.median_ms)
                                 if dense_graph is not None and candidate_graph is not None else None),
+        speedup_vs_dense_chain=(_ratio(dense_chain.median_ms, candidate_chain.median_ms)
+                                if dense_chain is not None and candidate_chain is not None else None),
         speedup_vs_best_baseline=_ratio(best.timing.median_ms, candidate.median_ms) if best else None,
         best_baseline=best.name if best else None,
         reverified=reverified, reverify_message="; ".join(problems) if problems else "outputs re-checked after timing",
@@ -383,14 +410,59 @@ class ScopedBaselines:
                 _SCOPED.popitem(last=False)
 
 
+def _chain_refusal(packed, a_bytes) -> str | None:
+    """Why the candidate cannot be timed chained (None when it can): its copies are made by
+    runtime.clone_packed, which walks a dict, and together must fit timing.CHAIN_MAX_BYTES."""
+    from .timing import chain_fits
+
+    if not isinstance(packed, dict):
+        return f"prepare() returned a {type(packed).__name__}, not a dict the copies can be cloned from"
+    if not a_bytes:
+        return "the prepared matrix holds no tensor bytes to copy"
+    if not chain_fits(a_bytes):
+        return f"the prepared matrix ({a_bytes / 2**20:.0f} MiB) is too large to copy for a chained timing"
+    return None
+
+
+def _time_chained(module, packed: dict, B, matrix, values, dtype: str, a_bytes: int, repeats: int, warmup: int):
+    """(Timing per launch, copies, problems): the candidate chained over L2-cold copies of its packed
+    matrix, then the last chained output and a lone launch of the first copy checked against the
+    fp64 reference of the B they read (a copy that computes something else is a wrong result)."""
+    import torch
+
+    from sparseditto.kernel_templates.runtime import clone_packed
+
+    from .numerics import Reference, compare
+    from .timing import chain_copies, time_cuda_chain
+
+    m, n = int(matrix.shape[0]), B.shape[1]
+    copies = chain_copies(a_bytes)
+    packs = [packed] + [clone_packed(packed) for _ in range(copies - 1)]
+    out = torch.full((m, n), float("nan"), dtype=B.dtype, device=B.device)
+    timing = time_cuda_chain([lambda p=p: module.spmm(p, B, out) for p in packs], repeats=repeats,
+                             warmup=min(warmup, 3))
+    lone = torch.full_like(out, float("nan"))
+    module.spmm(packs[0], B, lone)
+    torch.cuda.synchronize()
+    ref = Reference.compute(matrix, values, B.to(torch.float64).cpu().numpy(), dtype)
+    problems = []
+    for what, got in (("chained launch (last copy)", out), ("first copy", lone)):
+        cmp = compare(got.to(torch.float64).cpu().numpy(), ref.value, ref, what=what)
+        if not cmp.ok:
+            problems.append(cmp.message)
+    del packs
+    return timing, copies, problems
+
+
 def _time_dense(a, B, ref, m: int, n: int, tdtype, device, backend: str, repeats: int, warmup: int,
-                notes: list[str]):
-    """Dense torch.matmul on the densified A (eager, and on a GPU replayed from a CUDA graph),
-    checked against the fp64 reference (a disagreement is noted, not fatal)."""
+                notes: list[str], chain: bool = False):
+    """Dense torch.matmul on the densified A (eager, and on a GPU replayed from a CUDA graph and,
+    with ``chain``, chained over L2-cold copies of the weight), checked against the fp64 reference
+    (a disagreement is noted, not fatal)."""
     import torch
 
     from .numerics import compare
-    from .timing import time_cuda_graph, time_fn
+    from .timing import chain_copies, chain_fits, time_cuda_chain, time_cuda_graph, time_fn
 
     dense_a = a.to_torch(dtype=tdtype, device=device, layout="dense")
     out_dense = torch.empty((m, n), dtype=tdtype, device=device)
@@ -402,10 +474,17 @@ def _time_dense(a, B, ref, m: int, n: int, tdtype, device, backend: str, repeats
                                           repeats=repeats, warmup=warmup)
         except Exception as exc:
             notes.append(f"CUDA graph capture of dense matmul failed: {type(exc).__name__}: {exc}")
+    dense_chain = None
+    nbytes = m * a.shape[1] * dense_a.element_size()
+    if backend == "cuda" and chain and dense_graph is not None and chain_fits(nbytes):
+        weights = [dense_a] + [dense_a.clone() for _ in range(chain_copies(nbytes) - 1)]
+        dense_chain = time_cuda_chain([lambda w=w: torch.matmul(w, B, out=out_dense) for w in weights],
+                                      repeats=repeats, warmup=min(warmup, 3))
+        del weights
     dense_check = compare(out_dense.to(torch.float64).cpu().numpy(), ref.value, ref, what="dense")
     if not dense_check.ok:
         notes.append(f"dense torch.matmul disagrees with the fp64 reference: {dense_check.message}")
-    return dense, dense_graph
+    return dense, dense_graph, dense_chain
 
 
 def _ratio(num: float, den: float) -> float:

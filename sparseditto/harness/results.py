@@ -110,6 +110,7 @@ class BaselineTiming(BaseModel):
     ok: bool
     timing: Timing | None = None
     graph_timing: Timing | None = None
+    chain_timing: Timing | None = None   # dense cuBLAS only: launches chained in one graph (bench(chain=True))
     error: str | None = None
     note: str | None = None
     rechecked: bool | None = None
@@ -136,13 +137,19 @@ class BenchResult(BaseModel):
     timings_are_gpu: bool
     candidate: Timing
     candidate_graph: Timing | None = None
+    # bench(chain=True): per launch, launches back to back from one CUDA graph, each on its own L2-cold
+    # copy of the prepared matrix (harness.timing.time_cuda_chain): a layer inside a model's graph
+    candidate_chain: Timing | None = None
+    chain_copies: int | None = None
     conversion_ms: float
     packed_bytes: int | None = None      # bytes of the arrays prepare() returned (outside "scratch")
     dense: Timing | None = None          # None only when bench(..., time_dense=False)
     dense_graph: Timing | None = None
+    dense_chain: Timing | None = None
     baselines: list[BaselineTiming] = Field(default_factory=list)
     speedup_vs_dense: float | None = None
     speedup_vs_dense_graph: float | None = None
+    speedup_vs_dense_chain: float | None = None
     speedup_vs_best_baseline: float | None = None
     best_baseline: str | None = None
     reverified: bool

@@ -253,6 +253,7 @@ def time_cuda_graph(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 
 CHAIN_L2_MULTIPLE = 3     # a chained timing's weight copies hold at least this many L2 sizes
 CHAIN_MIN_COPIES = 4
 CHAIN_MAX_COPIES = 64
+CHAIN_MAX_BYTES = 4 << 30  # the copies of one chained timing together; a larger weight is timed single only
 
 
 def chain_copies(nbytes: float, device=None) -> int:
@@ -260,6 +261,12 @@ def chain_copies(nbytes: float, device=None) -> int:
     launch finds its copy evicted: together at least CHAIN_L2_MULTIPLE L2 sizes (module docstring)."""
     need = -(-CHAIN_L2_MULTIPLE * l2_cache_bytes(device) // max(1, int(nbytes)))
     return int(min(CHAIN_MAX_COPIES, max(CHAIN_MIN_COPIES, need)))
+
+
+def chain_fits(nbytes: float, device=None) -> bool:
+    """Whether a chained timing's copies of a ``nbytes`` weight stay within CHAIN_MAX_BYTES (above
+    it the weight is far larger than the L2 and a lone launch's fixed cost is negligible anyway)."""
+    return chain_copies(nbytes, device) * max(1, int(nbytes)) <= CHAIN_MAX_BYTES
 
 
 def time_cuda_chain(launches, *, repeats: int = 30, warmup: int = 3, flush: bool = True) -> Timing:
