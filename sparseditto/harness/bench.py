@@ -247,16 +247,12 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     if on_gpu:
         out_graph = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
         graph_inputs = _TimedInputs(B, out_graph, dtype, rng, repeats + warmup, matrix)
-        try:
-            candidate_graph = run_candidate(wctx, "spmm (graph timing)", lambda: time_cuda_graph(
-                lambda: module.spmm(packed, B, out_graph), repeats=repeats, warmup=warmup,
-                before=graph_inputs.before, after=graph_inputs.after))
+        candidate_graph = _optional_timing(wctx, "spmm (graph timing)", lambda: time_cuda_graph(
+            lambda: module.spmm(packed, B, out_graph), repeats=repeats, warmup=warmup,
+            before=graph_inputs.before, after=graph_inputs.after),
+            "CUDA graph capture of the candidate failed, eager timing kept", notes)
+        if candidate_graph is not None:
             timed_problems += graph_inputs.check(values, "graph")
-        except CandidateFailure as failure:
-            if failure.status == "refused":
-                raise
-            notes.append(f"CUDA graph capture of the candidate failed, eager timing kept: {failure.message[:300]}")
-            torch.cuda.synchronize()
         stages.lap("graph timing")
 
     candidate_chain, copies_used = None, None
@@ -265,16 +261,12 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
         if why_not:
             notes.append(f"no chained timing: {why_not}")
         else:
-            try:
-                candidate_chain, copies_used, chain_problems = run_candidate(
-                    wctx, "spmm (chained timing)",
-                    lambda: _time_chained(module, packed, B, matrix, values, dtype, a_bytes, repeats, warmup))
+            chained = _optional_timing(wctx, "spmm (chained timing)", lambda: _time_chained(
+                module, packed, B, matrix, values, dtype, a_bytes, repeats, warmup),
+                "chained timing of the candidate failed, single launches kept", notes)
+            if chained is not None:
+                candidate_chain, copies_used, chain_problems = chained
                 timed_problems += chain_problems
-            except CandidateFailure as failure:
-                if failure.status == "refused":
-                    raise
-                notes.append(f"chained timing of the candidate failed, single launches kept: {failure.message[:300]}")
-                torch.cuda.synchronize()
         stages.lap("chained timing")
 
     # The baselines: dense (unless the caller has its time) and the vendor libraries asked for,
@@ -408,6 +400,23 @@ class ScopedBaselines:
             _SCOPED[self._key(entry.name)] = (entry.model_copy(deep=True), list(notes or []))
             while len(_SCOPED) > _SCOPED_LIMIT:
                 _SCOPED.popitem(last=False)
+
+
+def _optional_timing(wctx, label: str, fn, failed: str, notes: list[str]):
+    """run_candidate(fn) for a timing the bench can do without (a graph capture, the chained copies):
+    a refusal (a cheat) still ends the bench; any other failure is noted and gives None."""
+    import torch
+
+    from .execution import CandidateFailure, run_candidate
+
+    try:
+        return run_candidate(wctx, label, fn)
+    except CandidateFailure as failure:
+        if failure.status == "refused":
+            raise
+        notes.append(f"{failed}: {failure.message[:300]}")
+        torch.cuda.synchronize()
+        return None
 
 
 def _chain_refusal(packed, a_bytes) -> str | None:
