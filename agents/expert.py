@@ -51,7 +51,9 @@ TUNE_KEYS = ("BLOCK_N", "num_warps", "BLOCK_M", "BLOCK_K", "num_stages", "ROWS_P
 # Pattern class -> templates in the order the literature favours for it. The first gets the
 # biggest nudge; templates not listed compete on their estimate alone.
 PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
-    # tc_sp24 (mma.sp) measured 1.3-1.6x cuBLAS at N <= 16 on the H200, nm_compressed ~1.1x
+    # tc_sp24 (mma.sp) measured 1.41-2.28x cuBLAS at N <= 16 on the H200 (session 25, chained and
+    # lone replay), nm_compressed ~1.1x; at N >= 64 its measured floor puts its estimate past
+    # DENSE_MARGIN and the rule skips it (0.67x cuBLAS there)
     "nm": ("tc_sp24", "nm_compressed", "nm_cusparselt", "bitmap_tiles", "csr_rowsplit"),
     "nm_2_4": ("tc_sp24", "nm_compressed", "nm_cusparselt", "bitmap_tiles"),
     "block": ("bsr_tc", "blocked_ell", "bitmap_tiles"),

@@ -247,3 +247,36 @@ def test_interpreter_stops_when_nothing_left_could_beat_the_verified_best_on_the
     worse = verified("csr_balanced", 10.0)
     plan = ExpertPolicy().plan(make_input(templates=templates, tried=[worse], best=worse, gpu=False))
     assert plan.action == "try" and {c.template for c in plan.candidates} == {"csr_rowsplit", "bitmap_tiles"}
+
+
+def test_two_four_at_decode_n_tries_tc_sp24_first_and_skips_it_at_n_64():
+    """With the real cost table of an 11008x4096 2:4 weight on the H200: tc_sp24 (measured 1.41-1.49x
+    dense at N = 16) first at N = 16; at N = 64, where it measured 0.67x, its measured floor puts the
+    estimate past DENSE_MARGIN and the policy does not spend a candidate on it."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from sparseditto.agents.costing import template_table
+    from sparseditto.analysis import analyze
+    from sparseditto.matrix import SparseMatrix
+    from sparseditto.targets import get_target
+
+    rng = np.random.default_rng(0)
+    m, k = 11008, 4096
+    cols = np.sort(rng.random((m, k // 4, 4)).argsort(axis=2)[:, :, :2], axis=2) + 4 * np.arange(k // 4)[None, :, None]
+    A = sp.csr_array((rng.standard_normal(m * k // 2).astype(np.float32), cols.reshape(-1),
+                      np.arange(0, m * k // 2 + 1, k // 2)), shape=(m, k))
+    report = analyze(SparseMatrix.from_scipy(A, dtype="float16")).model_dump()
+    assert report["pattern"] == "nm"
+    h200 = get_target("H200")
+    tried = {}
+    for n in (16, 64):
+        table, roof = template_table(report, n, "float16", h200)
+        inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n],
+                            dtype="float16", memory_hits=[], tried=[], best=None,
+                            dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
+                            roofline_ms=roof, budget_left=4, templates=table)
+        plan = ExpertPolicy().plan(inp)
+        tried[n] = [c.template for c in plan.candidates] if plan.action == "try" else []
+    assert tried[16][0] == "tc_sp24"
+    assert "tc_sp24" not in tried[64]
