@@ -377,3 +377,19 @@ def test_gpu_chained_timing_is_per_launch_and_below_a_lone_replay():
     chained = timing.time_cuda_chain(launches, repeats=20)
     assert chained.median_ms < lone and chained.p10_ms <= chained.median_ms <= chained.p90_ms
     assert all(torch.equal(y, 2.0 * x) for x, y in zip(xs, ys))
+
+
+def test_chained_timing_says_why_it_cannot_copy_a_prepared_matrix(monkeypatch):
+    """The chained timing clones the packed dict per copy (runtime.clone_packed) and keeps the copies
+    within CHAIN_MAX_BYTES: anything else is a note and the single-launch timings stay."""
+    from sparseditto.harness import timing
+    from sparseditto.harness.bench import _chain_refusal
+    from sparseditto.harness.timing import CHAIN_MAX_BYTES
+
+    monkeypatch.setattr(timing, "l2_cache_bytes", lambda device=None: 60 << 20)   # an H200's L2
+    assert timing.chain_copies(90e6) == 4 and timing.chain_copies(1 << 20) == timing.CHAIN_MAX_COPIES
+
+    assert _chain_refusal({"values": None}, 1 << 20) is None
+    assert "not a dict" in _chain_refusal(("values",), 1 << 20)
+    assert "no tensor bytes" in _chain_refusal({}, 0)
+    assert "too large" in _chain_refusal({"values": None}, CHAIN_MAX_BYTES)
