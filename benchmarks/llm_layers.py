@@ -107,12 +107,12 @@ def time_chain(fns, b, out, repeats: int) -> float:
 
 
 def chained_kernel(mod, packed, a_bytes: float, b, out, repeats: int, rng_seed: int) -> dict:
-    """The kernel chained over copies of its packed matrix (runtime.clone_packed), and a bitwise
+    """The kernel chained over copies of its packed matrix (timing.clone_packed), and a bitwise
     check that the last copy computes what the original does on a fresh B."""
     import torch
 
     from sparseditto.harness.timing import chain_copies
-    from sparseditto.kernel_templates.runtime import clone_packed
+    from sparseditto.harness.timing import clone_packed
 
     copies = [packed] + [clone_packed(packed) for _ in range(chain_copies(a_bytes) - 1)]
     fns = [lambda bb, oo, _p=p: mod.spmm(_p, bb, oo) for p in copies]

@@ -146,23 +146,6 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
         out.copy_(target)
 
 
-def clone_packed(packed: dict) -> dict:
-    """An independent copy of a prepared matrix: every tensor cloned (nested dicts, lists and tuples
-    walked), everything else shared (compiled kernels, shapes), and ``scratch`` empty, since its
-    launch plans hold the original's device pointers. A chained timing rotates through such
-    copies so that each launch reads its own, L2-cold weight (harness.timing.time_cuda_chain)."""
-    def copy(value):
-        if isinstance(value, torch.Tensor):
-            return value.clone()
-        if isinstance(value, dict):
-            return {k: copy(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(copy(v) for v in value)
-        return value
-
-    return {key: ({} if key == "scratch" else copy(value)) for key, value in packed.items()}
-
-
 def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:
     """A launch plan from the kernel's arguments by name (B and C as None at b_ptr / out_ptr)."""
     names = list(kernel.arg_names)

@@ -333,7 +333,7 @@ def test_clone_packed_copies_tensors_and_forgets_launch_plans():
     original's device pointers) starts empty."""
     import torch
 
-    from sparseditto.kernel_templates.runtime import clone_packed
+    from sparseditto.harness.timing import clone_packed
 
     kernels = {"k": object()}
     packed = {"values": torch.arange(6.0), "splits": {4: {"split": torch.ones(3, dtype=torch.int32)}},
@@ -380,7 +380,7 @@ def test_gpu_chained_timing_is_per_launch_and_below_a_lone_replay():
 
 
 def test_chained_timing_says_why_it_cannot_copy_a_prepared_matrix(monkeypatch):
-    """The chained timing clones the packed dict per copy (runtime.clone_packed) and keeps the copies
+    """The chained timing clones the packed dict per copy (timing.clone_packed) and keeps the copies
     within CHAIN_MAX_BYTES: anything else is a note and the single-launch timings stay."""
     from sparseditto.harness import timing
     from sparseditto.harness.bench import _chain_refusal

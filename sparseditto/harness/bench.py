@@ -421,7 +421,7 @@ def _optional_timing(wctx, label: str, fn, failed: str, notes: list[str]):
 
 def _chain_refusal(packed, a_bytes) -> str | None:
     """Why the candidate cannot be timed chained (None when it can): its copies are made by
-    runtime.clone_packed, which walks a dict, and together must fit timing.CHAIN_MAX_BYTES."""
+    timing.clone_packed, which walks a dict, and together must fit timing.CHAIN_MAX_BYTES."""
     from .timing import chain_fits
 
     if not isinstance(packed, dict):
@@ -439,7 +439,7 @@ def _time_chained(module, packed: dict, B, matrix, values, dtype: str, a_bytes: 
     fp64 reference of the B they read (a copy that computes something else is a wrong result)."""
     import torch
 
-    from sparseditto.kernel_templates.runtime import clone_packed
+    from sparseditto.harness.timing import clone_packed
 
     from .numerics import Reference, compare
     from .timing import chain_copies, time_cuda_chain

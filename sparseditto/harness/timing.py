@@ -263,6 +263,25 @@ def chain_copies(nbytes: float, device=None) -> int:
     return int(min(CHAIN_MAX_COPIES, max(CHAIN_MIN_COPIES, need)))
 
 
+def clone_packed(packed: dict) -> dict:
+    """An independent copy of a prepared matrix: every tensor cloned (nested dicts, lists and tuples
+    walked), everything else shared (compiled kernels, shapes), and ``scratch`` empty, since its
+    launch plans hold the original's device pointers. A chained timing rotates through such
+    copies so that each launch reads its own, L2-cold weight (time_cuda_chain)."""
+    import torch
+
+    def copy(value):
+        if isinstance(value, torch.Tensor):
+            return value.clone()
+        if isinstance(value, dict):
+            return {k: copy(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(copy(v) for v in value)
+        return value
+
+    return {key: ({} if key == "scratch" else copy(value)) for key, value in packed.items()}
+
+
 def chain_fits(nbytes: float, device=None) -> bool:
     """Whether a chained timing's copies of a ``nbytes`` weight stay within CHAIN_MAX_BYTES (above
     it the weight is far larger than the L2 and a lone launch's fixed cost is negligible anyway)."""
