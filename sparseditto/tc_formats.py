@@ -150,25 +150,30 @@ class TCSparse24:
             r, g = divmod(worst, groups_per_row)
             raise ValueError(f"Not 2:4 structured: row {r}, columns {4 * g}..{4 * g + 3} hold {int(counts[worst])} "
                              "nonzeros (at most 2 of every 4 consecutive columns may be kept).")
-        # Rank of each entry within its group (CSR order is ascending within a row).
-        first = np.zeros(counts.size + 1, dtype=np.int64)
-        np.cumsum(counts, out=first[1:])
-        rank = np.arange(gid.size, dtype=np.int64) - first[gid]
-        pos = cols % 4
+        # Rank of each entry within its group: CSR order is ascending within a row, so gid never
+        # decreases and an entry is its group's second exactly when its predecessor shares the group.
+        rank = np.zeros(gid.size, dtype=np.int64)
+        if gid.size > 1:
+            rank[1:] = gid[1:] == gid[:-1]
         vbits = value_bits(A.data, dtype)
         idx = np.empty((counts.size, 2), dtype=np.uint32)
         idx[:, 0], idx[:, 1] = 0, 1                      # empty groups: positions (0, 1), zero values
         vals = np.zeros((counts.size, 2), dtype=np.uint16)
-        single = counts[gid] == 1
-        # A lone value at position p: (p, 3) with a zero second slot, or (2, 3) with it second if p == 3.
-        p1 = pos[single]
-        g1 = gid[single]
-        idx[g1, 0] = np.where(p1 == 3, 2, p1)
-        idx[g1, 1] = 3
-        vals[g1, np.where(p1 == 3, 1, 0)] = vbits[single]
-        pair = ~single
-        idx[gid[pair], rank[pair]] = pos[pair]
-        vals[gid[pair], rank[pair]] = vbits[pair]
+        # Every entry to slot `rank` of its group (one flat scatter, no masks over all nonzeros: on
+        # an 11008x4096 2:4 weight the masked form took 1.1 of the pack's 1.6 s), then the groups
+        # that kept one value are fixed up: a lone value at position p is stored as (p, 3) with a
+        # zero second slot, or as (2, 3) with the value second when p == 3.
+        slot = 2 * gid + rank
+        idx.reshape(-1)[slot] = cols % 4
+        vals.reshape(-1)[slot] = vbits
+        g1 = np.flatnonzero(counts == 1)
+        if g1.size:
+            p1, v1 = idx[g1, 0].copy(), vals[g1, 0].copy()
+            last = p1 == 3
+            idx[g1, 0] = np.where(last, 2, p1)
+            idx[g1, 1] = 3
+            vals[g1, 0] = np.where(last, 0, v1)
+            vals[g1, 1] = np.where(last, v1, 0)
         nib = (idx[:, 0] | (idx[:, 1] << 2)).reshape(mp // TILE_M, 2, 8, kp // CHUNK_K, 4, 2, 2)
         # axes: tile, h (row g or g+8), g, chunk, tt (4-bit field), s (k32 step), t (lane half)
         shifts = (4 * np.arange(4, dtype=np.uint32)).reshape(1, 1, 1, 1, 4, 1, 1)
