@@ -401,6 +401,20 @@ def with_a_bytes(cost_terms, a_bytes: float):
     return terms
 
 
+TC_N_BLOCK = 64   # columns of N one tensor-core launch covers (8 n8 tiles); wider N loops over blocks
+
+
+def tc_n_blocks(n: int) -> int:
+    """Blocks of TC_N_BLOCK columns a tensor-core template runs N as (each streams A once more)."""
+    return -(-max(1, int(n)) // TC_N_BLOCK)
+
+
+def tc_flops(m: int, k: int, n: int) -> float:
+    """Dense-equivalent mma flops of the tensor-core templates on their padded tiles (16-row tiles,
+    64-column chunks, n8 tiles)."""
+    return 2.0 * round_up(m, 16) * round_up(k, 64) * round_up(n, 8)
+
+
 def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     """Bytes of A in the tensor-core streaming formats (sparseditto.tc_formats), padded as packed
     (rows to 16-row tiles, K to 64-column chunks); the bitmap's blob padding to 16 bytes is counted

@@ -3,7 +3,7 @@ beat per-value indices; its time is set by the register decode, not by its bytes
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled,
-                                               round_up, tc_bytes)
+                                               tc_bytes, tc_flops, tc_n_blocks)
 
 # Measured calibration: a fit to the H200 sweep of benchmarks/llm_layers.py (--preset core, fp16,
 # N <= 16, CUDA-graph launch, cold L2, 2026-12-01) on 4096x4096 and 11008x4096; other GPUs get it
@@ -20,7 +20,7 @@ TILE_S = 0.35e-12
 def decode_s(m: int, k: int, nnz: int, n: int, target) -> float:
     """The decode floor at N = n, scaled to `target`'s bandwidth."""
     n8 = min(8, -(-n // 8))
-    blocks = -(-n // 64)
+    blocks = tc_n_blocks(n)
     per_block = m * k * (ELEMENT_S + TILE_S * (n8 - 1)) + nnz * VALUE_S
     return h200_scaled(blocks * per_block, target)
 
@@ -40,6 +40,6 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     return CostTerms(a_bytes=tc_bytes("tc_bitmap", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
-                     flops=2.0 * round_up(stats.m, 16) * round_up(stats.k, 64) * round_up(n, 8), unit="tensor",
+                     flops=tc_flops(stats.m, stats.k, n), unit="tensor",
                      decode_s=decode_s(stats.m, stats.k, stats.nnz, n, target),
                      notes=["bitmap + values in mma fragment order, decoded in registers"])

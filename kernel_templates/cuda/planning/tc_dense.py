@@ -2,7 +2,7 @@
 only at skinny N (decode), where cuBLAS reads a weight of this size at ~43-63% of the bandwidth."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, round_up, tc_bytes, tc_stream_floor_s
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, tc_bytes, tc_flops, tc_n_blocks, tc_stream_floor_s
 
 # Measured on the H200 (benchmarks/llm_layers.py --preset core, fp16, N <= 16, CUDA-graph launch,
 # cold L2, 2026-12-01) on 4096x4096 and 11008x4096:
@@ -26,8 +26,7 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    blocks = -(-max(1, n) // 64)     # N past 64 runs as n blocks, each re-reading A
-    return CostTerms(a_bytes=blocks * tc_bytes("tc_dense", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
-                     flops=2.0 * round_up(stats.m, 16) * round_up(stats.k, 64) * round_up(n, 8), unit="tensor",
+    return CostTerms(a_bytes=tc_n_blocks(n) * tc_bytes("tc_dense", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
+                     flops=tc_flops(stats.m, stats.k, n), unit="tensor",
                      decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
                      notes=["dense weight in fragment order, padded to 16-row tiles and 64-column chunks"])

@@ -14,7 +14,7 @@ cuBLAS on these shapes; it is the fastest bitmap kernel at N = 16 (tc_bitmap: 57
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled,
-                                               round_up, tc_bytes)
+                                               tc_bytes, tc_flops, tc_n_blocks)
 
 ELEMENT_S = 0.5e-12          # decode floor per matrix element (H200 fit, below)
 
@@ -33,8 +33,8 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    blocks = -(-max(1, n) // 64)
+    blocks = tc_n_blocks(n)
     return CostTerms(a_bytes=blocks * tc_bytes("tc_lanemask", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
-                     flops=2.0 * round_up(stats.m, 16) * round_up(stats.k, 64) * round_up(n, 8), unit="tensor",
+                     flops=tc_flops(stats.m, stats.k, n), unit="tensor",
                      decode_s=h200_scaled(blocks * stats.m * stats.k * ELEMENT_S, target),
                      notes=["lane mask words + values in mma fragment order, decoded in registers"])

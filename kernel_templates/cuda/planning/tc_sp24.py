@@ -2,7 +2,7 @@
 values, as 2:4, 1:2 and 1:4 pruning guarantee); the sparse tensor cores decode it for free."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, round_up, tc_bytes, tc_stream_floor_s
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, tc_bytes, tc_flops, tc_n_blocks, tc_stream_floor_s
 
 # Measured on the H200 (benchmarks/llm_layers.py --preset decode, fp16, chained, cold L2, session 25,
 # docs/kernels.md): 8.6-9.8 us on 4096x4096 and 17.2-17.8 us on 11008x4096 at N = 1-16 (74-85% of a
@@ -27,8 +27,7 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    blocks = -(-max(1, n) // 64)     # N past 64 runs as n blocks, each re-reading A
-    return CostTerms(a_bytes=blocks * tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
-                     flops=2.0 * round_up(stats.m, 16) * round_up(stats.k, 64) * round_up(n, 8) / 2.0,
+    return CostTerms(a_bytes=tc_n_blocks(n) * tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
+                     flops=tc_flops(stats.m, stats.k, n) / 2.0,
                      unit="sparse_tensor", decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
                      notes=["2:4 values + mma.sp metadata, no decode instructions"])
