@@ -39,6 +39,8 @@ SM_THREADS = 2048
 SM_CTAS = 32
 SM_SMEM = 228 * 1024
 CTA_SMEM_RESERVED = 1024      # the driver's per-CTA shared memory
+# B ring depth by n8 tiles per launch when BRING is "auto" (see b_ring_for)
+AUTO_B_RING = {1: 0, 2: 0, 4: 4, 8: 4}
 WIDE_BLOCKS = 64              # n blocks of 64 columns prepare compiles for (N up to 4096)
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -57,6 +59,23 @@ def torch_dtype(dtype) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return "float16" if dtype == torch.float16 else "bfloat16"
+
+
+def b_ring_for(kind: str, nt: int, value="auto") -> int:
+    """Chunk slots of B's shared-memory ring (0: the CTA's whole K slice staged up front), for
+    tc_dense / tc_sp24 (the other kinds have their own staging). "auto": AUTO_B_RING by n8 tiles."""
+    if kind not in REGISTER_KINDS:
+        return 0
+    if value == "auto":
+        return AUTO_B_RING.get(nt, 0)
+    try:
+        depth = int(value)
+    except (TypeError, ValueError):
+        depth = -1
+    if depth < 0 or depth == 1:
+        raise ValueError(f"BRING must be 'auto', 0 (stage the whole K slice) or a ring of >= 2 chunk slots, "
+                         f"got {value!r}.")
+    return depth
 
 
 def n_tiles_for(n: int) -> int:
@@ -78,10 +97,11 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
 
 
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
-               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0) -> int:
+               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0) -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
-    tc_lanemask)."""
-    total = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
+    tc_lanemask). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row chunks of B instead
+    of the CTA's whole K slice."""
+    total = (min(b_ring, chunks_per_cta) if b_ring else chunks_per_cta) * CHUNK_K * b_row_bytes(nt)
     if split > 1:
         partials = warps * rows_per_warp * TILE_M * nt * 8 * 4
         # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
@@ -151,9 +171,10 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     nt = n_tiles_for(n)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
         feasible = []
+        bring = b_ring_for(kind, nt, params.get("BRING", 0))
         for s in candidates:
             cpc = -(-nchunks // s)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem))
         if feasible or nt == 1:
@@ -169,7 +190,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         s, cpc, smem = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "slot_bytes": slot_bytes}
+            "bring": bring, "minb": int(params.get("MINB", 1)), "slot_bytes": slot_bytes}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -177,7 +198,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
-    return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
+    return (f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
+            f"{geom.get('bring', 0)}, {geom.get('minb', 1)}>")
 
 
 def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int,

@@ -56,7 +56,7 @@ def test_launch_tracing_knows_the_kernels_as_the_candidates_own():
     own = own_kernel_names(get_template("tc_sp24").instantiate({}).source)
     assert {"tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask"} <= own and not any(n.startswith("__") for n in own)
     tracer = KernelTracer(own)
-    assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4>(unsigned short const*, unsigned int const*, "
+    assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4, 0, 1>(unsigned short const*, unsigned int const*, "
                          "unsigned short const*, unsigned short*, int, int, int, int, long long, long long, int, int, int)")
     assert not tracer.is_own("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64")
 
@@ -104,10 +104,34 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
 
 
+def test_b_ring_holds_chunks_not_the_k_slice():
+    """BRING > 0: shared memory holds that many 64-row chunks of B (never more than the slice has),
+    so a wide-N CTA's footprint no longer grows with K / split, and "auto" rings only wide N."""
+    tiles, nchunks = 11008 // 16, 4096 // 64
+    whole = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {"WARPS": 8, "R": 1, "SPLIT": 4, "PIPE": 2}, 132)
+    ring = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {"WARPS": 8, "R": 1, "SPLIT": 4, "PIPE": 2,
+                                                                "BRING": 4}, 132)
+    assert whole["smem"] == 16 * 64 * 128 and whole["bring"] == 0
+    assert ring["smem"] == max(4 * 64 * 128, 8 * 16 * 64 * 4) and ring["bring"] == 4
+    assert tc_launch.kernel_name("sp24", 0, ring).endswith(", 2, 4, 1>")
+    short = tc_launch.plan_geometry("dense", 4, 3, 64, {"WARPS": 8, "R": 1, "SPLIT": 1, "PIPE": 2, "BRING": 4}, 132)
+    assert short["smem"] == 3 * 64 * 128                      # a 3-chunk slice needs 3 slots, not 4
+    auto = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}
+    for n in (1, 8, 16, 17, 32, 64, 65, 200):
+        g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, auto, 132)
+        assert g["bring"] == tc_launch.AUTO_B_RING[g["nt"]]
+    assert tc_launch.b_ring_for("bitmap", 8, 4) == 0             # the bitmap kernels stage their own way
+    with pytest.raises(ValueError):
+        tc_launch.b_ring_for("sp24", 8, "deep")
+    with pytest.raises(ValueError, match="BRING"):
+        tc_launch.b_ring_for("dense", 4, 1)
+
+
 @pytest.mark.parametrize("kind,params", [
     ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
+    ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])

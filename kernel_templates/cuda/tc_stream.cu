@@ -226,6 +226,33 @@ __device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, in
     }
 }
 
+// One 64-row chunk of B into a ring slot (stream_registers with BR > 0): a piece or two per thread, no
+// batching, so the refill inside the stream loop adds few live registers. Same layout, zero fill and
+// fallback for unaligned B as stage_b.
+template <int NT, int SP>
+__device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const u16* __restrict__ B, int k0, int K, int n0,
+                                              int N, long long ldb, int vec) {
+    const u32 slot_addr = smem_addr(slot);
+    for (int i = threadIdx.x; i < SD_CHUNK * NT; i += blockDim.x) {
+        const int kl = i / NT, j = i - kl * NT;
+        const int k = k0 + kl, n = n0 + 8 * j;
+        const int prow = SP ? phys_row_sp(kl) : phys_row_mma(kl);
+        const int off = prow * BStride<NT>::bytes + 16 * BStride<NT>::unit(prow, j);
+        const u16* src = B + (long long)min(k, K - 1) * ldb + n;
+        if (vec && n + 8 <= N) {
+            cp_async16(slot_addr + off, src, k < K ? 16u : 0u);
+        } else {
+            u32 w[4] = {0u, 0u, 0u, 0u};
+            if (k < K) {
+#pragma unroll
+                for (int q = 0; q < 8; ++q)
+                    if (n + q < N) w[q >> 1] |= (u32)src[q] << (16 * (q & 1));
+            }
+            *reinterpret_cast<uint4*>(slot + off) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
 // B fragments of one k16 step (mma.sync): tiles j, j+1 per ldmatrix.x4 (x2 for a lone tile).
 template <int NT>
 __device__ __forceinline__ void load_b_step(u32 bs, int row0, u32 (&b)[NT][2]) {
@@ -361,17 +388,23 @@ __device__ __forceinline__ void dense_load(const u16* __restrict__ A, int nchunk
     x[12] = v1.x; x[13] = v1.y; x[14] = v1.z; x[15] = v1.w;
 }
 
-template <int BF16, int NT>
-__device__ __forceinline__ void dense_compute(const u32 (&x)[16], u32 bs, int cc, float (&acc)[NT][4]) {
+// One chunk of R row tiles: B's fragments of each k16 step are read from shared memory once and
+// feed all R tiles' mma (R > 1 halves or quarters the ldmatrix traffic per A byte, which at N = 64
+// is as much shared-memory time as the HBM time of the A bytes it multiplies).
+template <int BF16, int NT, int R>
+__device__ __forceinline__ void dense_compute(const u32 (&x)[R][16], u32 bs, int cc, float (&acc)[R][NT][4]) {
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
         u32 b[NT][2];
         load_b_step<NT>(bs, cc * SD_CHUNK + 16 * s, b);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            // row g: words 2s (k 4s, 4s+1 of the lane's 16) and 2s+1; row g+8: words 8 + ...
-            mma16816<BF16>(acc[j], x[2 * s], x[8 + 2 * s], x[2 * s + 1], x[8 + 2 * s + 1], b[j][0], b[j][1]);
-        }
+        for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                // row g: words 2s (k 4s, 4s+1 of the lane's 16) and 2s+1; row g+8: words 8 + ...
+                mma16816<BF16>(acc[rt][j], x[rt][2 * s], x[rt][8 + 2 * s], x[rt][2 * s + 1], x[rt][8 + 2 * s + 1],
+                               b[j][0], b[j][1]);
+            }
     }
 }
 
@@ -398,22 +431,22 @@ __device__ __forceinline__ void sp_load(const u16* __restrict__ V, const u32* __
     }
 }
 
-template <int BF16, int NT>
-__device__ __forceinline__ void sp_compute(const u32 (&x)[10], u32 bs, int cc, float (&acc)[NT][4]) {
+template <int BF16, int NT, int R>
+__device__ __forceinline__ void sp_compute(const u32 (&x)[R][10], u32 bs, int cc, float (&acc)[R][NT][4]) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-        u32 b[NT][4];
+        const int row = cc * SD_CHUNK + 32 * s + lane;
+        // One n8 tile's B fragment at a time, used by all R row tiles: with R > 1 a whole step's
+        // fragments (4 NT registers) would stay live beside R * NT accumulators.
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
-            const int row = cc * SD_CHUNK + 32 * s + lane;
-            const u32 addr = bs + row * BStride<NT>::bytes + 16 * BStride<NT>::unit(row, j);
-            ldsm_x4_t(addr, b[j][0], b[j][1], b[j][2], b[j][3]);
-        }
+            u32 b[4];
+            ldsm_x4_t(bs + row * BStride<NT>::bytes + 16 * BStride<NT>::unit(row, j), b[0], b[1], b[2], b[3]);
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            mma_sp16832<BF16>(acc[j], x[2 * s], x[4 + 2 * s], x[2 * s + 1], x[4 + 2 * s + 1],
-                              b[j][0], b[j][1], b[j][2], b[j][3], x[8 + s]);
+            for (int rt = 0; rt < R; ++rt)
+                mma_sp16832<BF16>(acc[rt][j], x[rt][2 * s], x[rt][4 + 2 * s], x[rt][2 * s + 1], x[rt][4 + 2 * s + 1],
+                                  b[0], b[1], b[2], b[3], x[rt][8 + s]);
         }
     }
 }
@@ -431,9 +464,9 @@ struct DenseFmt {
     __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[16]) const {
         dense_load(A, nchunks, tile, c, lane, x);
     }
-    template <int BF16, int NT>
-    __device__ __forceinline__ void compute(const u32 (&x)[16], u32 bs, int cc, float (&acc)[NT][4]) const {
-        dense_compute<BF16, NT>(x, bs, cc, acc);
+    template <int BF16, int NT, int R>
+    __device__ __forceinline__ void compute(const u32 (&x)[R][16], u32 bs, int cc, float (&acc)[R][NT][4]) const {
+        dense_compute<BF16, NT, R>(x, bs, cc, acc);
     }
 };
 
@@ -445,15 +478,29 @@ struct Sp24Fmt {
     __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[10]) const {
         sp_load(A, meta, nchunks, tile, c, lane, x);
     }
-    template <int BF16, int NT>
-    __device__ __forceinline__ void compute(const u32 (&x)[10], u32 bs, int cc, float (&acc)[NT][4]) const {
-        sp_compute<BF16, NT>(x, bs, cc, acc);
+    template <int BF16, int NT, int R>
+    __device__ __forceinline__ void compute(const u32 (&x)[R][10], u32 bs, int cc, float (&acc)[R][NT][4]) const {
+        sp_compute<BF16, NT, R>(x, bs, cc, acc);
     }
 };
 
-template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
+// B's K slice reaches shared memory one of two ways (BR, a template flag):
+//   BR == 0  the whole slice is staged before the stream starts (N <= 16: 8-32 KiB per CTA, one
+//            barrier in all);
+//   BR >= 2  a ring of BR chunk slots (64 rows each) refilled while the stream runs, one CTA barrier
+//            per chunk. Wide N needs it: at N = 64 a whole 16-chunk slice is 128 KiB, which leaves one
+//            CTA per SM, and even an 8-chunk slice made every CTA wait for 64 KiB from L2 before its
+//            first mma (11008x4096 2:4 at N = 64 ran 1.74 waves of 3 CTAs per SM, 0.67x cuBLAS).
+// Every warp, active or not, takes part in the ring's barriers; only active warps load and compute.
+template <int NT>
+struct BRing {
+    static constexpr int slot_bytes = SD_CHUNK * BStride<NT>::bytes;
+};
+
+template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR>
 __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
                                  int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
+    static_assert(BR == 0 || BR >= 2, "a B ring needs at least two slots");
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
@@ -466,54 +513,78 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
             for (int rt = 0; rt < R; ++rt)
                 if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
     }
-    stage_b<NT, F::SP>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
-    cp_async_wait_all();
-    __syncthreads();
+    const int nc = c1 - c0;   // the same for every warp of the CTA
+    if (BR == 0) {
+        stage_b<NT, F::SP>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+        cp_async_wait_all();
+        __syncthreads();
+    } else {
+#pragma unroll
+        for (int i = 0; i + 1 < BR; ++i) {   // chunks 0 .. BR-2 of the slice; one commit group each
+            if (i < nc) stage_b_chunk<NT, F::SP>(smem + i * BRing<NT>::slot_bytes, B, (c0 + i) * SD_CHUNK, K, n0, N,
+                                                 ldb, bvec);
+            cp_async_commit();
+        }
+    }
     const u32 bs = smem_addr(smem);
     float acc[R][NT][4];
 #pragma unroll
     for (int rt = 0; rt < R; ++rt)
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
-    if (active) {
+    if (BR > 0 || active) {
         for (int c = c0; c < c1; c += PIPE) {
 #pragma unroll
             for (int p = 0; p < PIPE; ++p) {
                 if (c + p < c1) {
-                    const int q = (p + PIPE - 1) % PIPE;
+                    const int i = c + p - c0;
+                    int cc = i;   // the chunk's 64-row block in shared memory
+                    if (BR > 0) {
+                        // chunk i's group is complete once at most BR-2 later groups are pending; the
+                        // barrier also says every warp is done with chunk i-1, whose slot is refilled
+                        cp_async_wait<(BR > 1 ? BR - 2 : 0)>();
+                        __syncthreads();
+                        constexpr int SLOTS = BR > 0 ? BR : 1;
+                        if (i + BR - 1 < nc)
+                            stage_b_chunk<NT, F::SP>(smem + ((i + BR - 1) % SLOTS) * BRing<NT>::slot_bytes, B,
+                                                     (c + p + BR - 1) * SD_CHUNK, K, n0, N, ldb, bvec);
+                        cp_async_commit();
+                        cc = i % SLOTS;
+                    }
+                    if (active) {
+                        const int q = (p + PIPE - 1) % PIPE;
 #pragma unroll
-                    for (int rt = 0; rt < R; ++rt)
-                        if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
-                            fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[q][rt]);
-#pragma unroll
-                    for (int rt = 0; rt < R; ++rt)
-                        fmt.template compute<BF16, NT>(x[p][rt], bs, c + p - c0, acc[rt]);
+                        for (int rt = 0; rt < R; ++rt)
+                            if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
+                                fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[q][rt]);
+                        fmt.template compute<BF16, NT, R>(x[p], bs, cc, acc);
+                    }
                 }
             }
         }
     }
-    // The split-K partials go over the staged B slice (the host sizes shared memory as the larger of
-    // the two, which keeps wide-N CTAs small enough to be resident two or three at a time), so every
-    // warp must be done reading B first.
+    // The split-K partials go over B's shared memory (the host sizes it as the larger of the two,
+    // which keeps wide-N CTAs small enough to be resident two or three at a time), so every warp
+    // must be done reading B first.
     if (SPLIT > 1) __syncthreads();
     epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
 }
 
-template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32, MINB)
 tc_dense(const u16* __restrict__ A, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp,
          long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     const DenseFmt fmt{A, nullptr};
-    stream_registers<DenseFmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
+    stream_registers<DenseFmt, BF16, NT, R, WARPS, SPLIT, PIPE, BR>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
                                                                 tiles, bvec);
 }
 
-template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32, MINB)
 tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __restrict__ B, u16* __restrict__ C,
         int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     const Sp24Fmt fmt{V, meta};
-    stream_registers<Sp24Fmt, BF16, NT, R, WARPS, SPLIT, PIPE>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
+    stream_registers<Sp24Fmt, BF16, NT, R, WARPS, SPLIT, PIPE, BR>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
                                                                tiles, bvec);
 }
 
@@ -803,14 +874,14 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
 // name_expressions instantiate only what a launch plan can reach.
 #ifdef SPARSEDITTO_INSTANTIATE_ALL
 #define SD_TAIL int, int, int, int, long long, long long, int, int, int
-#define SD_DENSE(BF, NT, R, W, S, P) template __global__ void tc_dense<BF, NT, R, W, S, P>( \
+#define SD_DENSE(BF, NT, R, W, S, P, BR) template __global__ void tc_dense<BF, NT, R, W, S, P, BR, 1>( \
     const u16*, const u16*, u16*, SD_TAIL);
-#define SD_SP(BF, NT, R, W, S, P) template __global__ void tc_sp24<BF, NT, R, W, S, P>( \
+#define SD_SP(BF, NT, R, W, S, P, BR) template __global__ void tc_sp24<BF, NT, R, W, S, P, BR, 1>( \
     const u16*, const u32*, const u16*, u16*, SD_TAIL);
 #define SD_BM(BF, NT, W, S, RK) template __global__ void tc_bitmap<BF, NT, W, S, RK>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
-SD_DENSE(0, 2, 2, 8, 4, 2) SD_DENSE(1, 1, 1, 8, 1, 4) SD_DENSE(0, 8, 1, 4, 8, 3)
-SD_SP(0, 2, 2, 8, 4, 2) SD_SP(1, 1, 1, 8, 1, 4) SD_SP(0, 8, 1, 4, 8, 3)
+SD_DENSE(0, 2, 2, 8, 4, 2, 0) SD_DENSE(1, 1, 1, 8, 1, 4, 3) SD_DENSE(0, 8, 1, 4, 8, 3, 0)
+SD_SP(0, 2, 2, 8, 4, 2, 2) SD_SP(1, 1, 1, 8, 1, 4, 0) SD_SP(0, 8, 1, 4, 8, 3, 4) SD_SP(0, 8, 2, 8, 8, 2, 4)
 SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
