@@ -39,8 +39,13 @@ SM_THREADS = 2048
 SM_CTAS = 32
 SM_SMEM = 228 * 1024
 CTA_SMEM_RESERVED = 1024      # the driver's per-CTA shared memory
-# B ring depth by n8 tiles per launch when BRING is "auto" (see b_ring_for)
-AUTO_B_RING = {1: 0, 2: 0, 4: 4, 8: 4}
+# BRING "auto": a ring of AUTO_B_RING_SLOTS chunks where staging the CTA's whole K slice of B would
+# take more than AUTO_B_RING_ABOVE bytes. Measured on the H200 (session 26, 2:4, chained): the ring
+# costs a CTA barrier per chunk, so where the slice is small it loses (11008x4096 N = 32, 64 KiB
+# slice: 20.9 -> 23.6 us; N = 16: 17.9 -> 20.2), and it wins where the slice is large (4096x11008,
+# K = 11008: N = 32, 88 KiB, 33.8 -> 29.6 us, 0.87x -> 0.99x cuBLAS; N = 64, 176 KiB, 61.6 -> 57.1 us).
+AUTO_B_RING_SLOTS = 4
+AUTO_B_RING_ABOVE = 64 * 1024
 WIDE_BLOCKS = 64              # n blocks of 64 columns prepare compiles for (N up to 4096)
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -61,13 +66,15 @@ def dtype_name(dtype: torch.dtype) -> str:
     return "float16" if dtype == torch.float16 else "bfloat16"
 
 
-def b_ring_for(kind: str, nt: int, value="auto") -> int:
+def b_ring_for(kind: str, nt: int, value="auto", chunks_per_cta: int = 0) -> int:
     """Chunk slots of B's shared-memory ring (0: the CTA's whole K slice staged up front), for
-    tc_dense / tc_sp24 (the other kinds have their own staging). "auto": AUTO_B_RING by n8 tiles."""
+    tc_dense / tc_sp24 (the other kinds have their own staging). "auto": a ring only where the whole
+    slice of `chunks_per_cta` chunks at `nt` n8 tiles would exceed AUTO_B_RING_ABOVE bytes."""
     if kind not in REGISTER_KINDS:
         return 0
     if value == "auto":
-        return AUTO_B_RING.get(nt, 0)
+        whole = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
+        return AUTO_B_RING_SLOTS if whole > AUTO_B_RING_ABOVE else 0
     try:
         depth = int(value)
     except (TypeError, ValueError):
@@ -171,12 +178,12 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     nt = n_tiles_for(n)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
         feasible = []
-        bring = b_ring_for(kind, nt, params.get("BRING", 0))
         for s in candidates:
             cpc = -(-nchunks // s)
+            bring = b_ring_for(kind, nt, params.get("BRING", 0), cpc)
             smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring)
             if smem <= SMEM_LIMIT:
-                feasible.append((s, cpc, smem))
+                feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
             break
         nt //= 2
@@ -185,12 +192,12 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
     if split == "auto":
-        s, cpc, smem = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(nt))
+        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(nt))
     else:
-        s, cpc, smem = feasible[0]
+        s, cpc, smem, bring = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": int(params.get("MINB", 1)), "slot_bytes": slot_bytes}
+            "bring": bring, "minb": int(params.get("MINB", 0)), "slot_bytes": slot_bytes}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -199,7 +206,7 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     return (f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
-            f"{geom.get('bring', 0)}, {geom.get('minb', 1)}>")
+            f"{geom.get('bring', 0)}, {geom.get('minb', 0)}>")
 
 
 def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int,

@@ -56,7 +56,7 @@ def test_launch_tracing_knows_the_kernels_as_the_candidates_own():
     own = own_kernel_names(get_template("tc_sp24").instantiate({}).source)
     assert {"tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask"} <= own and not any(n.startswith("__") for n in own)
     tracer = KernelTracer(own)
-    assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4, 0, 1>(unsigned short const*, unsigned int const*, "
+    assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4, 0, 0>(unsigned short const*, unsigned int const*, "
                          "unsigned short const*, unsigned short*, int, int, int, int, long long, long long, int, int, int)")
     assert not tracer.is_own("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize64x64x64")
 
@@ -113,13 +113,18 @@ def test_b_ring_holds_chunks_not_the_k_slice():
                                                                 "BRING": 4}, 132)
     assert whole["smem"] == 16 * 64 * 128 and whole["bring"] == 0
     assert ring["smem"] == max(4 * 64 * 128, 8 * 16 * 64 * 4) and ring["bring"] == 4
-    assert tc_launch.kernel_name("sp24", 0, ring).endswith(", 2, 4, 1>")
+    assert tc_launch.kernel_name("sp24", 0, ring).endswith(", 2, 4, 0>")
     short = tc_launch.plan_geometry("dense", 4, 3, 64, {"WARPS": 8, "R": 1, "SPLIT": 1, "PIPE": 2, "BRING": 4}, 132)
     assert short["smem"] == 3 * 64 * 128                      # a 3-chunk slice needs 3 slots, not 4
     auto = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}
-    for n in (1, 8, 16, 17, 32, 64, 65, 200):
-        g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, auto, 132)
-        assert g["bring"] == tc_launch.AUTO_B_RING[g["nt"]]
+    for m, k in ((11008, 4096), (4096, 11008), (4096, 4096)):
+        for n in (1, 8, 16, 17, 32, 64, 65, 200):
+            g = tc_launch.plan_geometry("sp24", -(-m // 16), -(-k // 64), n, auto, 132)
+            whole = g["chunks_per_cta"] * 64 * 16 * g["nt"]
+            assert g["bring"] == (4 if whole > 64 * 1024 else 0), (m, k, n, g)
+    # K = 11008 at N = 32 is where the ring measured faster (an 88 KiB slice otherwise)
+    assert tc_launch.plan_geometry("sp24", 4096 // 16, 11008 // 64, 32, auto, 132)["bring"] == 4
+    assert tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 16, auto, 132)["bring"] == 0
     assert tc_launch.b_ring_for("bitmap", 8, 4) == 0             # the bitmap kernels stage their own way
     with pytest.raises(ValueError):
         tc_launch.b_ring_for("sp24", 8, "deep")

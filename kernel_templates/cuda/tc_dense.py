@@ -14,8 +14,8 @@ META = {
     "format": "tc_dense",
     "description": "dense weight streamed with 16-byte loads into mma.sync fragments, split-K over a CTA cluster (decode N)",
     "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
-               "BRING": ["auto", 0, 2, 3, 4], "MINB": [1, 2, 3, 4]},
-    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": 0, "MINB": 1},
+               "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4]},
+    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0},
     # H200 (session 25, llm_layers --cases /dense, chained, N = 1-32): R=1 reads 11008x4096 in
     # 26.5-27.7 us at N = 1-16 (0.98-0.99x cuBLAS, 1.47x at N = 4), where R=2 (two row tiles per
     # warp, more registers, fewer resident warps) took 31-32 us; on 4096x11008 and 4096x4096 the two

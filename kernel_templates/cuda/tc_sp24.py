@@ -15,8 +15,8 @@ META = {
     "format": "tc_sp24",
     "description": "2:4 values + hardware metadata on mma.sp.m16n8k32, split-K over a CTA cluster",
     "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
-               "BRING": ["auto", 0, 2, 3, 4], "MINB": [1, 2, 3, 4]},
-    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": 0, "MINB": 1},
+               "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4]},
+    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0},
     # H200 (session 25, llm_layers --cases nm24 --n 8 16, chained): PIPE=4 needs 87 registers at
     # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
     # cuBLAS. PIPE=2 keeps more warps resident instead of more chunks in flight per warp: 17.9 us
