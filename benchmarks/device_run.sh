@@ -53,15 +53,15 @@ for stage in "$@"; do
     decode)
       # issue 10's open checks (docs/kernels.md, "fourth H200 session"): the timing spin, then delta_spmv's
       # unmeasured variants (PIPE 6 under the register cap; ROW_SPLIT; B_HALF) beside the default, N = 1, 2, 4
-      python3 benchmarks/timing_lead_probe.py 2>&1 | grep -v Warn | tee "$OUT/lead.log" | tail -12
+      python3 benchmarks/timing_lead_probe.py 2>&1 | grep --line-buffered -v Warn | tee "$OUT/lead.log" | tail -12
       DV='{"delta_spmv": [{}, {"PIPE": 6}, {"ROW_SPLIT": 1}, {"B_HALF": 1}]}'; [ -n "${DECODE_VARIANTS:-}" ] && DV=$DECODE_VARIANTS
       python3 benchmarks/llm_layers.py --preset decode --n 1 2 4 --cases "${DECODE_CASES:-magnitude|nm24}" \
-        --variants "$DV" --repeats 20 --out "$OUT/decode.json" 2>&1 | grep -v Warn | tee "$OUT/decode.log" | tail -60 ;;
+        --variants "$DV" --repeats 20 --out "$OUT/decode.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/decode.log" | tail -60 ;;
     overhead)
       # issue 12: the host cost of an eager decode-kernel call, piece by piece (written in session 25, not yet run)
-      python3 benchmarks/launch_overhead_probe.py ${OVERHEAD_ARGS:---shape 4096x4096 -n 1 16} 2>&1 | grep -v Warn | tee "$OUT/overhead.log" | tail -60 ;;
+      python3 benchmarks/launch_overhead_probe.py ${OVERHEAD_ARGS:---shape 4096x4096 -n 1 16} 2>&1 | grep --line-buffered -v Warn | tee "$OUT/overhead.log" | tail -60 ;;
     example)
-      python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
+      python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -20,6 +20,9 @@ META = {
     # 26.5-27.7 us at N = 1-16 (0.98-0.99x cuBLAS, 1.47x at N = 4), where R=2 (two row tiles per
     # warp, more registers, fewer resident warps) took 31-32 us; on 4096x11008 and 4096x4096 the two
     # are within 4%. At N = 32 PIPE=3 is 12% faster on 11008x4096.
+    # Session 26 (N = 32-64, with the MINB=1 register cap of that call on every row): the B ring helped
+    # 4096x11008 at N = 64 (71.0 -> 57.4 us) and hurt it at N = 32 (41.5 -> 48.1), both far below
+    # cuBLAS (0.52-0.71x); "auto" follows tc_sp24's rule and was not re-measured for tc_dense.
     "grid": [{}, {"PIPE": 3}, {"R": 2}, {"SPLIT": 8}],
     "patterns": ["dense", "unstructured", "row_pruned", "column_pruned", "block", "nm", "banded"],
     "cuda_source": "tc_stream.cu",

@@ -21,6 +21,10 @@ META = {
     # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
     # cuBLAS. PIPE=2 keeps more warps resident instead of more chunks in flight per warp: 17.9 us
     # (1.41x) there, 9.6 us (1.49x) on 4096x4096, and it is also the faster one at N = 8.
+    # Session 26 (H200, N = 16-128): BRING "auto" rings B where the whole K slice would exceed 64 KiB
+    # (4096x11008 N = 64: 68.6 -> 44.4 us); MINB 0, because an explicit launch-bounds minimum of 1
+    # raised registers (80 -> 94 at N = 64, 12% slower); R=2 shares B fragments but its 128-149
+    # registers cost more than the halved ldmatrix reads save (docs/kernels.md, "Session 26").
     "grid": [{}, {"PIPE": 3}, {"PIPE": 4}, {"SPLIT": 8}],
     "patterns": ["nm"],
     "cuda_source": "tc_stream.cu",
