@@ -9,6 +9,11 @@ from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, tc_bytes, 
 # pure read of the same bytes, 1.47-2.28x cuBLAS); at N >= 32 the per-tile work grows with N and the
 # kernel turns latency-bound (tc_stream_floor_s, its measured floor), 0.67x cuBLAS at N = 64. The
 # expert policy puts tc_sp24 first for n:m patterns; the estimate ranks it behind dense at wide N.
+# Session 26 (B ring where the K slice is large, no launch-bounds cap): N = 32 1.11-1.18x on K = 4096
+# and 0.94x on K = 11008, N = 64 0.67-0.73x, N = 128 0.38-0.43x. The floor's 0.10 ns per tile x chunk
+# x n8 tile now sits inside the measured range (0.088-0.145 ns over the three shapes at N = 64-128:
+# 11008x4096 N = 64 35.2 us estimated vs 34.3 chained, 4096x4096 13.1 vs 19.0); left as it is, since
+# either end still ranks tc_sp24 behind cuBLAS there (~25 us on 11008x4096).
 
 APPLICABILITY = "every group of 4 consecutive columns of every row keeps at most 2 values (exact 2:4); fp16/bf16"
 COST_MODEL = ("bytes = Mp*Kp/2*vb + tiles*chunks*128 + B + C; "
