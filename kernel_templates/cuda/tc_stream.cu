@@ -186,6 +186,26 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" :: "n"(PENDING) : "memory");
 }
 
+// A staged B block is made of 16-byte pieces: piece (kl, j) holds rows k0 + kl of B, columns
+// n0 + 8j .. n0 + 8j + 7, at byte b_piece_offset(prow, j) of the block, prow being its physical row
+// (rows permuted per chunk, units swizzled). Aligned pieces go through cp.async (a source size of 0
+// past K zero-fills); the others are gathered by b_piece_gather, zeros past K and N.
+template <int NT>
+__device__ __forceinline__ int b_piece_offset(int prow, int j) {
+    return prow * BStride<NT>::bytes + 16 * BStride<NT>::unit(prow, j);
+}
+
+__device__ __forceinline__ uint4 b_piece_gather(const u16* __restrict__ src, int k, int K, int n, int N) {
+    u32 w[4] = {0u, 0u, 0u, 0u};
+    if (k < K) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            if (n + q < N) w[q >> 1] |= (u32)src[q] << (16 * (q & 1));
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <int NT, int SP>
 __device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, int kc, int K, int n0, int N,
                         long long ldb, int vec) {
@@ -200,23 +220,15 @@ __device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, in
             dst[u] = -1;
             if (i >= pieces) continue;
             const int kl = i / NT, j = i - kl * NT;
-            const int k = k0 + kl;
+            const int k = k0 + kl, n = n0 + 8 * j;
             const int prow = (kl & ~(SD_CHUNK - 1)) + (SP ? phys_row_sp(kl & (SD_CHUNK - 1)) : phys_row_mma(kl & (SD_CHUNK - 1)));
-            const int off = prow * BStride<NT>::bytes + 16 * BStride<NT>::unit(prow, j);
-            const int n = n0 + 8 * j;
+            const int off = b_piece_offset<NT>(prow, j);
             const u16* src = B + (long long)min(k, K - 1) * ldb + n;
             if (vec && n + 8 <= N) {
-                cp_async16(bs_addr + off, src, k < K ? 16u : 0u);      // src size 0: zero fill
+                cp_async16(bs_addr + off, src, k < K ? 16u : 0u);
                 continue;
             }
-            u32 w[4] = {0u, 0u, 0u, 0u};
-            if (k < K) {
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    if (n + q < N) w[q >> 1] |= (u32)src[q] << (16 * (q & 1));
-                }
-            }
-            v[u] = make_uint4(w[0], w[1], w[2], w[3]);
+            v[u] = b_piece_gather(src, k, K, n, N);
             dst[u] = off;
         }
 #pragma unroll
@@ -226,9 +238,9 @@ __device__ void stage_b(unsigned char* bs, const u16* __restrict__ B, int k0, in
     }
 }
 
-// One 64-row chunk of B into a ring slot (stream_registers with BR > 0): a piece or two per thread, no
-// batching, so the refill inside the stream loop adds few live registers. Same layout, zero fill and
-// fallback for unaligned B as stage_b.
+// One 64-row chunk of B into a ring slot (stream_registers with BR > 0): a piece or two per thread
+// stored as it comes, without stage_b's batches of four gathers, so the refill inside the stream loop
+// adds few live registers (the batched loop there took tc_sp24 from 80 to 120 registers at N = 64).
 template <int NT, int SP>
 __device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const u16* __restrict__ B, int k0, int K, int n0,
                                               int N, long long ldb, int vec) {
@@ -236,20 +248,10 @@ __device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const u16* __
     for (int i = threadIdx.x; i < SD_CHUNK * NT; i += blockDim.x) {
         const int kl = i / NT, j = i - kl * NT;
         const int k = k0 + kl, n = n0 + 8 * j;
-        const int prow = SP ? phys_row_sp(kl) : phys_row_mma(kl);
-        const int off = prow * BStride<NT>::bytes + 16 * BStride<NT>::unit(prow, j);
+        const int off = b_piece_offset<NT>(SP ? phys_row_sp(kl) : phys_row_mma(kl), j);
         const u16* src = B + (long long)min(k, K - 1) * ldb + n;
-        if (vec && n + 8 <= N) {
-            cp_async16(slot_addr + off, src, k < K ? 16u : 0u);
-        } else {
-            u32 w[4] = {0u, 0u, 0u, 0u};
-            if (k < K) {
-#pragma unroll
-                for (int q = 0; q < 8; ++q)
-                    if (n + q < N) w[q >> 1] |= (u32)src[q] << (16 * (q & 1));
-            }
-            *reinterpret_cast<uint4*>(slot + off) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
+        if (vec && n + 8 <= N) cp_async16(slot_addr + off, src, k < K ? 16u : 0u);
+        else *reinterpret_cast<uint4*>(slot + off) = b_piece_gather(src, k, K, n, N);
     }
 }
 
@@ -492,10 +494,6 @@ struct Sp24Fmt {
 //            CTA per SM, and even an 8-chunk slice made every CTA wait for 64 KiB from L2 before its
 //            first mma (11008x4096 2:4 at N = 64 ran 1.74 waves of 3 CTAs per SM, 0.67x cuBLAS).
 // Every warp, active or not, takes part in the ring's barriers; only active warps load and compute.
-template <int NT>
-struct BRing {
-    static constexpr int slot_bytes = SD_CHUNK * BStride<NT>::bytes;
-};
 
 template <class F, int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR>
 __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
@@ -514,6 +512,7 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
                 if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
     }
     const int nc = c1 - c0;   // the same for every warp of the CTA
+    constexpr int SLOT_BYTES = SD_CHUNK * BStride<NT>::bytes;   // one ring slot: a 64-row chunk of B
     if (BR == 0) {
         stage_b<NT, F::SP>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
         cp_async_wait_all();
@@ -521,7 +520,7 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
     } else {
 #pragma unroll
         for (int i = 0; i + 1 < BR; ++i) {   // chunks 0 .. BR-2 of the slice; one commit group each
-            if (i < nc) stage_b_chunk<NT, F::SP>(smem + i * BRing<NT>::slot_bytes, B, (c0 + i) * SD_CHUNK, K, n0, N,
+            if (i < nc) stage_b_chunk<NT, F::SP>(smem + i * SLOT_BYTES, B, (c0 + i) * SD_CHUNK, K, n0, N,
                                                  ldb, bvec);
             cp_async_commit();
         }
@@ -546,7 +545,7 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
                         __syncthreads();
                         constexpr int SLOTS = BR > 0 ? BR : 1;
                         if (i + BR - 1 < nc)
-                            stage_b_chunk<NT, F::SP>(smem + ((i + BR - 1) % SLOTS) * BRing<NT>::slot_bytes, B,
+                            stage_b_chunk<NT, F::SP>(smem + ((i + BR - 1) % SLOTS) * SLOT_BYTES, B,
                                                      (c + p + BR - 1) * SD_CHUNK, K, n0, N, ldb, bvec);
                         cp_async_commit();
                         cc = i % SLOTS;
