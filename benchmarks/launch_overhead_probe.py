@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from llm_layers import SHAPES, prune
+    from llm_layers import SHAPES, cached_plan, prune
 
     from sparseditto.harness.source_loader import load_module
     from sparseditto.kernel_templates import runtime, tc_launch
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
                 "spmm on x^T, y^T views": lambda: mod.spmm(packed, x.t(), y.t()),
                 "spmm contiguous": lambda: mod.spmm(packed, B, out),
                 "tc_launch.launch": lambda: tc_launch.launch(packed, B, out)}
-        plan = next(v for key, v in packed["scratch"].items() if isinstance(key, tuple) and key[0] == n)
+        plan = cached_plan(packed, n)
         device, stream = runtime.cupy_stream(packed["scratch"], B.device)
         args_ = plan["head"] + (np.uint64(B.data_ptr()), np.uint64(out.data_ptr())) + plan["tail"]
 

@@ -216,15 +216,24 @@ TEMPLATE_VARIANTS = {
 PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv")
 
 
+def cached_plan(packed: dict, n: int) -> dict | None:
+    """The launch plan a tensor-core template's spmm cached in packed["scratch"] for N = n (None
+    before the first call at that N, or for other templates)."""
+    for key, plan in (packed.get("scratch") or {}).items():
+        if isinstance(key, tuple) and key and key[0] == n and isinstance(plan, dict) and "geom" in plan:
+            return plan
+    return None
+
+
 def launch_geometry(packed: dict, n: int) -> dict | None:
     """The tensor-core templates' launch at N = n as planned (grid, shared memory, registers per
     thread), read from the plan spmm cached: what decides occupancy and waves."""
     from sparseditto.kernel_templates import tc_launch
 
-    for key, plan in (packed.get("scratch") or {}).items():
-        if isinstance(key, tuple) and key and key[0] == n and isinstance(plan, dict) and "geom" in plan:
-            return {"grid": list(plan["grid"]), "smem": plan["smem"], "regs": tc_launch.kernel_registers(plan["fn"])}
-    return None
+    plan = cached_plan(packed, n)
+    if plan is None:
+        return None
+    return {"grid": list(plan["grid"]), "smem": plan["smem"], "regs": tc_launch.kernel_registers(plan["fn"])}
 
 
 def packed_bytes(packed: dict) -> int:

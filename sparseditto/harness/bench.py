@@ -439,10 +439,8 @@ def _time_chained(module, packed: dict, B, matrix, values, dtype: str, a_bytes: 
     fp64 reference of the B they read (a copy that computes something else is a wrong result)."""
     import torch
 
-    from sparseditto.harness.timing import clone_packed
-
     from .numerics import Reference, compare
-    from .timing import chain_copies, time_cuda_chain
+    from .timing import chain_copies, clone_packed, time_cuda_chain
 
     m, n = int(matrix.shape[0]), B.shape[1]
     copies = chain_copies(a_bytes)
@@ -484,9 +482,8 @@ def _time_dense(a, B, ref, m: int, n: int, tdtype, device, backend: str, repeats
         except Exception as exc:
             notes.append(f"CUDA graph capture of dense matmul failed: {type(exc).__name__}: {exc}")
     dense_chain = None
-    nbytes = m * a.shape[1] * dense_a.element_size()
-    if backend == "cuda" and chain and dense_graph is not None and chain_fits(nbytes):
-        weights = [dense_a] + [dense_a.clone() for _ in range(chain_copies(nbytes) - 1)]
+    if backend == "cuda" and chain and dense_graph is not None and chain_fits(dense_a.nbytes):
+        weights = [dense_a] + [dense_a.clone() for _ in range(chain_copies(dense_a.nbytes) - 1)]
         dense_chain = time_cuda_chain([lambda w=w: torch.matmul(w, B, out=out_dense) for w in weights],
                                       repeats=repeats, warmup=min(warmup, 3))
         del weights
