@@ -183,7 +183,9 @@ PRESETS = {
     # correctness on odd shapes (M, K not multiples of the tiles, empty rows), every N class
     "check": dict(cases=[("37x130", 37, 130, "random", 0.5), ("100x300", 100, 300, "magnitude", 0.7),
                          ("64x64", 64, 64, "nm24", 0.5), ("260x1000", 260, 1000, "random", 0.9),
-                         ("16x4096", 16, 4096, "dense", 0.0), ("1x70", 1, 70, "random", 0.3)],
+                         ("16x4096", 16, 4096, "dense", 0.0), ("1x70", 1, 70, "random", 0.3),
+                         # 2:4 past one warpgroup's 64 rows and one B ring's chunks (tc_sp24's wgmma kernel)
+                         ("100x300", 100, 300, "nm24", 0.5), ("200x4160", 200, 4160, "nm24", 0.5)],
                   ns=[1, 3, 8, 9, 16, 17, 33, 64, 65, 129], time=False),
     "core": dict(cases=[(s, *SHAPES[s], style, sp_) for s in ("11008x4096", "4096x4096")
                         for style, sp_ in (("dense", 0.0), ("magnitude", 0.5), ("nm24", 0.5), ("magnitude", 0.7),

@@ -29,6 +29,7 @@ SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
+WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
 REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
@@ -47,6 +48,22 @@ CTA_SMEM_RESERVED = 1024      # the driver's per-CTA shared memory
 AUTO_B_RING_SLOTS = 4
 AUTO_B_RING_ABOVE = 64 * 1024
 WIDE_BLOCKS = 64              # n blocks of 64 columns prepare compiles for (N up to 4096)
+# tc_sp24's warpgroup kernel (tc_sp24wg: wgmma.mma_async.sp, sm_90a): MMA "auto" takes it on a
+# compute-capability 9.0 GPU from N = AUTO_WGMMA_FROM_N columns, where the mma.sync loop runs out of
+# warps (session 26's ncu: latency-bound at N >= 32). It prefetches both operands WPIPE - 1 chunks
+# ahead, so its B ring needs WPIPE + 1 slots at least; A goes through WPIPE shared-memory slots of
+# WG_A_SLOT bytes per warp; its B region starts on a 1024-byte boundary (the 128-byte swizzle).
+WGMMA_ARCH = "sm_90a"
+WGMMA_CC = (9, 0)
+AUTO_WGMMA_FROM_N = 32
+WG_ALIGN_PAD = 1024
+WG_A_SLOT = 1152
+# MINB 0 on the wgmma kernel caps registers so that a CTA of WARPS warps leaves room for this many
+# warps per SM (24: 85 registers at NT <= 8; 16: 128 at NT = 16). Measured on the H200: uncapped, the
+# NT = 8 kernel took 86 registers after an unrelated change, two CTAs per SM instead of three, and
+# 11008x4096 2:4 at N = 64 went from 23.0 to 30.8 us on the same grid.
+WG_WARPS_PER_SM = {8: 24, 16: 16}
+MMA_CHOICES = ("auto", "sync", "wgmma")
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
@@ -66,15 +83,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return "float16" if dtype == torch.float16 else "bfloat16"
 
 
-def b_ring_for(kind: str, nt: int, value="auto", chunks_per_cta: int = 0) -> int:
+def b_ring_for(kind: str, nt: int, value="auto", chunks_per_cta: int = 0, mma: str = "sync", pipe: int = 0) -> int:
     """Chunk slots of B's shared-memory ring (0: the CTA's whole K slice staged up front), for
     tc_dense / tc_sp24 (the other kinds have their own staging). "auto": a ring only where the whole
-    slice of `chunks_per_cta` chunks at `nt` n8 tiles would exceed AUTO_B_RING_ABOVE bytes."""
+    slice of `chunks_per_cta` chunks at `nt` n8 tiles would exceed AUTO_B_RING_ABOVE bytes. The
+    wgmma kernel's ring has `pipe` + 1 slots at least (a smaller ring is raised to that)."""
     if kind not in REGISTER_KINDS:
         return 0
+    floor = pipe + 1 if mma == "wgmma" else 2
     if value == "auto":
         whole = chunks_per_cta * CHUNK_K * b_row_bytes(nt)
-        return AUTO_B_RING_SLOTS if whole > AUTO_B_RING_ABOVE else 0
+        return max(AUTO_B_RING_SLOTS, floor) if whole > AUTO_B_RING_ABOVE else 0
     try:
         depth = int(value)
     except (TypeError, ValueError):
@@ -82,15 +101,46 @@ def b_ring_for(kind: str, nt: int, value="auto", chunks_per_cta: int = 0) -> int
     if depth < 0 or depth == 1:
         raise ValueError(f"BRING must be 'auto', 0 (stage the whole K slice) or a ring of >= 2 chunk slots, "
                          f"got {value!r}.")
-    return depth
+    return max(depth, floor) if depth else 0
 
 
-def n_tiles_for(n: int) -> int:
-    """n8 tiles per launch: the smallest of 1, 2, 4, 8 covering N (wider N loops in grid.z)."""
-    for nt in NT_CHOICES:
+def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
+    """Which tc_sp24 kernel runs N = n columns: "wgmma" (tc_sp24wg, sm_90a) or "sync" (mma.sync).
+
+    MMA "auto" picks wgmma on a compute-capability 9.0 device from AUTO_WGMMA_FROM_N columns; an
+    explicit "wgmma" is planned anywhere (so CPU planning can show it) but compile_kernels refuses it
+    on another GPU. Only sp24 has a wgmma kernel; every other kind is "sync"."""
+    choice = params.get("MMA", "auto")
+    if choice not in MMA_CHOICES:
+        raise ValueError(f"MMA must be one of {MMA_CHOICES}, got {choice!r}.")
+    if kind != "sp24" or choice == "sync":
+        return "sync"
+    if choice == "wgmma":
+        return "wgmma"
+    return "wgmma" if cc is not None and tuple(cc) == WGMMA_CC and n >= AUTO_WGMMA_FROM_N else "sync"
+
+
+def wg_minb(params: dict, nt: int, warps: int) -> int:
+    """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share."""
+    explicit = int(params.get("MINB", 0))
+    if explicit:
+        return explicit
+    return max(1, WG_WARPS_PER_SM[8 if nt <= 8 else 16] // warps)
+
+
+def regs_key(nt: int, mma: str):
+    """Key of regs_by_nt for a kernel family: the n8-tile count (mma.sync) or (nt, "wgmma")."""
+    return nt if mma == "sync" else (nt, mma)
+
+
+def n_tiles_for(n: int, mma: str = "sync") -> int:
+    """n8 tiles per launch block: the smallest of 1, 2, 4, 8 (and 16 for the wgmma kernel) covering
+    N; wider N loops over blocks in grid.z, each reading A again."""
+    choices = WG_NT_CHOICES if mma == "wgmma" else NT_CHOICES
+    for nt in choices:
         if n <= 8 * nt:
             return nt
-    return NT_CHOICES[-1]
+    return choices[-1]
 
 
 def b_row_bytes(nt: int) -> int:
@@ -104,11 +154,16 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
 
 
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
-               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0) -> int:
+               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync") -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
-    tc_lanemask). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row chunks of B instead
-    of the CTA's whole K slice."""
-    total = (min(b_ring, chunks_per_cta) if b_ring else chunks_per_cta) * CHUNK_K * b_row_bytes(nt)
+    tc_lanemask, tc_sp24wg). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row chunks of
+    B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes (WG_ALIGN_PAD),
+    keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp."""
+    if mma == "wgmma":
+        slots = b_ring or chunks_per_cta
+        total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * WG_A_SLOT
+    else:
+        total = (min(b_ring, chunks_per_cta) if b_ring else chunks_per_cta) * CHUNK_K * b_row_bytes(nt)
     if split > 1:
         partials = warps * rows_per_warp * TILE_M * nt * 8 * 4
         # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
@@ -162,26 +217,30 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
 
 
 def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int,
-                  regs_by_nt: dict | None = None) -> dict:
+                  regs_by_nt: dict | None = None, cc: tuple | None = None) -> dict:
     """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU.
 
-    `regs_by_nt` (registers per thread of the compiled kernel for each n8-tile count, when known)
-    lets the auto split count resident CTAs instead of assuming CTAS_PER_SM_TARGET of them."""
+    `regs_by_nt` (registers per thread of the compiled kernels, keyed by `regs_key`, when known)
+    lets the auto split count resident CTAs instead of assuming CTAS_PER_SM_TARGET of them; `cc`
+    (the device's compute capability) decides whether tc_sp24 may take its wgmma kernel."""
     warps = int(params["WARPS"])
-    rows = 1 if kind in ("bitmap", "lanemask") else int(params.get("R", 1))
+    mma = mma_for(kind, params, n, cc)
+    if mma == "wgmma" and warps % 4:
+        raise ValueError(f"The wgmma kernel runs whole warpgroups: WARPS must be a multiple of 4, got {warps}.")
+    rows = 1 if kind in ("bitmap", "lanemask") or mma == "wgmma" else int(params.get("R", 1))
     ring_kb = int(params.get("RING_KB", 0))
-    pipe = int(params.get("PIPE", 0))
+    pipe = int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
     slot_bytes = int(params.get("SLOT_BYTES", 0))
     gx = -(-tiles // (warps * rows))
     split = params.get("SPLIT", "auto")
     candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
-    nt = n_tiles_for(n)
+    nt = n_tiles_for(n, mma)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)
-            bring = b_ring_for(kind, nt, params.get("BRING", 0), cpc)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring)
+            bring = b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
@@ -192,12 +251,13 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
     if split == "auto":
-        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(nt))
+        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(regs_key(nt, mma)))
     else:
         s, cpc, smem, bring = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": int(params.get("MINB", 0)), "slot_bytes": slot_bytes}
+            "bring": bring, "minb": wg_minb(params, nt, warps) if mma == "wgmma" else int(params.get("MINB", 0)),
+            "slot_bytes": slot_bytes, "mma": mma}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -205,12 +265,15 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
+    if geom.get("mma") == "wgmma":
+        return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['bring']}, "
+                f"{geom.get('minb', 0)}>")
     return (f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
             f"{geom.get('bring', 0)}, {geom.get('minb', 0)}>")
 
 
 def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int,
-                         regs_by_nt: dict | None = None) -> list:
+                         regs_by_nt: dict | None = None, cc: tuple | None = None) -> list:
     """Every geometry spmm can launch for this matrix, for any N (so prepare compiles them all).
 
     N picks the n8-tile count, and past 8 * NT_CHOICES[-1] columns the number of n blocks (grid.z),
@@ -224,21 +287,25 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
 
     def add(n: int) -> dict | None:
         try:
-            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt)
+            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt, cc)
         except ValueError:
             return None   # that N class does not fit these params; spmm raises the clear error if asked
-        seen.setdefault((geom["nt"], geom["split"], geom["smem"]), geom)
+        seen.setdefault((geom["nt"], geom["split"], geom["smem"], geom["mma"]), geom)
         return geom
 
     for nt in NT_CHOICES:
         add(8 * nt)
+    for n in (AUTO_WGMMA_FROM_N - 1, AUTO_WGMMA_FROM_N):   # MMA "auto" switches kernels there, maybe inside one
+        add(n)                                            # n8-tile count
     wide = add(8 * NT_CHOICES[-1] + 1)
+    if wide is not None and wide["nt"] > NT_CHOICES[-1]:   # the wgmma kernel's 128-column blocks
+        wide = add(8 * wide["nt"] + 1) or wide
     if wide is not None:
         gx = wide["grid"][0]
         last = WIDE_BLOCKS if regs_by_nt else -(-CTAS_PER_SM_TARGET * sm_count // gx) + 1
         for gz in range(1, last + 1):
             add(8 * wide["nt"] * gz)
-    return sorted(seen.values(), key=lambda g: (g["nt"], g["split"]))
+    return sorted(seen.values(), key=lambda g: (g["nt"], g["split"], g["mma"]))
 
 
 def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
@@ -277,8 +344,17 @@ def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0) -> 
 _COMPILED: dict[tuple[str, str, int], object] = {}
 
 
+def kernel_arch(name: str) -> str | None:
+    """The NVRTC target a kernel needs beyond the device's own (wgmma: sm_90a), or None."""
+    return WGMMA_ARCH if name.startswith("tc_sp24wg<") else None
+
+
 def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
-    """NVRTC-compile the named instantiations on `device` (once per process); {name: CuPy function}."""
+    """NVRTC-compile the named instantiations on `device` (once per process); {name: CuPy function}.
+
+    Kernels that need sm_90a (kernel_arch) compile in a module of their own with -arch=sm_90a (CuPy
+    appends the device's plain -arch after it; NVRTC 13.0 keeps the arch-specific target), and only
+    on a compute-capability 9.0 device: elsewhere that is a clear error, not a launch failure."""
     if cp is None:
         raise RuntimeError("The tensor-core templates need CuPy (pip install cupy-cuda13x) and a CUDA GPU.")
     if cuda_src.startswith(_PLACEHOLDER):
@@ -287,10 +363,20 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
     index = device.index if device.index is not None else 0
     digest = hashlib.sha256(cuda_src.encode()).hexdigest()
     missing = sorted({name for name in names if (digest, name, index) not in _COMPILED})
-    if missing:
+    groups: dict = {}
+    for name in missing:
+        groups.setdefault(kernel_arch(name), []).append(name)
+    for arch, group in groups.items():
+        options = ("-std=c++17",)
+        if arch is not None:
+            cc = torch.cuda.get_device_capability(index)
+            if tuple(cc) != WGMMA_CC:
+                raise ValueError(f"{group[0]} needs an {arch} GPU (compute capability 9.0), this device is "
+                                 f"{cc[0]}.{cc[1]}: use MMA='sync'.")
+            options += (f"-arch={arch}",)
         with cp.cuda.Device(index):
-            module = cp.RawModule(code=cuda_src, options=("-std=c++17",), name_expressions=missing)
-            for name in missing:
+            module = cp.RawModule(code=cuda_src, options=options, name_expressions=group)
+            for name in group:
                 _COMPILED[(digest, name, index)] = module.get_function(name)
     return {name: _COMPILED[(digest, name, index)] for name in names}
 
@@ -304,9 +390,10 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
     `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob."""
     sms = runtime.sm_count(device)
+    cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
     lparams = launch_params(params, ring_floor_kb, slot_bytes)
-    geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms)
+    geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc)
     names = [kernel_name(kind, bf16, g) for g in geoms]
     kernels, regs_by_nt = {}, {}
     if device.type == "cuda":
@@ -314,14 +401,16 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
         # compile the register-blind plan's kernels, read their registers per n8-tile count, plan
         # again with them and compile what that adds.
         kernels = compile_kernels(cuda_src, names, device)
-        regs_by_nt = {g["nt"]: kernel_registers(kernels[kernel_name(kind, bf16, g)]) for g in geoms}
-        regs_by_nt = {nt: r for nt, r in regs_by_nt.items() if r}
-        more = [kernel_name(kind, bf16, g) for g in reachable_geometries(kind, tiles, nchunks, lparams, sms, regs_by_nt)]
+        regs_by_nt = {regs_key(g["nt"], g["mma"]): kernel_registers(kernels[kernel_name(kind, bf16, g)]) for g in geoms}
+        regs_by_nt = {key: r for key, r in regs_by_nt.items() if r}
+        more = [kernel_name(kind, bf16, g)
+                for g in reachable_geometries(kind, tiles, nchunks, lparams, sms, regs_by_nt, cc)]
         kernels.update(compile_kernels(cuda_src, [x for x in more if x not in kernels], device))
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "sm_count": sms, "kernels": kernels,
+            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "sm_count": sms, "cc": cc,
+            "kernels": kernels,
             "regs_by_nt": regs_by_nt,
             "cuda_src": cuda_src, "scratch": {}}
 
@@ -363,7 +452,7 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
     geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"],
-                         packed.get("regs_by_nt") or None)
+                         packed.get("regs_by_nt") or None, packed.get("cc"))
     name = kernel_name(kind, packed["bf16"], geom)
     fn = packed["kernels"].get(name)
     if fn is None:   # params changed after prepare (a sweep): compile on first use, outside packed

@@ -132,6 +132,100 @@ def test_b_ring_holds_chunks_not_the_k_slice():
         tc_launch.b_ring_for("dense", 4, 1)
 
 
+WG_PARAMS = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
+             "WPIPE": 3}
+H200_CC = (9, 0)
+
+
+def test_mma_auto_takes_the_wgmma_kernel_only_on_sm90_and_wide_n():
+    """MMA "auto": tc_sp24wg (sm_90a) from AUTO_WGMMA_FROM_N columns on a compute-capability 9.0 GPU,
+    mma.sync below that, on other GPUs and on the CPU; "sync" never, "wgmma" always (planning on the
+    CPU can show it); tc_dense has no wgmma kernel."""
+    wide, narrow = tc_launch.AUTO_WGMMA_FROM_N, tc_launch.AUTO_WGMMA_FROM_N - 1
+    assert tc_launch.mma_for("sp24", WG_PARAMS, wide, H200_CC) == "wgmma"
+    assert tc_launch.mma_for("sp24", WG_PARAMS, narrow, H200_CC) == "sync"
+    assert tc_launch.mma_for("sp24", WG_PARAMS, 128, (8, 0)) == "sync"
+    assert tc_launch.mma_for("sp24", WG_PARAMS, 128, (10, 0)) == "sync"
+    assert tc_launch.mma_for("sp24", WG_PARAMS, 128, None) == "sync"
+    assert tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "sync"}, 128, H200_CC) == "sync"
+    assert tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "wgmma"}, 1, None) == "wgmma"
+    assert tc_launch.mma_for("dense", {**WG_PARAMS, "MMA": "wgmma"}, 64, H200_CC) == "sync"
+    with pytest.raises(ValueError, match="MMA"):
+        tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "hgmma"}, 64, H200_CC)
+    g = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, WG_PARAMS, 132, None, H200_CC)
+    assert tc_launch.kernel_name("sp24", 0, g).startswith("tc_sp24wg<0, 8, 8, ")
+    assert tc_launch.kernel_arch(tc_launch.kernel_name("sp24", 0, g)) == tc_launch.WGMMA_ARCH
+    assert tc_launch.kernel_arch("tc_sp24<0, 8, 1, 8, 4, 2, 4, 0>") is None
+    with pytest.raises(ValueError, match="multiple of 4"):
+        tc_launch.plan_geometry("sp24", 100, 10, 64, {**WG_PARAMS, "WARPS": 6}, 132, None, H200_CC)
+
+
+@pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (4096, 4096), (300, 1000), (16, 64)])
+def test_wgmma_geometry_counts_its_shared_memory_and_ring(m, k):
+    """The wgmma kernel's CTA holds whole warpgroups of 64 rows; its shared memory is B (all BR ring
+    slots, or the whole slice) on a 1024-byte boundary plus WPIPE A slots per warp, and its ring
+    keeps WPIPE + 1 slots at least (it refills WPIPE - 1 chunks ahead). N up to 128 is one block of
+    16 n8 tiles, so A is read once for 128 columns; wider N loops over 128-column blocks."""
+    tiles, nchunks = -(-m // 16), -(-k // 64)
+    for pipe in (2, 3, 4, 6):
+        params = {**WG_PARAMS, "WPIPE": pipe}
+        for n in (32, 33, 64, 65, 128, 129, 300):
+            g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, None, H200_CC)
+            assert g["mma"] == "wgmma" and g["rows"] == 1 and g["pipe"] == pipe
+            assert g["nt"] == (4 if n <= 32 else 8 if n <= 64 else 16)
+            gx, split, gz = g["grid"]
+            assert gx * params["WARPS"] >= tiles and split * g["chunks_per_cta"] >= nchunks
+            assert gz * 8 * g["nt"] >= n and (gz - 1) * 8 * g["nt"] < n
+            assert g["bring"] == 0 or g["bring"] >= pipe + 1
+            b = (g["bring"] or g["chunks_per_cta"]) * 64 * 16 * g["nt"]
+            body = b + tc_launch.WG_ALIGN_PAD + params["WARPS"] * pipe * tc_launch.WG_A_SLOT
+            partials = params["WARPS"] * 16 * g["nt"] * 8 * 4 if split > 1 else 0
+            assert g["smem"] == max(body, partials) <= tc_launch.SMEM_LIMIT
+            assert g["minb"] == (3 if g["nt"] <= 8 else 2)       # 24 / 16 warps per SM at WARPS = 8
+    assert tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "BRING": 2}, 132, None,
+                                   H200_CC)["bring"] in (0, 4)   # a ring below WPIPE + 1 is raised
+    assert tc_launch.wg_minb({**WG_PARAMS, "MINB": 2}, 8, 8) == 2 and tc_launch.wg_minb(WG_PARAMS, 8, 16) == 1
+
+
+@pytest.mark.parametrize("sms", [132, 114])
+def test_prepare_compiles_every_wgmma_kernel_any_n_can_launch(sms):
+    """MMA "auto" switches kernels at AUTO_WGMMA_FROM_N inside one n8-tile count: the reachable set
+    must hold both kernels of that count, and every wgmma block width."""
+    tiles, nchunks = 11008 // 16, 4096 // 64
+    reachable = {tc_launch.kernel_name("sp24", 0, g)
+                 for g in tc_launch.reachable_geometries("sp24", tiles, nchunks, WG_PARAMS, sms, None, H200_CC)}
+    for n in range(1, 700):
+        g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, WG_PARAMS, sms, None, H200_CC)
+        assert tc_launch.kernel_name("sp24", 0, g) in reachable, (n, g["grid"])
+    assert any(r.startswith("tc_sp24wg<") for r in reachable) and any(r.startswith("tc_sp24<") for r in reachable)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
+    """ptxas serializes a wgmma pipeline (warnings C7515 / C7518) when non-wgmma instructions write
+    its accumulators mid-pipeline or a wgmma sits in divergent control flow; both happened while
+    writing tc_sp24wg. Every block width must assemble for sm_90a clean, without spills, under the
+    register cap MINB sets (3 CTAs of 8 warps at NT <= 8: 85 registers; 2 at NT = 16: 128)."""
+    tail = "const u16*, const u32*, const u16*, u16*, int, int, int, int, long long, long long, int, int, int"
+    kernels = [(0, 1, 8, 2, 3, 4, 3), (1, 2, 8, 4, 3, 0, 3), (0, 4, 8, 8, 3, 4, 3), (0, 8, 8, 4, 3, 4, 3),
+               (1, 8, 16, 1, 6, 0, 1), (0, 16, 8, 2, 3, 4, 2), (1, 16, 4, 8, 2, 3, 4)]
+    src = tmp_path / "wg.cu"
+    src.write_text(CU_FILE.read_text() + "".join(
+        f"template __global__ void tc_sp24wg<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
+    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
+                           str(src), "-o", str(tmp_path / "wg.cubin")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "C7515" not in proc.stderr and "C7518" not in proc.stderr, proc.stderr[-3000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S)
+    assert len(entries) == len(kernels)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+    assert spills and max(spills) == 0
+    for name, regs in entries:
+        bf16, nt, warps, split, pipe, bring, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
+        assert (bf16, nt, warps, split, pipe, bring, minb) in kernels
+        assert int(regs) <= 65536 // (warps * 32 * minb), (name, regs)
+
+
 @pytest.mark.parametrize("kind,params", [
     ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
@@ -276,6 +370,24 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
         pytest.skip("needs a CUDA GPU")
     A = _pruned(*shape, style)
     result = run_and_verify(get_template(name).instantiate({}), A, n_values=(1, 3, 16, 17, 64, 129),
+                            dtype=dtype, backend="cuda", timeout=600)
+    assert result.ok, result.message
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("params", [{"MMA": "wgmma"}, {"MMA": "wgmma", "WARPS": 4, "WPIPE": 2, "SPLIT": 8},
+                                    {"MMA": "wgmma", "WARPS": 16, "WPIPE": 6, "BRING": 4}])
+def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
+    """tc_sp24's sm_90a kernel through the sandboxed verifier at every block width (N = 1 .. 129: n8
+    tiles 1 .. 16, two 128-column blocks), rows past the last warpgroup and a K that is not a
+    multiple of the chunk. Skips on GPUs other than compute capability 9.0."""
+    from sparseditto.harness.verify import run_and_verify
+
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 GPU")
+    A = _pruned(200, 4160, "2:4")
+    result = run_and_verify(get_template("tc_sp24").instantiate(params), A, n_values=(1, 9, 33, 64, 65, 128, 129),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
 

@@ -15,8 +15,10 @@ META = {
     "format": "tc_sp24",
     "description": "2:4 values + hardware metadata on mma.sp.m16n8k32, split-K over a CTA cluster",
     "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
-               "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4]},
-    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0},
+               "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4],
+               "MMA": ["auto", "sync", "wgmma"], "WPIPE": [2, 3, 4, 6]},
+    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
+                 "WPIPE": 3},
     # H200 (session 25, llm_layers --cases nm24 --n 8 16, chained): PIPE=4 needs 87 registers at
     # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
     # cuBLAS. PIPE=2 keeps more warps resident instead of more chunks in flight per warp: 17.9 us
@@ -25,6 +27,9 @@ META = {
     # (4096x11008 N = 64: 68.6 -> 44.4 us); MINB 0, because an explicit launch-bounds minimum of 1
     # raised registers (80 -> 94 at N = 64, 12% slower); R=2 shares B fragments but its 128-149
     # registers cost more than the halved ldmatrix reads save (docs/kernels.md, "Session 26").
+    # Session 27: MMA "auto" runs N >= 32 on an sm_90 GPU through tc_sp24wg (wgmma.mma_async.sp,
+    # B read by the tensor cores from shared memory for 64 rows at once; WPIPE chunks of A in
+    # registers per warp), the same packed format; "sync" keeps the mma.sync kernel everywhere.
     "grid": [{}, {"PIPE": 3}, {"PIPE": 4}, {"SPLIT": 8}],
     "patterns": ["nm"],
     "cuda_source": "tc_stream.cu",

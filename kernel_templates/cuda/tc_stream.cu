@@ -590,6 +590,372 @@ tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __re
                                                                tiles, bvec);
 }
 
+// ---- tc_sp24 on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a only) -----------------------
+// The same packed 2:4 stream as tc_sp24 (values in fragment order, mma.sp metadata words): the
+// A fragment and metadata of wgmma.sp.m64nNk32 are, per warp of the warpgroup, those of
+// mma.sp.m16n8k32 for the warp's 16 rows, so each warp loads its tile exactly as tc_sp24 does.
+// What changes is B: the tensor cores read it from shared memory through a matrix descriptor, for
+// the warpgroup's 64 rows at once, instead of every warp pulling fragments with ldmatrix per 16
+// rows. The staged B slice (rows permuted per chunk as for mma.sp, NT 16-byte units XOR-swizzled
+// per BStride) is byte for byte the MN-major canonical layout with the 128/64/32-byte swizzle for
+// NT = 8/4/2 and the interleaved one for NT = 1, provided it starts at a 1024-byte boundary.
+// Accumulators stay in the asynchronous pipe between chunks: a warpgroup issues a chunk's two
+// wgmma, commits them, and waits only for the previous chunk's group before reusing that chunk's
+// A registers, so loads, MMAs and the next chunk's issue overlap.
+// Compiled only for sm_90a (NVRTC -arch=sm_90a); any other target gets a body that traps, so the
+// file still compiles for sm_90 / sm_80 and the host never launches it there.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SD_HAVE_WGMMA 1
+#else
+#define SD_HAVE_WGMMA 0
+#endif
+
+#define SD_WG_ALIGN 1024      // the 128-byte swizzle repeats every 1024 bytes
+
+// The wgmma kernel's B chunk (64 rows, 8 NT columns) in shared memory. For NT <= 8 it is the
+// BStride layout (rows of NT 16-byte units XOR-swizzled), which is byte for byte the MN-major
+// canonical layout with the 128/64/32-byte swizzle for NT = 8/4/2 and the interleaved one for NT = 1,
+// once it starts at a 1024-byte boundary. NT = 16 (N up to 128 in one launch block, so A is read
+// once for 128 columns) is two such NT = 8 blocks of 64 columns, 8 KiB apart: the descriptor's
+// leading byte offset steps from one to the other.
+template <int NT>
+struct WgB {
+    static constexpr int SUB = NT > 8 ? NT / 8 : 1;          // 64-column blocks
+    static constexpr int UNITS = NT > 8 ? 8 : NT;            // 16-byte units per row of a block
+    static constexpr int ROW = 16 * UNITS;                   // bytes per row of a block
+    static constexpr int BLOCK = SD_CHUNK * ROW;             // bytes per 64-column block of a chunk
+    static constexpr int CHUNK = SUB * BLOCK;                // bytes per chunk
+    static constexpr int STEP = 32 * ROW;                    // the second k32 step of a chunk
+    static __device__ __forceinline__ int offset(int prow, int j) {
+        const int h = j / UNITS, u = j - h * UNITS;
+        return h * BLOCK + prow * ROW + 16 * BStride<UNITS>::unit(prow, u);
+    }
+    // Shared-memory matrix descriptor of one k32 step (32 rows) of a chunk at `addr`.
+    static __device__ __forceinline__ u64 desc(u32 addr) {
+        constexpr u64 row16 = UNITS;                          // a row in 16-byte units
+        constexpr u64 mode = UNITS == 8 ? 1 : UNITS == 4 ? 2 : UNITS == 2 ? 3 : 0;   // 128B/64B/32B/none
+        // swizzled: SBO = 8 rows, LBO = the next 64-column block; interleaved (NT = 1): LBO = 8 rows
+        constexpr u64 lbo = UNITS == 1 ? 8 * row16 : (SUB > 1 ? BLOCK / 16 : 1);
+        constexpr u64 sbo = 8 * row16;
+        return (u64)((addr & 0x3FFFFu) >> 4) | (lbo << 16) | (sbo << 32) | (mode << 62);
+    }
+};
+
+// This thread's share of staging one chunk of B, worked out once (the kernel stages a chunk per
+// iteration): which pieces it copies and where they go in a slot. Staging piece by piece from
+// scratch (stage_b_chunk, the mma.sync ring's) redoes the row permutation, the swizzle and the 64-bit
+// address arithmetic for every piece of every chunk: ~45 instructions a piece, most of the issue
+// slots at N = 64 (H200 ncu, session 27: 230 warp instructions per 16-row tile and chunk, 149 with
+// this). With THREADS a multiple of NT a thread's pieces share their columns, so it keeps one
+// column, one first row and a slot offset per piece.
+template <int NT, int THREADS>
+struct WgBPieces {
+    static_assert(THREADS % NT == 0, "a thread's pieces share one column");
+    static constexpr int P = (SD_CHUNK * NT + THREADS - 1) / THREADS;
+    static constexpr int ROWS_PER = THREADS / NT;            // rows between a thread's pieces
+    int dst[P];        // byte offset in a slot, -1 past the chunk's rows
+    int kl0, n;        // first row within the chunk, first column
+    bool vec;          // 16-byte cp.async (B rows aligned, the piece inside N)
+    __device__ __forceinline__ WgBPieces(int n0, int N, int bvec) {
+        const int j = threadIdx.x % NT;
+        kl0 = threadIdx.x / NT;
+        n = n0 + 8 * j;
+        vec = bvec && n + 8 <= N;
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            const int r = kl0 + q * ROWS_PER;
+            dst[q] = r < SD_CHUNK ? WgB<NT>::offset(phys_row_sp(r), j) : -1;
+        }
+    }
+    __device__ __forceinline__ void stage(unsigned char* slot, const u16* __restrict__ B, int k0, int K, int N,
+                                          long long ldb) const {
+        const u32 slot_addr = smem_addr(slot);
+#pragma unroll
+        for (int q = 0; q < P; ++q) {
+            if (dst[q] < 0) continue;
+            const int k = k0 + kl0 + q * ROWS_PER;
+            const u16* src = B + (long long)min(k, K - 1) * ldb + n;
+            if (vec) cp_async16(slot_addr + dst[q], src, k < K ? 16u : 0u);
+            else *reinterpret_cast<uint4*>(slot + dst[q]) = b_piece_gather(src, k, K, n, N);
+        }
+    }
+};
+
+__device__ __forceinline__ void wg_fence() {
+#if SD_HAVE_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wg_commit() {
+#if SD_HAVE_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+
+template <int PENDING>
+__device__ __forceinline__ void wg_wait() {
+#if SD_HAVE_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(PENDING) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// d[4j + i] += sparse A (64 x 32, four registers per thread + metadata e) x B (32 x 8NT): the
+// accumulator order is the mma.sync m16n8 one per n8 tile j (rows g / g+8 of the warp's 16).
+#define SD_WG_OPS4(a, o) "+f"(a[o][0]), "+f"(a[o][1]), "+f"(a[o][2]), "+f"(a[o][3])
+#define SD_WG_SP(TY, N, DREGS, ...)                                                                    \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" SD_SC ", 0;\n\t"                                            \
+                 "wgmma.mma_async.sp.sync.aligned.m64n" #N "k32.f32." TY "." TY " " DREGS ", "        \
+                 "{%" SD_A0 ", %" SD_A1 ", %" SD_A2 ", %" SD_A3 "}, %" SD_DESC ", %" SD_E ", 0, p, 1, 1, 1; }" \
+                 : __VA_ARGS__ : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(e), "r"(scale))
+
+template <int BF16, int NT>
+__device__ __forceinline__ void wgmma_sp(float (&d)[NT][4], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc, u32 e, u32 scale) {
+#if SD_HAVE_WGMMA
+    if constexpr (NT == 1) {
+#define SD_A0 "4"
+#define SD_A1 "5"
+#define SD_A2 "6"
+#define SD_A3 "7"
+#define SD_DESC "8"
+#define SD_E "9"
+#define SD_SC "10"
+        if (BF16) SD_WG_SP("bf16", 8, "{%0, %1, %2, %3}", SD_WG_OPS4(d, 0));
+        else SD_WG_SP("f16", 8, "{%0, %1, %2, %3}", SD_WG_OPS4(d, 0));
+#undef SD_A0
+#undef SD_A1
+#undef SD_A2
+#undef SD_A3
+#undef SD_DESC
+#undef SD_E
+#undef SD_SC
+    } else if constexpr (NT == 2) {
+#define SD_A0 "8"
+#define SD_A1 "9"
+#define SD_A2 "10"
+#define SD_A3 "11"
+#define SD_DESC "12"
+#define SD_E "13"
+#define SD_SC "14"
+#define SD_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+        if (BF16) SD_WG_SP("bf16", 16, SD_D8, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1));
+        else SD_WG_SP("f16", 16, SD_D8, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1));
+#undef SD_D8
+#undef SD_A0
+#undef SD_A1
+#undef SD_A2
+#undef SD_A3
+#undef SD_DESC
+#undef SD_E
+#undef SD_SC
+    } else if constexpr (NT == 4) {
+#define SD_A0 "16"
+#define SD_A1 "17"
+#define SD_A2 "18"
+#define SD_A3 "19"
+#define SD_DESC "20"
+#define SD_E "21"
+#define SD_SC "22"
+#define SD_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+        if (BF16) SD_WG_SP("bf16", 32, SD_D16, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3));
+        else SD_WG_SP("f16", 32, SD_D16, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3));
+#undef SD_D16
+#undef SD_A0
+#undef SD_A1
+#undef SD_A2
+#undef SD_A3
+#undef SD_DESC
+#undef SD_E
+#undef SD_SC
+    } else if constexpr (NT == 16) {
+#define SD_A0 "64"
+#define SD_A1 "65"
+#define SD_A2 "66"
+#define SD_A3 "67"
+#define SD_DESC "68"
+#define SD_E "69"
+#define SD_SC "70"
+#define SD_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define SD_OPS64(d) SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3), SD_WG_OPS4(d, 4), \
+    SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7), SD_WG_OPS4(d, 8), SD_WG_OPS4(d, 9), SD_WG_OPS4(d, 10), \
+    SD_WG_OPS4(d, 11), SD_WG_OPS4(d, 12), SD_WG_OPS4(d, 13), SD_WG_OPS4(d, 14), SD_WG_OPS4(d, 15)
+        if (BF16) SD_WG_SP("bf16", 128, SD_D64, SD_OPS64(d));
+        else SD_WG_SP("f16", 128, SD_D64, SD_OPS64(d));
+#undef SD_OPS64
+#undef SD_D64
+#undef SD_A0
+#undef SD_A1
+#undef SD_A2
+#undef SD_A3
+#undef SD_DESC
+#undef SD_E
+#undef SD_SC
+    } else {
+        static_assert(NT == 8, "wgmma_sp: NT must be 1, 2, 4, 8 or 16");
+#define SD_A0 "32"
+#define SD_A1 "33"
+#define SD_A2 "34"
+#define SD_A3 "35"
+#define SD_DESC "36"
+#define SD_E "37"
+#define SD_SC "38"
+#define SD_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+        if (BF16) SD_WG_SP("bf16", 64, SD_D32, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3),
+                           SD_WG_OPS4(d, 4), SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7));
+        else SD_WG_SP("f16", 64, SD_D32, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3),
+                      SD_WG_OPS4(d, 4), SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7));
+#undef SD_D32
+#undef SD_A0
+#undef SD_A1
+#undef SD_A2
+#undef SD_A3
+#undef SD_DESC
+#undef SD_E
+#undef SD_SC
+    }
+#endif
+}
+#undef SD_WG_SP
+#undef SD_WG_OPS4
+
+// A warp whose 16-row tile lies past M inside an active warpgroup still takes part in every wgmma:
+// zero values under valid metadata (positions 0 and 1 in every group, as prepare pads empty groups).
+__device__ __forceinline__ void sp_zero(u32 (&x)[10]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = 0u;
+    x[8] = x[9] = 0x44444444u;
+}
+
+// A tile's chunk through shared memory: wgmma.fence waits for every register write the warp still
+// has in flight, so loading the A fragments from global memory straight into registers (as
+// tc_sp24 does) made each chunk wait for the loads of all later chunks (H200, session 27: 0.64x
+// cuBLAS at N = 64, below the mma.sync kernel). Instead each lane copies its own 16-byte pieces and
+// metadata words with cp.async into a per-warp slot, and reads them back with three shared loads
+// just before the wgmma (no cross-lane exchange, so no warp barrier).
+#define SD_WG_SLOT 1152       // per warp and chunk: 1024 bytes of values, 128 bytes of metadata
+
+__device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void sp_copy_async(u32 slot, const u16* __restrict__ V, const u32* __restrict__ meta,
+                                              int nchunks, int tile, int c, int lane) {
+    const long long blk = (long long)tile * nchunks + c;
+    const u16* p = V + blk * 512 + 8 * lane;
+    cp_async16(slot + 16 * lane, p, 16u);
+    cp_async16(slot + 512 + 16 * lane, p + 256, 16u);
+    const int g = lane >> 2, t = lane & 3;
+    if (t < 2) cp_async8(slot + 1024 + 8 * (2 * g + t), meta + (blk * 16 + 2 * g + t) * 2);
+}
+
+// x in tc_sp24's register order (sp_load): every lane reads back only what it copied itself (lanes
+// t = 2, 3 carry no metadata: the sparsity selector 0 takes it from t = 0, 1).
+__device__ __forceinline__ void sp_lds(u32 slot, int lane, u32 (&x)[10]) {
+    const int g = lane >> 2, t = lane & 3;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(slot + 16 * lane));
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x[4]), "=r"(x[5]), "=r"(x[6]), "=r"(x[7])
+                 : "r"(slot + 512 + 16 * lane));
+    if (t < 2)
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x[8]), "=r"(x[9]) : "r"(slot + 1024 + 8 * (2 * g + t)));
+}
+
+// Warpgroup w of CTA (x, y, z) owns rows (x * WARPS / 4 + w) * 64 .. + 63, K slice y, n block z.
+// One prefetch distance D = PIPE - 1 for both operands: iteration i commits one cp.async group
+// holding A chunk i + D (every warp, into its slot (i + D) % PIPE) and, with a B ring, B chunk
+// i + D (slot (i + D) % BR, BR >= D + 2: the slot's previous chunk, i + D - BR <= i - 2, is done in
+// every warpgroup, each having waited for chunk i - 2's wgmma before the barrier of chunk i).
+// MINB (as tc_sp24's): CTAs per SM the compiler must leave registers for, 0 for no cap. Measured on
+// the H200 (session 27): at NT = 8 the kernel took 80 or 86 registers depending on small code
+// changes, and 86 leaves two 256-thread CTAs per SM instead of three (11008x4096 2:4, N = 64: 23.0
+// vs 30.8 us for the same grid).
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32, MINB)
+tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __restrict__ B, u16* __restrict__ C,
+          int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
+    static_assert(WARPS % 4 == 0, "a CTA holds whole warpgroups");
+    static_assert(PIPE >= 2, "one chunk in flight at least");
+    static_assert(BR == 0 || BR >= PIPE + 1, "the B ring must hold the prefetch distance plus two chunks");
+#if SD_HAVE_WGMMA
+    constexpr int D = PIPE - 1;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
+    const bool own_tile = tile < tiles;
+    const int nc = c1 - c0;   // the same for every warp of the CTA
+    constexpr int SLOT_BYTES = WgB<NT>::CHUNK;
+    constexpr u32 STEP_BYTES = WgB<NT>::STEP;
+    unsigned char* bsm = smem + ((SD_WG_ALIGN - (smem_addr(smem) & (SD_WG_ALIGN - 1))) & (SD_WG_ALIGN - 1));
+    const int b_bytes = (BR ? BR : chunks_per_cta) * SLOT_BYTES;
+    const u32 bs = smem_addr(bsm);
+    const u32 aslots = bs + (u32)b_bytes + (u32)(ww.warp * PIPE * SD_WG_SLOT);
+    const WgBPieces<NT, WARPS * 32> bp(n0, N, bvec);
+    if (BR == 0) {
+        for (int i = 0; i < nc; ++i) bp.stage(bsm + i * SLOT_BYTES, B, (c0 + i) * SD_CHUNK, K, N, ldb);
+        cp_async_commit();   // rides in the first chunk's wait; the barrier below publishes it
+    }
+#pragma unroll
+    for (int i = 0; i < D; ++i) {   // chunks 0 .. D-1: one commit group each
+        if (i < nc) {
+            if (own_tile) sp_copy_async(aslots + i * SD_WG_SLOT, V, meta, nchunks, tile, c0 + i, lane);
+            if (BR > 0) bp.stage(bsm + i * SLOT_BYTES, B, (c0 + i) * SD_CHUNK, K, N, ldb);
+        }
+        cp_async_commit();
+    }
+    // No zero-initialised accumulators: the first wgmma of the slice overwrites them (scale-d = 0),
+    // and every wgmma sits in CTA-uniform control flow; either otherwise makes ptxas serialize the
+    // wgmma pipeline (warnings C7515 / C7518 with nvcc 13.0).
+    float acc[1][NT][4];
+    u32 x[2][10];
+    sp_zero(x[0]);
+    sp_zero(x[1]);
+    for (int c = c0; c < c1; c += 2 * PIPE) {
+#pragma unroll
+        for (int p = 0; p < 2 * PIPE; ++p) {
+            if (c + p >= c1) continue;
+            const int i = c + p - c0;
+            cp_async_wait<D - 1>();                         // chunk i's group has landed (this thread's part)
+            if (BR > 0 || i == 0) {
+                fence_proxy_async();                        // B written by this thread, for the tensor cores
+                __syncthreads();                            // ... and by every thread
+            }
+            if (own_tile) sp_lds(aslots + (p % PIPE) * SD_WG_SLOT, lane, x[p & 1]);
+            const u32 slot = bs + (u32)((BR > 0 ? i % (BR > 0 ? BR : 1) : i) * SLOT_BYTES);
+            wg_fence();
+            wgmma_sp<BF16, NT>(acc[0], x[p & 1][0], x[p & 1][4], x[p & 1][1], x[p & 1][5], WgB<NT>::desc(slot),
+                               x[p & 1][8], i > 0);
+            wgmma_sp<BF16, NT>(acc[0], x[p & 1][2], x[p & 1][6], x[p & 1][3], x[p & 1][7],
+                               WgB<NT>::desc(slot + STEP_BYTES), x[p & 1][9], 1u);
+            wg_commit();
+            wg_wait<1>();                                   // chunk i-1's group: its registers and B slot are free
+            if (i + D < nc) {
+                if (own_tile) sp_copy_async(aslots + ((p + D) % PIPE) * SD_WG_SLOT, V, meta, nchunks, tile, c + p + D, lane);
+                if (BR > 0) bp.stage(bsm + ((i + D) % (BR > 0 ? BR : 1)) * SLOT_BYTES, B, (c + p + D) * SD_CHUNK, K, N, ldb);
+            }
+            cp_async_commit();
+        }
+    }
+    wg_wait<0>();
+    cp_async_wait<0>();
+    if (nc <= 0) {   // an empty K slice (uniform across the CTA): its partials are zeros
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    }
+    if (SPLIT > 1) __syncthreads();   // the partials go over B's shared memory
+    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
+#else
+    __trap();
+#endif
+}
+
 // ---- tc_bitmap ------------------------------------------------------------------------------
 // Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]
 // (in 16-byte units): a 176-byte chunk header, then the values of its 4 steps, then padding. A
@@ -885,6 +1251,10 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
 SD_DENSE(0, 2, 2, 8, 4, 2, 0) SD_DENSE(1, 1, 1, 8, 1, 4, 3) SD_DENSE(0, 8, 1, 4, 8, 3, 0)
 SD_SP(0, 2, 2, 8, 4, 2, 2) SD_SP(1, 1, 1, 8, 1, 4, 0) SD_SP(0, 8, 1, 4, 8, 3, 4) SD_SP(0, 8, 2, 8, 8, 2, 4)
 SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
+#define SD_WG(BF, NT, W, S, P, BR) template __global__ void tc_sp24wg<BF, NT, W, S, P, BR, 0>( \
+    const u16*, const u32*, const u16*, u16*, SD_TAIL);
+SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
+template __global__ void tc_sp24wg<0, 8, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
