@@ -120,12 +120,13 @@ def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
     return "wgmma" if cc is not None and tuple(cc) == WGMMA_CC and n >= AUTO_WGMMA_FROM_N else "sync"
 
 
-def wg_minb(params: dict, nt: int, warps: int) -> int:
-    """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share."""
+def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
+    """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share (the
+    16-warp budget wherever a warp holds 64 accumulators: NT = 16, or NT = 8 with two row tiles)."""
     explicit = int(params.get("MINB", 0))
     if explicit:
         return explicit
-    return max(1, WG_WARPS_PER_SM[8 if nt <= 8 else 16] // warps)
+    return max(1, WG_WARPS_PER_SM[8 if nt * rows <= 8 else 16] // warps)
 
 
 def regs_key(nt: int, mma: str):
@@ -161,7 +162,7 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp."""
     if mma == "wgmma":
         slots = b_ring or chunks_per_cta
-        total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * WG_A_SLOT
+        total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * rows_per_warp * WG_A_SLOT
     else:
         total = (min(b_ring, chunks_per_cta) if b_ring else chunks_per_cta) * CHUNK_K * b_row_bytes(nt)
     if split > 1:
@@ -227,7 +228,9 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     mma = mma_for(kind, params, n, cc)
     if mma == "wgmma" and warps % 4:
         raise ValueError(f"The wgmma kernel runs whole warpgroups: WARPS must be a multiple of 4, got {warps}.")
-    rows = 1 if kind in ("bitmap", "lanemask") or mma == "wgmma" else int(params.get("R", 1))
+    rows = 1 if kind in ("bitmap", "lanemask") else int(params.get("R", 1))
+    if mma == "wgmma" and rows > 2:
+        raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
     pipe = int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
     slot_bytes = int(params.get("SLOT_BYTES", 0))
@@ -256,7 +259,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         s, cpc, smem, bring = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": wg_minb(params, nt, warps) if mma == "wgmma" else int(params.get("MINB", 0)),
+            "bring": bring, "minb": wg_minb(params, nt, warps, rows) if mma == "wgmma" else int(params.get("MINB", 0)),
             "slot_bytes": slot_bytes, "mma": mma}
 
 
@@ -266,8 +269,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("mma") == "wgmma":
-        return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['bring']}, "
-                f"{geom.get('minb', 0)}>")
+        return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
+                f"{geom['bring']}, {geom.get('minb', 0)}>")
     return (f"tc_{kind}<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
             f"{geom.get('bring', 0)}, {geom.get('minb', 0)}>")
 

@@ -153,7 +153,7 @@ def test_mma_auto_takes_the_wgmma_kernel_only_on_sm90_and_wide_n():
     with pytest.raises(ValueError, match="MMA"):
         tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "hgmma"}, 64, H200_CC)
     g = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, WG_PARAMS, 132, None, H200_CC)
-    assert tc_launch.kernel_name("sp24", 0, g).startswith("tc_sp24wg<0, 8, 8, ")
+    assert tc_launch.kernel_name("sp24", 0, g).startswith("tc_sp24wg<0, 8, 1, 8, ")
     assert tc_launch.kernel_arch(tc_launch.kernel_name("sp24", 0, g)) == tc_launch.WGMMA_ARCH
     assert tc_launch.kernel_arch("tc_sp24<0, 8, 1, 8, 4, 2, 4, 0>") is None
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -185,6 +185,12 @@ def test_wgmma_geometry_counts_its_shared_memory_and_ring(m, k):
     assert tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "BRING": 2}, 132, None,
                                    H200_CC)["bring"] in (0, 4)   # a ring below WPIPE + 1 is raised
     assert tc_launch.wg_minb({**WG_PARAMS, "MINB": 2}, 8, 8) == 2 and tc_launch.wg_minb(WG_PARAMS, 8, 16) == 1
+    assert tc_launch.wg_minb(WG_PARAMS, 8, 8, rows=2) == 2              # two tiles: 64 accumulators
+    two = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "R": 2}, 132, None, H200_CC)
+    assert two["rows"] == 2 and two["grid"][0] * 8 * 2 >= tiles
+    assert two["smem"] >= (two["bring"] or two["chunks_per_cta"]) * 64 * 128 + 8 * 3 * 2 * tc_launch.WG_A_SLOT
+    with pytest.raises(ValueError, match="row tiles"):
+        tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "R": 4}, 132, None, H200_CC)
 
 
 @pytest.mark.parametrize("sms", [132, 114])
@@ -207,8 +213,8 @@ def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     writing tc_sp24wg. Every block width must assemble for sm_90a clean, without spills, under the
     register cap MINB sets (3 CTAs of 8 warps at NT <= 8: 85 registers; 2 at NT = 16: 128)."""
     tail = "const u16*, const u32*, const u16*, u16*, int, int, int, int, long long, long long, int, int, int"
-    kernels = [(0, 1, 8, 2, 3, 4, 3), (1, 2, 8, 4, 3, 0, 3), (0, 4, 8, 8, 3, 4, 3), (0, 8, 8, 4, 3, 4, 3),
-               (1, 8, 16, 1, 6, 0, 1), (0, 16, 8, 2, 3, 4, 2), (1, 16, 4, 8, 2, 3, 4)]
+    kernels = [(0, 1, 1, 8, 2, 3, 4, 3), (1, 2, 1, 8, 4, 3, 0, 3), (0, 4, 1, 8, 8, 3, 4, 3), (0, 8, 1, 8, 4, 3, 4, 3),
+               (1, 8, 1, 16, 1, 6, 0, 1), (0, 16, 1, 8, 2, 3, 4, 2), (1, 16, 1, 4, 8, 2, 3, 4), (0, 4, 2, 8, 4, 3, 4, 2)]
     src = tmp_path / "wg.cu"
     src.write_text(CU_FILE.read_text() + "".join(
         f"template __global__ void tc_sp24wg<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
@@ -221,8 +227,8 @@ def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0
     for name, regs in entries:
-        bf16, nt, warps, split, pipe, bring, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
-        assert (bf16, nt, warps, split, pipe, bring, minb) in kernels
+        bf16, nt, r, warps, split, pipe, bring, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
+        assert (bf16, nt, r, warps, split, pipe, bring, minb) in kernels
         assert int(regs) <= 65536 // (warps * 32 * minb), (name, regs)
 
 

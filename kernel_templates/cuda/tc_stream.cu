@@ -868,7 +868,10 @@ __device__ __forceinline__ void sp_lds(u32 slot, int lane, u32 (&x)[10]) {
         asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x[8]), "=r"(x[9]) : "r"(slot + 1024 + 8 * (2 * g + t)));
 }
 
-// Warpgroup w of CTA (x, y, z) owns rows (x * WARPS / 4 + w) * 64 .. + 63, K slice y, n block z.
+// Warpgroup w of CTA (x, y, z) owns R row blocks of 64 (its warp j: tiles tile0 + (4w + j) R + rt,
+// rt < R; a wgmma takes one tile per warp, so row block rt is the warps' tiles rt), K slice y, n
+// block z. R = 2 reads each staged B chunk once for 128 rows per warpgroup: half the shared-memory
+// staging and L2 traffic of B per A byte, for twice the accumulators.
 // One prefetch distance D = PIPE - 1 for both operands: iteration i commits one cp.async group
 // holding A chunk i + D (every warp, into its slot (i + D) % PIPE) and, with a B ring, B chunk
 // i + D (slot (i + D) % BR, BR >= D + 2: the slot's previous chunk, i + D - BR <= i - 2, is done in
@@ -877,27 +880,34 @@ __device__ __forceinline__ void sp_lds(u32 slot, int lane, u32 (&x)[10]) {
 // the H200 (session 27): at NT = 8 the kernel took 80 or 86 registers depending on small code
 // changes, and 86 leaves two 256-thread CTAs per SM instead of three (11008x4096 2:4, N = 64: 23.0
 // vs 30.8 us for the same grid).
-template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32, MINB)
 tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __restrict__ B, u16* __restrict__ C,
           int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles, int bvec) {
     static_assert(WARPS % 4 == 0, "a CTA holds whole warpgroups");
+    static_assert(R == 1 || R == 2, "one or two row tiles per warp");
     static_assert(PIPE >= 2, "one chunk in flight at least");
     static_assert(BR == 0 || BR >= PIPE + 1, "the B ring must hold the prefetch distance plus two chunks");
 #if SD_HAVE_WGMMA
     constexpr int D = PIPE - 1;
+    constexpr int ASLOT = R * SD_WG_SLOT;                 // a warp's A stage: R tiles of one chunk
     extern __shared__ __align__(16) unsigned char smem[];
-    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
-    const bool own_tile = tile < tiles;
     const int nc = c1 - c0;   // the same for every warp of the CTA
     constexpr int SLOT_BYTES = WgB<NT>::CHUNK;
     constexpr u32 STEP_BYTES = WgB<NT>::STEP;
     unsigned char* bsm = smem + ((SD_WG_ALIGN - (smem_addr(smem) & (SD_WG_ALIGN - 1))) & (SD_WG_ALIGN - 1));
     const int b_bytes = (BR ? BR : chunks_per_cta) * SLOT_BYTES;
     const u32 bs = smem_addr(bsm);
-    const u32 aslots = bs + (u32)b_bytes + (u32)(ww.warp * PIPE * SD_WG_SLOT);
+    const u32 aslots = bs + (u32)b_bytes + (u32)(ww.warp * PIPE * ASLOT);
     const WgBPieces<NT, WARPS * 32> bp(n0, N, bvec);
+    // this warp's tiles of chunk c (those past M stay zeros in registers and are never copied)
+    auto copy_a = [&](u32 stage, int c) {
+#pragma unroll
+        for (int rt = 0; rt < R; ++rt)
+            if (tile + rt < tiles) sp_copy_async(stage + rt * SD_WG_SLOT, V, meta, nchunks, tile + rt, c, lane);
+    };
     if (BR == 0) {
         for (int i = 0; i < nc; ++i) bp.stage(bsm + i * SLOT_BYTES, B, (c0 + i) * SD_CHUNK, K, N, ldb);
         cp_async_commit();   // rides in the first chunk's wait; the barrier below publishes it
@@ -905,7 +915,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 #pragma unroll
     for (int i = 0; i < D; ++i) {   // chunks 0 .. D-1: one commit group each
         if (i < nc) {
-            if (own_tile) sp_copy_async(aslots + i * SD_WG_SLOT, V, meta, nchunks, tile, c0 + i, lane);
+            copy_a(aslots + i * ASLOT, c0 + i);
             if (BR > 0) bp.stage(bsm + i * SLOT_BYTES, B, (c0 + i) * SD_CHUNK, K, N, ldb);
         }
         cp_async_commit();
@@ -913,10 +923,13 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
     // No zero-initialised accumulators: the first wgmma of the slice overwrites them (scale-d = 0),
     // and every wgmma sits in CTA-uniform control flow; either otherwise makes ptxas serialize the
     // wgmma pipeline (warnings C7515 / C7518 with nvcc 13.0).
-    float acc[1][NT][4];
-    u32 x[2][10];
-    sp_zero(x[0]);
-    sp_zero(x[1]);
+    float acc[R][NT][4];
+    u32 x[2][R][10];
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt) {
+        sp_zero(x[0][rt]);
+        sp_zero(x[1][rt]);
+    }
     for (int c = c0; c < c1; c += 2 * PIPE) {
 #pragma unroll
         for (int p = 0; p < 2 * PIPE; ++p) {
@@ -927,17 +940,21 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
                 fence_proxy_async();                        // B written by this thread, for the tensor cores
                 __syncthreads();                            // ... and by every thread
             }
-            if (own_tile) sp_lds(aslots + (p % PIPE) * SD_WG_SLOT, lane, x[p & 1]);
+#pragma unroll
+            for (int rt = 0; rt < R; ++rt)
+                if (tile + rt < tiles) sp_lds(aslots + (p % PIPE) * ASLOT + rt * SD_WG_SLOT, lane, x[p & 1][rt]);
             const u32 slot = bs + (u32)((BR > 0 ? i % (BR > 0 ? BR : 1) : i) * SLOT_BYTES);
             wg_fence();
-            wgmma_sp<BF16, NT>(acc[0], x[p & 1][0], x[p & 1][4], x[p & 1][1], x[p & 1][5], WgB<NT>::desc(slot),
-                               x[p & 1][8], i > 0);
-            wgmma_sp<BF16, NT>(acc[0], x[p & 1][2], x[p & 1][6], x[p & 1][3], x[p & 1][7],
-                               WgB<NT>::desc(slot + STEP_BYTES), x[p & 1][9], 1u);
+#pragma unroll
+            for (int rt = 0; rt < R; ++rt) {                // one B descriptor feeds every row block
+                const u32 (&xa)[10] = x[p & 1][rt];
+                wgmma_sp<BF16, NT>(acc[rt], xa[0], xa[4], xa[1], xa[5], WgB<NT>::desc(slot), xa[8], i > 0);
+                wgmma_sp<BF16, NT>(acc[rt], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(slot + STEP_BYTES), xa[9], 1u);
+            }
             wg_commit();
             wg_wait<1>();                                   // chunk i-1's group: its registers and B slot are free
             if (i + D < nc) {
-                if (own_tile) sp_copy_async(aslots + ((p + D) % PIPE) * SD_WG_SLOT, V, meta, nchunks, tile, c + p + D, lane);
+                copy_a(aslots + ((p + D) % PIPE) * ASLOT, c + p + D);
                 if (BR > 0) bp.stage(bsm + ((i + D) % (BR > 0 ? BR : 1)) * SLOT_BYTES, B, (c + p + D) * SD_CHUNK, K, N, ldb);
             }
             cp_async_commit();
@@ -947,10 +964,12 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
     cp_async_wait<0>();
     if (nc <= 0) {   // an empty K slice (uniform across the CTA): its partials are zeros
 #pragma unroll
-        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
     }
     if (SPLIT > 1) __syncthreads();   // the partials go over B's shared memory
-    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
+    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
 #else
     __trap();
 #endif
@@ -1251,10 +1270,11 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
 SD_DENSE(0, 2, 2, 8, 4, 2, 0) SD_DENSE(1, 1, 1, 8, 1, 4, 3) SD_DENSE(0, 8, 1, 4, 8, 3, 0)
 SD_SP(0, 2, 2, 8, 4, 2, 2) SD_SP(1, 1, 1, 8, 1, 4, 0) SD_SP(0, 8, 1, 4, 8, 3, 4) SD_SP(0, 8, 2, 8, 8, 2, 4)
 SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
-#define SD_WG(BF, NT, W, S, P, BR) template __global__ void tc_sp24wg<BF, NT, W, S, P, BR, 0>( \
+#define SD_WG(BF, NT, W, S, P, BR) template __global__ void tc_sp24wg<BF, NT, 1, W, S, P, BR, 0>( \
     const u16*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
-template __global__ void tc_sp24wg<0, 8, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
+template __global__ void tc_sp24wg<0, 8, 1, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL);
+template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 2>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
