@@ -342,9 +342,25 @@ H200_BANDWIDTH_GBS = 4130.0      # the read bandwidth the H200-measured decode f
 TC_TILE_STEP_S = 0.10e-9
 
 
-def tc_stream_floor_s(m: int, k: int, n: int, target: Any) -> float:
-    """tc_dense / tc_sp24's measured wide-N floor: tiles x chunks x n8 tiles x TC_TILE_STEP_S."""
-    return h200_scaled(-(-m // 16) * -(-k // 64) * -(-max(1, n) // 8) * TC_TILE_STEP_S, target)
+def tc_stream_floor_s(m: int, k: int, n: int, target: Any, step_s: float = TC_TILE_STEP_S) -> float:
+    """tc_dense / tc_sp24's measured wide-N floor: tiles x chunks x n8 tiles x `step_s`."""
+    return h200_scaled(-(-m // 16) * -(-k // 64) * -(-max(1, n) // 8) * step_s, target)
+
+
+# tc_sp24's sm_90a warpgroup kernel (tc_launch.mma_for: MMA auto from WG_FROM_N columns on a
+# compute-capability 9.0 GPU), measured on the H200 (session 27, chained, 2:4): 22.9 us on 11008x4096
+# and 28.2 us on 4096x11008 at N = 64 (0.065-0.080 ns per tile x chunk x n8 tile), 38.1 us on
+# 11008x4096 at N = 128 (0.054 ns); it runs N up to 128 as one block, reading A once.
+TC_WG_TILE_STEP_S = 0.065e-9
+TC_WG_N_BLOCK = 128
+TC_WG_FROM_N = 32
+TC_WG_CC = (9, 0)
+
+
+def tc_sp24_uses_wgmma(n: int, target: Any) -> bool:
+    """Whether tc_sp24 runs N = n on `target` through its warpgroup kernel (MMA auto)."""
+    cc = getattr(target, "compute_capability", None)
+    return cc is not None and tuple(cc) == TC_WG_CC and int(n) >= TC_WG_FROM_N
 
 
 def h200_scaled(seconds: float, target: Any) -> float:

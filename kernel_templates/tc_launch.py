@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from sparseditto.kernel_templates import runtime
+from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
     import cupy as cp
@@ -54,8 +55,8 @@ WIDE_BLOCKS = 64              # n blocks of 64 columns prepare compiles for (N u
 # ahead, so its B ring needs WPIPE + 1 slots at least; A goes through WPIPE shared-memory slots of
 # WG_A_SLOT bytes per warp; its B region starts on a 1024-byte boundary (the 128-byte swizzle).
 WGMMA_ARCH = "sm_90a"
-WGMMA_CC = (9, 0)
-AUTO_WGMMA_FROM_N = 32
+WGMMA_CC = TC_WG_CC               # the planner's estimate (cost.tc_sp24_uses_wgmma) reads the same two
+AUTO_WGMMA_FROM_N = TC_WG_FROM_N
 WG_ALIGN_PAD = 1024
 WG_A_SLOT = 1152
 # MINB 0 on the wgmma kernel caps registers so that a CTA of WARPS warps leaves room for this many

@@ -2,7 +2,8 @@
 values, as 2:4, 1:2 and 1:4 pruning guarantee); the sparse tensor cores decode it for free."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, tc_bytes, tc_flops, tc_n_blocks, tc_stream_floor_s
+from sparseditto.kernel_templates.cost import (TC_WG_N_BLOCK, TC_WG_TILE_STEP_S, VALUE_BYTES, CostTerms, tc_bytes,
+                                               tc_flops, tc_n_blocks, tc_sp24_uses_wgmma, tc_stream_floor_s)
 
 # Measured on the H200 (benchmarks/llm_layers.py --preset decode, fp16, chained, cold L2, session 25,
 # docs/kernels.md): 8.6-9.8 us on 4096x4096 and 17.2-17.8 us on 11008x4096 at N = 1-16 (74-85% of a
@@ -14,6 +15,9 @@ from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, tc_bytes, 
 # x n8 tile now sits inside the measured range (0.088-0.145 ns over the three shapes at N = 64-128:
 # 11008x4096 N = 64 35.2 us estimated vs 34.3 chained, 4096x4096 13.1 vs 19.0); left as it is, since
 # either end still ranks tc_sp24 behind cuBLAS there (~25 us on 11008x4096).
+# Session 27: on compute capability 9.0 (H100/H200) N >= 32 runs the sm_90a wgmma kernel (cost.py's
+# TC_WG_* floor): N = 64 1.06-1.11x cuBLAS on 11008x4096 / 4096x11008, 0.68x on 4096x4096; N = 128
+# 0.48-0.71x; the estimate now ranks it ahead of dense at N = 64 on the large shapes.
 
 APPLICABILITY = "every group of 4 consecutive columns of every row keeps at most 2 values (exact 2:4); fp16/bf16"
 COST_MODEL = ("bytes = Mp*Kp/2*vb + tiles*chunks*128 + B + C; "
@@ -32,7 +36,13 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    return CostTerms(a_bytes=tc_n_blocks(n) * tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
+    a_bytes = tc_bytes("tc_sp24", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype])
+    if params.get("MMA", "auto") != "sync" and tc_sp24_uses_wgmma(n, target):
+        return CostTerms(a_bytes=-(-n // TC_WG_N_BLOCK) * a_bytes, flops=tc_flops(stats.m, stats.k, n) / 2.0,
+                         unit="sparse_tensor",
+                         decode_s=tc_stream_floor_s(stats.m, stats.k, n, target, TC_WG_TILE_STEP_S),
+                         notes=["2:4 values + metadata on wgmma.mma_async.sp (sm_90a), N up to 128 per block"])
+    return CostTerms(a_bytes=tc_n_blocks(n) * a_bytes,
                      flops=tc_flops(stats.m, stats.k, n) / 2.0,
                      unit="sparse_tensor", decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
                      notes=["2:4 values + mma.sp metadata, no decode instructions"])
