@@ -421,20 +421,29 @@ def test_lanemask_slot_holds_the_largest_blob_and_the_last_quads_overread(tmp_pa
 
 def test_wide_n_estimates_follow_the_measured_stream_floor():
     """The planner's view of tc_sp24 / tc_dense at wide N: the byte roofline at N <= 16 (where they
-    measured 1.47-2.28x / ~1.0x cuBLAS on the H200) and the measured per-tile floor from N = 32 up
-    (tc_sp24 0.67x cuBLAS at N = 64, docs/kernels.md session 25), so dense ranks ahead there; N past
-    64 re-reads A once per block of 64 columns."""
-    from sparseditto.kernel_templates.cost import tc_stream_floor_s
+    measured 1.47-2.28x / ~1.0x cuBLAS on the H200) and a measured per-tile floor from N = 32 up. On
+    an sm_90 target tc_sp24 runs the wgmma kernel there (session 27: 22.9 us on 11008x4096 at N = 64,
+    A read once per 128 columns); elsewhere, or with MMA="sync", the mma.sync kernel's floor (0.67x
+    cuBLAS at N = 64, session 25), which re-reads A per 64 columns and ranks behind dense."""
+    from sparseditto.kernel_templates.cost import TC_WG_TILE_STEP_S, tc_stream_floor_s
     from sparseditto.targets import get_target
 
     nm = {"shape": (11008, 4096), "nnz": 11008 * 2048, "row_stats": {"mean": 2048.0, "max": 2048, "cv": 0.0},
           "empty_rows": 0, "empty_cols": 0, "nm_conformance": {"2:4": {"row": 1.0}}, "blocks": [],
           "best_block_shape": None}
-    h200 = get_target("H200")
+    h200, a100 = get_target("H200"), get_target("A100")
     sp24, dense = get_template("tc_sp24"), get_template("dense")
-    at = {n: sp24.cost(nm, n, "float16", h200) for n in (16, 64, 65, 128)}
+    at = {n: sp24.cost(nm, n, "float16", h200) for n in (16, 64, 65, 128, 129)}
     assert at[16].bound == "memory"
-    assert at[64].bound == "decode" and at[64].seconds > dense.cost(nm, 64, "float16", h200).seconds
-    assert at[64].seconds >= tc_stream_floor_s(11008, 4096, 64, h200) > 30e-6      # measured 38.0 us
-    assert at[65].a_bytes == pytest.approx(2 * at[64].a_bytes) and at[128].a_bytes == at[65].a_bytes
+    assert at[64].bound == "decode" and "wgmma" in at[64].notes
+    floor = tc_stream_floor_s(11008, 4096, 64, h200, TC_WG_TILE_STEP_S)
+    assert floor <= at[64].seconds < floor + 5e-6                              # plus the launch overhead
+    assert 20e-6 < at[64].seconds < 26e-6                                      # measured 22.9 us
+    assert at[128].a_bytes == at[65].a_bytes == at[64].a_bytes and at[129].a_bytes == pytest.approx(2 * at[64].a_bytes)
+    sync = {n: sp24.cost(nm, n, "float16", h200, {"MMA": "sync"}) for n in (64, 65)}
+    old = {n: sp24.cost(nm, n, "float16", a100) for n in (64, 65)}
+    for est, tgt in ((sync, h200), (old, a100)):
+        assert est[64].bound == "decode" and est[64].seconds > dense.cost(nm, 64, "float16", tgt).seconds
+        assert est[64].seconds >= tc_stream_floor_s(11008, 4096, 64, tgt) > 30e-6
+        assert est[65].a_bytes == pytest.approx(2 * est[64].a_bytes)
     assert get_template("tc_dense").cost(nm, 16, "float16", h200).bound == "memory"
