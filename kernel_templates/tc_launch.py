@@ -122,12 +122,15 @@ def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
 
 
 def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
-    """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share (the
-    16-warp budget wherever a warp holds 64 accumulators: NT = 16, or NT = 8 with two row tiles)."""
+    """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share for one
+    row tile per warp. Two row tiles (R = 2) get no cap: at NT = 8 they need ~145 registers, and under
+    128 ptxas serialises the wgmma pipeline for lack of registers (warning C7512, nvcc 13.0)."""
     explicit = int(params.get("MINB", 0))
     if explicit:
         return explicit
-    return max(1, WG_WARPS_PER_SM[8 if nt * rows <= 8 else 16] // warps)
+    if rows > 1:
+        return 1
+    return max(1, WG_WARPS_PER_SM[8 if nt <= 8 else 16] // warps)
 
 
 def regs_key(nt: int, mma: str):

@@ -185,7 +185,7 @@ def test_wgmma_geometry_counts_its_shared_memory_and_ring(m, k):
     assert tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "BRING": 2}, 132, None,
                                    H200_CC)["bring"] in (0, 4)   # a ring below WPIPE + 1 is raised
     assert tc_launch.wg_minb({**WG_PARAMS, "MINB": 2}, 8, 8) == 2 and tc_launch.wg_minb(WG_PARAMS, 8, 16) == 1
-    assert tc_launch.wg_minb(WG_PARAMS, 8, 8, rows=2) == 2              # two tiles: 64 accumulators
+    assert tc_launch.wg_minb(WG_PARAMS, 8, 8, rows=2) == 1              # two tiles: no cap (C7512 below 145)
     two = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "R": 2}, 132, None, H200_CC)
     assert two["rows"] == 2 and two["grid"][0] * 8 * 2 >= tiles
     assert two["smem"] >= (two["bring"] or two["chunks_per_cta"]) * 64 * 128 + 8 * 3 * 2 * tc_launch.WG_A_SLOT
@@ -210,18 +210,19 @@ def test_prepare_compiles_every_wgmma_kernel_any_n_can_launch(sms):
 def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     """ptxas serializes a wgmma pipeline (warnings C7515 / C7518) when non-wgmma instructions write
     its accumulators mid-pipeline or a wgmma sits in divergent control flow; both happened while
-    writing tc_sp24wg. Every block width must assemble for sm_90a clean, without spills, under the
-    register cap MINB sets (3 CTAs of 8 warps at NT <= 8: 85 registers; 2 at NT = 16: 128)."""
+    writing tc_sp24wg, and a register cap too tight for two row tiles (C7512). Every block width must
+    assemble for sm_90a clean, without spills, under the cap MINB sets (3 CTAs of 8 warps at NT <= 8:
+    85 registers; 2 at NT = 16: 128)."""
     tail = "const u16*, const u32*, const u16*, u16*, int, int, int, int, long long, long long, int, int, int"
     kernels = [(0, 1, 1, 8, 2, 3, 4, 3), (1, 2, 1, 8, 4, 3, 0, 3), (0, 4, 1, 8, 8, 3, 4, 3), (0, 8, 1, 8, 4, 3, 4, 3),
-               (1, 8, 1, 16, 1, 6, 0, 1), (0, 16, 1, 8, 2, 3, 4, 2), (1, 16, 1, 4, 8, 2, 3, 4), (0, 4, 2, 8, 4, 3, 4, 2)]
+               (1, 8, 1, 16, 1, 6, 0, 1), (0, 16, 1, 8, 2, 3, 4, 2), (1, 16, 1, 4, 8, 2, 3, 4), (0, 4, 2, 8, 4, 3, 4, 2), (1, 8, 2, 8, 4, 3, 4, 1)]
     src = tmp_path / "wg.cu"
     src.write_text(CU_FILE.read_text() + "".join(
         f"template __global__ void tc_sp24wg<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
     proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
                            str(src), "-o", str(tmp_path / "wg.cubin")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "C7515" not in proc.stderr and "C7518" not in proc.stderr, proc.stderr[-3000:]
+    assert not re.search(r"C751[0-9]", proc.stderr), proc.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S)
     assert len(entries) == len(kernels)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]

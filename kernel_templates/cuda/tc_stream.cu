@@ -704,126 +704,62 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// d[4j + i] += sparse A (64 x 32, four registers per thread + metadata e) x B (32 x 8NT): the
-// accumulator order is the mma.sync m16n8 one per n8 tile j (rows g / g+8 of the warp's 16).
 #define SD_WG_OPS4(a, o) "+f"(a[o][0]), "+f"(a[o][1]), "+f"(a[o][2]), "+f"(a[o][3])
-#define SD_WG_SP(TY, N, DREGS, ...)                                                                    \
-    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" SD_SC ", 0;\n\t"                                            \
-                 "wgmma.mma_async.sp.sync.aligned.m64n" #N "k32.f32." TY "." TY " " DREGS ", "        \
-                 "{%" SD_A0 ", %" SD_A1 ", %" SD_A2 ", %" SD_A3 "}, %" SD_DESC ", %" SD_E ", 0, p, 1, 1, 1; }" \
+// The asm operands: 4 NT accumulators first (outputs), then a0..a3, the descriptor, the metadata
+// and scale-d, whose operand numbers the caller spells out (PTX inline asm has no named operands).
+#define SD_WG_SP(TY, N, DREGS, A0, A1, A2, A3, DESC, E, SC, ...)                                     \
+    asm volatile("{ .reg .pred p; setp.ne.b32 p, %" #SC ", 0;\n\t"                                  \
+                 "wgmma.mma_async.sp.sync.aligned.m64n" #N "k32.f32." TY "." TY " " DREGS ", "      \
+                 "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #DESC ", %" #E ", 0, p, 1, 1, 1; }"  \
                  : __VA_ARGS__ : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(e), "r"(scale))
+#define SD_WG_D4 "{%0, %1, %2, %3}"
+#define SD_WG_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+#define SD_WG_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define SD_WG_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define SD_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+                  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define SD_WG_OPS8(d, o) SD_WG_OPS4(d, o), SD_WG_OPS4(d, o + 1)
+#define SD_WG_OPS16(d, o) SD_WG_OPS8(d, o), SD_WG_OPS8(d, o + 2)
+#define SD_WG_OPS32(d, o) SD_WG_OPS16(d, o), SD_WG_OPS16(d, o + 4)
+#define SD_WG_OPS64(d) SD_WG_OPS32(d, 0), SD_WG_OPS32(d, 8)
 
+// d[j][i] += sparse A (64 x 32: four registers per thread, metadata e) x B (32 x 8NT, descriptor
+// desc); scale = 0 overwrites d instead. The accumulator order is mma.sync's m16n8 one per n8 tile j.
 template <int BF16, int NT>
 __device__ __forceinline__ void wgmma_sp(float (&d)[NT][4], u32 a0, u32 a1, u32 a2, u32 a3, u64 desc, u32 e, u32 scale) {
 #if SD_HAVE_WGMMA
+    static_assert(NT == 1 || NT == 2 || NT == 4 || NT == 8 || NT == 16, "wgmma_sp: NT must be 1, 2, 4, 8 or 16");
     if constexpr (NT == 1) {
-#define SD_A0 "4"
-#define SD_A1 "5"
-#define SD_A2 "6"
-#define SD_A3 "7"
-#define SD_DESC "8"
-#define SD_E "9"
-#define SD_SC "10"
-        if (BF16) SD_WG_SP("bf16", 8, "{%0, %1, %2, %3}", SD_WG_OPS4(d, 0));
-        else SD_WG_SP("f16", 8, "{%0, %1, %2, %3}", SD_WG_OPS4(d, 0));
-#undef SD_A0
-#undef SD_A1
-#undef SD_A2
-#undef SD_A3
-#undef SD_DESC
-#undef SD_E
-#undef SD_SC
+        if (BF16) SD_WG_SP("bf16", 8, SD_WG_D4, 4, 5, 6, 7, 8, 9, 10, SD_WG_OPS4(d, 0));
+        else SD_WG_SP("f16", 8, SD_WG_D4, 4, 5, 6, 7, 8, 9, 10, SD_WG_OPS4(d, 0));
     } else if constexpr (NT == 2) {
-#define SD_A0 "8"
-#define SD_A1 "9"
-#define SD_A2 "10"
-#define SD_A3 "11"
-#define SD_DESC "12"
-#define SD_E "13"
-#define SD_SC "14"
-#define SD_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
-        if (BF16) SD_WG_SP("bf16", 16, SD_D8, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1));
-        else SD_WG_SP("f16", 16, SD_D8, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1));
-#undef SD_D8
-#undef SD_A0
-#undef SD_A1
-#undef SD_A2
-#undef SD_A3
-#undef SD_DESC
-#undef SD_E
-#undef SD_SC
+        if (BF16) SD_WG_SP("bf16", 16, SD_WG_D8, 8, 9, 10, 11, 12, 13, 14, SD_WG_OPS8(d, 0));
+        else SD_WG_SP("f16", 16, SD_WG_D8, 8, 9, 10, 11, 12, 13, 14, SD_WG_OPS8(d, 0));
     } else if constexpr (NT == 4) {
-#define SD_A0 "16"
-#define SD_A1 "17"
-#define SD_A2 "18"
-#define SD_A3 "19"
-#define SD_DESC "20"
-#define SD_E "21"
-#define SD_SC "22"
-#define SD_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
-        if (BF16) SD_WG_SP("bf16", 32, SD_D16, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3));
-        else SD_WG_SP("f16", 32, SD_D16, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3));
-#undef SD_D16
-#undef SD_A0
-#undef SD_A1
-#undef SD_A2
-#undef SD_A3
-#undef SD_DESC
-#undef SD_E
-#undef SD_SC
-    } else if constexpr (NT == 16) {
-#define SD_A0 "64"
-#define SD_A1 "65"
-#define SD_A2 "66"
-#define SD_A3 "67"
-#define SD_DESC "68"
-#define SD_E "69"
-#define SD_SC "70"
-#define SD_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-               "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-               "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define SD_OPS64(d) SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3), SD_WG_OPS4(d, 4), \
-    SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7), SD_WG_OPS4(d, 8), SD_WG_OPS4(d, 9), SD_WG_OPS4(d, 10), \
-    SD_WG_OPS4(d, 11), SD_WG_OPS4(d, 12), SD_WG_OPS4(d, 13), SD_WG_OPS4(d, 14), SD_WG_OPS4(d, 15)
-        if (BF16) SD_WG_SP("bf16", 128, SD_D64, SD_OPS64(d));
-        else SD_WG_SP("f16", 128, SD_D64, SD_OPS64(d));
-#undef SD_OPS64
-#undef SD_D64
-#undef SD_A0
-#undef SD_A1
-#undef SD_A2
-#undef SD_A3
-#undef SD_DESC
-#undef SD_E
-#undef SD_SC
+        if (BF16) SD_WG_SP("bf16", 32, SD_WG_D16, 16, 17, 18, 19, 20, 21, 22, SD_WG_OPS16(d, 0));
+        else SD_WG_SP("f16", 32, SD_WG_D16, 16, 17, 18, 19, 20, 21, 22, SD_WG_OPS16(d, 0));
+    } else if constexpr (NT == 8) {
+        if (BF16) SD_WG_SP("bf16", 64, SD_WG_D32, 32, 33, 34, 35, 36, 37, 38, SD_WG_OPS32(d, 0));
+        else SD_WG_SP("f16", 64, SD_WG_D32, 32, 33, 34, 35, 36, 37, 38, SD_WG_OPS32(d, 0));
     } else {
-        static_assert(NT == 8, "wgmma_sp: NT must be 1, 2, 4, 8 or 16");
-#define SD_A0 "32"
-#define SD_A1 "33"
-#define SD_A2 "34"
-#define SD_A3 "35"
-#define SD_DESC "36"
-#define SD_E "37"
-#define SD_SC "38"
-#define SD_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-               "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-        if (BF16) SD_WG_SP("bf16", 64, SD_D32, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3),
-                           SD_WG_OPS4(d, 4), SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7));
-        else SD_WG_SP("f16", 64, SD_D32, SD_WG_OPS4(d, 0), SD_WG_OPS4(d, 1), SD_WG_OPS4(d, 2), SD_WG_OPS4(d, 3),
-                      SD_WG_OPS4(d, 4), SD_WG_OPS4(d, 5), SD_WG_OPS4(d, 6), SD_WG_OPS4(d, 7));
-#undef SD_D32
-#undef SD_A0
-#undef SD_A1
-#undef SD_A2
-#undef SD_A3
-#undef SD_DESC
-#undef SD_E
-#undef SD_SC
+        if (BF16) SD_WG_SP("bf16", 128, SD_WG_D64, 64, 65, 66, 67, 68, 69, 70, SD_WG_OPS64(d));
+        else SD_WG_SP("f16", 128, SD_WG_D64, 64, 65, 66, 67, 68, 69, 70, SD_WG_OPS64(d));
     }
 #endif
 }
 #undef SD_WG_SP
+#undef SD_WG_D4
+#undef SD_WG_D8
+#undef SD_WG_D16
+#undef SD_WG_D32
+#undef SD_WG_D64
+#undef SD_WG_OPS8
+#undef SD_WG_OPS16
+#undef SD_WG_OPS32
+#undef SD_WG_OPS64
 #undef SD_WG_OPS4
 
 // A warp whose 16-row tile lies past M inside an active warpgroup still takes part in every wgmma:
@@ -1274,7 +1210,7 @@ SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
     const u16*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
 template __global__ void tc_sp24wg<0, 8, 1, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL);
-template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 2>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
+template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 1>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
