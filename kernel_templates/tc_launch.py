@@ -64,6 +64,7 @@ WG_A_SLOT = 1152
 # NT = 8 kernel took 86 registers after an unrelated change, two CTAs per SM instead of three, and
 # 11008x4096 2:4 at N = 64 went from 23.0 to 30.8 us on the same grid.
 WG_WARPS_PER_SM = {8: 24, 16: 16}
+WG_LONG_SLICE_CHUNKS = 16        # the wgmma kernel's auto split at NT >= 8 (_auto_split)
 MMA_CHOICES = ("auto", "sync", "wgmma")
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -192,7 +193,8 @@ def resident_ctas(warps: int, smem: int, regs_per_thread: int) -> int:
     return max(0, min(by_regs, by_threads, by_smem, SM_CTAS))
 
 
-def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, regs: int | None) -> tuple:
+def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, regs: int | None,
+                long_slices: int = 0) -> tuple:
     """The K split of an "auto" geometry: enough CTAs to keep every SM streaming, without a wave tail.
 
     Without a register count (planning on the CPU): total CTAs closest in ratio to
@@ -202,7 +204,10 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
     on a tie; when none fits one wave, the split that fills its last wave best. Measured on the
     H200 (tc_sp24, 11008x4096, N = 16, PIPE=4): 87 registers leave 2 CTAs per SM, and the blind
     rule's split of 4 (344 CTAs, 1.3 waves) ran 26.1 us where split 2 (172 CTAs, one wave) took
-    24.2 us.
+    24.2 us. `long_slices` (the wgmma kernel at NT >= 8): among the one-wave splits whose K slices
+    have that many chunks, the most CTAs; each CTA fills a pipeline of cp.async groups before its
+    first wgmma, which short slices pay too often (H200, session 27, 4096x4096 2:4: split 8 (8 chunks)
+    18.9 us at N = 64 and 26.3 at N = 128, split 4 (16 chunks) 16.3 and 22.0).
     """
     useful = [f for f in feasible if f[0] == 1 or f[1] >= 2] or feasible   # no near-empty K slices
     if not regs:
@@ -211,6 +216,9 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
     resident = {f[0]: max(1, resident_ctas(warps, f[2], regs)) for f in useful}
     total = {f[0]: gx * f[0] * gz for f in useful}
     one_wave = [f for f in useful if total[f[0]] <= resident[f[0]] * sm_count]
+    long = [f for f in one_wave if long_slices and f[1] >= long_slices]
+    if long:
+        return max(long, key=lambda f: total[f[0]])
     if one_wave:
         return min(one_wave, key=lambda f: (abs(math.log(total[f[0]] / (min(CTAS_PER_SM_TARGET, resident[f[0]]) * sm_count))),
                                             -total[f[0]]))
@@ -258,7 +266,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
     if split == "auto":
-        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(regs_key(nt, mma)))
+        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(regs_key(nt, mma)),
+                                          WG_LONG_SLICE_CHUNKS if mma == "wgmma" and nt >= 8 else 0)
     else:
         s, cpc, smem, bring = feasible[0]
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),

@@ -193,6 +193,22 @@ def test_wgmma_geometry_counts_its_shared_memory_and_ring(m, k):
         tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "R": 4}, 132, None, H200_CC)
 
 
+def test_wgmma_auto_split_prefers_long_k_slices_at_wide_blocks():
+    """With register counts known, the wgmma kernel at NT >= 8 takes the one-wave split with the most
+    CTAs whose K slices keep WG_LONG_SLICE_CHUNKS chunks: the geometries below are the ones measured
+    fastest on the H200 (session 27: 4096x4096 split 4, not 8; the large shapes unchanged); NT = 4
+    keeps the closest-to-two-per-SM rule."""
+    regs = {(4, "wgmma"): 62, (8, "wgmma"): 80, (16, "wgmma"): 120}
+    want = {(4096, 4096, 64): (32, 4, 1), (11008, 4096, 64): (86, 4, 1), (4096, 11008, 64): (32, 8, 1),
+            (4096, 4096, 128): (32, 4, 1), (11008, 4096, 128): (86, 2, 1), (4096, 11008, 128): (32, 8, 1),
+            (4096, 4096, 32): (32, 8, 1), (11008, 4096, 32): (86, 2, 1)}
+    for (m, k, n), grid in want.items():
+        g = tc_launch.plan_geometry("sp24", m // 16, k // 64, n, WG_PARAMS, 132, regs, H200_CC)
+        assert g["grid"] == grid, (m, k, n, g["grid"])
+        if g["nt"] >= 8:
+            assert g["chunks_per_cta"] >= tc_launch.WG_LONG_SLICE_CHUNKS
+
+
 @pytest.mark.parametrize("sms", [132, 114])
 def test_prepare_compiles_every_wgmma_kernel_any_n_can_launch(sms):
     """MMA "auto" switches kernels at AUTO_WGMMA_FROM_N inside one n8-tile count: the reachable set
