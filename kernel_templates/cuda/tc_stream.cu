@@ -593,7 +593,8 @@ tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __re
 // ---- tc_sp24 on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a only) -----------------------
 // The same packed 2:4 stream as tc_sp24 (values in fragment order, mma.sp metadata words): the
 // A fragment and metadata of wgmma.sp.m64nNk32 are, per warp of the warpgroup, those of
-// mma.sp.m16n8k32 for the warp's 16 rows, so each warp loads its tile exactly as tc_sp24 does.
+// mma.sp.m16n8k32 for the warp's 16 rows, so each warp's data are its tile's tc_sp24 stream
+// (staged through shared memory, see sp_copy_async).
 // What changes is B: the tensor cores read it from shared memory through a matrix descriptor, for
 // the warpgroup's 64 rows at once, instead of every warp pulling fragments with ldmatrix per 16
 // rows. The staged B slice (rows permuted per chunk as for mma.sp, NT 16-byte units XOR-swizzled
@@ -812,7 +813,8 @@ __device__ __forceinline__ void sp_lds(u32 slot, int lane, u32 (&x)[10]) {
 // holding A chunk i + D (every warp, into its slot (i + D) % PIPE) and, with a B ring, B chunk
 // i + D (slot (i + D) % BR, BR >= D + 2: the slot's previous chunk, i + D - BR <= i - 2, is done in
 // every warpgroup, each having waited for chunk i - 2's wgmma before the barrier of chunk i).
-// MINB (as tc_sp24's): CTAs per SM the compiler must leave registers for, 0 for no cap. Measured on
+// MINB: CTAs per SM the compiler must leave registers for, 0 for no cap (the host's MINB 0 means
+// "auto" for this kernel and passes tc_launch.wg_minb's cap instead). Measured on
 // the H200 (session 27): at NT = 8 the kernel took 80 or 86 registers depending on small code
 // changes, and 86 leaves two 256-thread CTAs per SM instead of three (11008x4096 2:4, N = 64: 23.0
 // vs 30.8 us for the same grid).
@@ -827,6 +829,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 #if SD_HAVE_WGMMA
     constexpr int D = PIPE - 1;
     constexpr int ASLOT = R * SD_WG_SLOT;                 // a warp's A stage: R tiles of one chunk
+    constexpr int SLOTS = BR > 0 ? BR : 1;                // B ring slots (BR = 0: chunk i at slot i)
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
@@ -879,7 +882,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 #pragma unroll
             for (int rt = 0; rt < R; ++rt)
                 if (tile + rt < tiles) sp_lds(aslots + (p % PIPE) * ASLOT + rt * SD_WG_SLOT, lane, x[p & 1][rt]);
-            const u32 slot = bs + (u32)((BR > 0 ? i % (BR > 0 ? BR : 1) : i) * SLOT_BYTES);
+            const u32 slot = bs + (u32)((BR > 0 ? i % SLOTS : i) * SLOT_BYTES);
             wg_fence();
 #pragma unroll
             for (int rt = 0; rt < R; ++rt) {                // one B descriptor feeds every row block
@@ -891,7 +894,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
             wg_wait<1>();                                   // chunk i-1's group: its registers and B slot are free
             if (i + D < nc) {
                 copy_a(aslots + ((p + D) % PIPE) * ASLOT, c + p + D);
-                if (BR > 0) bp.stage(bsm + ((i + D) % (BR > 0 ? BR : 1)) * SLOT_BYTES, B, (c + p + D) * SD_CHUNK, K, N, ldb);
+                if (BR > 0) bp.stage(bsm + ((i + D) % SLOTS) * SLOT_BYTES, B, (c + p + D) * SD_CHUNK, K, N, ldb);
             }
             cp_async_commit();
         }
