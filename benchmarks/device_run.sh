@@ -2,7 +2,7 @@
 # Run SparseDitto's GPU stages on the lent GPU machine (it has torch, triton, cupy, ncu, nvcc but not
 # langgraph/pydantic/sqlite-utils...). From the repo root, with `.whl` (../shared/tools/device-wheels.sh)
 # and `.gpu/data` (a copy of the shared matrices) carried:
-#   bash benchmarks/device_run.sh env tests bench graph demo decode
+#   bash benchmarks/device_run.sh env tests bench graph demo decode wide
 # Everything worth keeping is written under $OUT (default ./out).
 # Stage `bench` runs `sparseditto bench --out $OUT/bench${BENCH_NAME:+-$BENCH_NAME} $BENCH_ARGS`; to continue an
 # earlier call's run, carry its returned folder (e.g. .gpu/bench/llm) and set BENCH_FROM to it: its files are
@@ -60,6 +60,18 @@ for stage in "$@"; do
     overhead)
       # issue 12: the host cost of an eager decode-kernel call, piece by piece (written in session 25, not yet run)
       python3 benchmarks/launch_overhead_probe.py ${OVERHEAD_ARGS:---shape 4096x4096 -n 1 16} 2>&1 | grep --line-buffered -v Warn | tee "$OUT/overhead.log" | tail -60 ;;
+    wide)
+      # issue 10, wide N on Hopper (session 27): tc_sp24's wgmma kernel — layout probe, the 2:4 check rows,
+      # the decode sweep against mma.sync (WIDE_VARIANTS to try others), ncu at N = 64, then what run_graph
+      # chooses at N = 64 on 11008x4096 2:4 (not yet measured: the last call ran out of time before it printed)
+      timeout 120 python3 benchmarks/wgmma_probe.py --n 8 64 128 --mma wgmma 2>&1 | grep -v Warn > "$OUT/probe.log"; echo "probe: $(grep -c ': ok$' "$OUT/probe.log") ok, $(grep -vc ': ok$' "$OUT/probe.log") not"
+      python3 benchmarks/llm_layers.py --preset check --cases nm24 --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
+      WV='{"tc_sp24": [{"MMA": "sync"}, {}]}'; [ -n "${WIDE_VARIANTS:-}" ] && WV=$WIDE_VARIANTS
+      python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${WIDE_N:-32 64 128} --repeats 20 --variants "$WV" \
+        --out "$OUT/wide.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/wide.log" | tail -40
+      timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25
+      mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
+      timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
