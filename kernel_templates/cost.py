@@ -347,7 +347,7 @@ def tc_stream_floor_s(m: int, k: int, n: int, target: Any, step_s: float = TC_TI
     return h200_scaled(-(-m // 16) * -(-k // 64) * -(-max(1, n) // 8) * step_s, target)
 
 
-# tc_sp24's sm_90a warpgroup kernel (tc_launch.mma_for: MMA auto from WG_FROM_N columns on a
+# tc_sp24's sm_90a warpgroup kernel (tc_launch.mma_for: MMA auto from TC_WG_FROM_N columns on a
 # compute-capability 9.0 GPU), measured on the H200 (session 27, chained, 2:4): 22.9 us on 11008x4096
 # and 28.2 us on 4096x11008 at N = 64 (0.065-0.080 ns per tile x chunk x n8 tile), 38.1 us on
 # 11008x4096 at N = 128 (0.054 ns); it runs N up to 128 as one block, reading A once.

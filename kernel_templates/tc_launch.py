@@ -109,9 +109,10 @@ def b_ring_for(kind: str, nt: int, value="auto", chunks_per_cta: int = 0, mma: s
 def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
     """Which tc_sp24 kernel runs N = n columns: "wgmma" (tc_sp24wg, sm_90a) or "sync" (mma.sync).
 
-    MMA "auto" picks wgmma on a compute-capability 9.0 device from AUTO_WGMMA_FROM_N columns; an
-    explicit "wgmma" is planned anywhere (so CPU planning can show it) but compile_kernels refuses it
-    on another GPU. Only sp24 has a wgmma kernel; every other kind is "sync"."""
+    MMA "auto" picks wgmma on a compute-capability 9.0 device from AUTO_WGMMA_FROM_N columns (with
+    R <= 2, all the wgmma kernel takes); an explicit "wgmma" is planned anywhere (so CPU planning can
+    show it) but compile_kernels refuses it on another GPU. Only sp24 has a wgmma kernel; every other
+    kind is "sync"."""
     choice = params.get("MMA", "auto")
     if choice not in MMA_CHOICES:
         raise ValueError(f"MMA must be one of {MMA_CHOICES}, got {choice!r}.")
@@ -119,7 +120,8 @@ def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
         return "sync"
     if choice == "wgmma":
         return "wgmma"
-    return "wgmma" if cc is not None and tuple(cc) == WGMMA_CC and n >= AUTO_WGMMA_FROM_N else "sync"
+    fits = int(params.get("R", 1)) <= 2
+    return "wgmma" if fits and cc is not None and tuple(cc) == WGMMA_CC and n >= AUTO_WGMMA_FROM_N else "sync"
 
 
 def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:

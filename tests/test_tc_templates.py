@@ -150,6 +150,7 @@ def test_mma_auto_takes_the_wgmma_kernel_only_on_sm90_and_wide_n():
     assert tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "sync"}, 128, H200_CC) == "sync"
     assert tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "wgmma"}, 1, None) == "wgmma"
     assert tc_launch.mma_for("dense", {**WG_PARAMS, "MMA": "wgmma"}, 64, H200_CC) == "sync"
+    assert tc_launch.mma_for("sp24", {**WG_PARAMS, "R": 4}, 64, H200_CC) == "sync"   # R = 4: mma.sync only
     with pytest.raises(ValueError, match="MMA"):
         tc_launch.mma_for("sp24", {**WG_PARAMS, "MMA": "hgmma"}, 64, H200_CC)
     g = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, WG_PARAMS, 132, None, H200_CC)
@@ -190,7 +191,7 @@ def test_wgmma_geometry_counts_its_shared_memory_and_ring(m, k):
     assert two["rows"] == 2 and two["grid"][0] * 8 * 2 >= tiles
     assert two["smem"] >= (two["bring"] or two["chunks_per_cta"]) * 64 * 128 + 8 * 3 * 2 * tc_launch.WG_A_SLOT
     with pytest.raises(ValueError, match="row tiles"):
-        tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "R": 4}, 132, None, H200_CC)
+        tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**WG_PARAMS, "MMA": "wgmma", "R": 4}, 132, None, H200_CC)
 
 
 def test_wgmma_auto_split_prefers_long_k_slices_at_wide_blocks():
