@@ -417,16 +417,31 @@ __device__ __forceinline__ void dense_compute(const u32 (&x)[R][16], u32 bs, int
 // in bits 0..15, row g's 2-bit positions for the four groups lane t covers at step s (lane 0 the
 // first half of the k32 step, lane 1 the second), and in bits 16..31 the same for row g+8.
 
+// Where lane L = (g, t)'s part of block (tile, c) lives: its row g and row g+8 pieces at sp_values()
+// and 256 values on, and (lanes t = 0, 1) its two metadata words at sp_meta_words(). tc_sp24 loads
+// them into registers (sp_load), the wgmma kernel copies them into shared memory first (sp_copy_async).
+__device__ __forceinline__ long long sp_block(int nchunks, int tile, int c) {
+    return (long long)tile * nchunks + c;
+}
+
+__device__ __forceinline__ const u16* sp_values(const u16* __restrict__ V, long long blk, int lane) {
+    return V + blk * 512 + 8 * lane;
+}
+
+__device__ __forceinline__ const u32* sp_meta_words(const u32* __restrict__ meta, long long blk, int g, int t) {
+    return meta + (blk * 16 + 2 * g + t) * 2;
+}
+
 __device__ __forceinline__ void sp_load(const u16* __restrict__ V, const u32* __restrict__ meta, int nchunks,
                                         int tile, int c, int lane, u32 (&x)[10]) {
     const int g = lane >> 2, t = lane & 3;
-    const long long blk = (long long)tile * nchunks + c;
-    const u16* p = V + blk * 512 + 8 * lane;
+    const long long blk = sp_block(nchunks, tile, c);
+    const u16* p = sp_values(V, blk, lane);
     const uint4 u = ldg_stream16(p), v = ldg_stream16(p + 256);
     x[0] = u.x; x[1] = u.y; x[2] = u.z; x[3] = u.w;
     x[4] = v.x; x[5] = v.y; x[6] = v.z; x[7] = v.w;
     if (t < 2) {
-        const uint2 m = ldg_stream8(meta + (blk * 16 + 2 * g + t) * 2);
+        const uint2 m = ldg_stream8(sp_meta_words(meta, blk, g, t));
         x[8] = m.x; x[9] = m.y;
     } else {
         x[8] = 0u; x[9] = 0u;
@@ -785,12 +800,12 @@ __device__ __forceinline__ void cp_async8(u32 dst, const void* src) {
 
 __device__ __forceinline__ void sp_copy_async(u32 slot, const u16* __restrict__ V, const u32* __restrict__ meta,
                                               int nchunks, int tile, int c, int lane) {
-    const long long blk = (long long)tile * nchunks + c;
-    const u16* p = V + blk * 512 + 8 * lane;
+    const long long blk = sp_block(nchunks, tile, c);
+    const u16* p = sp_values(V, blk, lane);
     cp_async16(slot + 16 * lane, p, 16u);
     cp_async16(slot + 512 + 16 * lane, p + 256, 16u);
     const int g = lane >> 2, t = lane & 3;
-    if (t < 2) cp_async8(slot + 1024 + 8 * (2 * g + t), meta + (blk * 16 + 2 * g + t) * 2);
+    if (t < 2) cp_async8(slot + 1024 + 8 * (2 * g + t), sp_meta_words(meta, blk, g, t));
 }
 
 // x in tc_sp24's register order (sp_load): every lane reads back only what it copied itself (lanes
