@@ -72,6 +72,18 @@ for stage in "$@"; do
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25
       mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
       timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
+    tma)
+      # issue 10, session 28: tc_sp24tma (wgmma fed by the copy engine) — the 2:4 check rows across its
+      # params and cp's, the wide-N sweep against tc_sp24wg (WLOAD=cp), ncu of the default at N = 64
+      timeout 90 python3 benchmarks/tma_smoke.py 2>&1 | grep -v Warn | tail -8
+      TC='{"tc_sp24": [{}, {"WLOAD": "cp"}, {"WSTAGES": 2, "SPLIT": 1}, {"WARPS": 4, "WSTAGES": 6}, {"SPLIT": 8, "WSTAGES": 3}, {"WARPS": 16}]}'
+      timeout 240 python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
+        --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
+      grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8
+      TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"SPLIT": 4}, {"SPLIT": 8}, {"WSTAGES": 6, "SPLIT": 4}, {"WARPS": 4}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
+      timeout ${TMA_SWEEP_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${TMA_N:-32 64 128} --repeats 20 \
+        --variants "$TV" --out "$OUT/tma.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/tma.log" | grep "N=" | sed 's/  */ /g' | cut -c1-170
+      timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;

@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from sparseditto.kernel_templates import runtime
+from sparseditto.kernel_templates import runtime, tensor_map
 from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
@@ -66,6 +66,15 @@ WG_A_SLOT = 1152
 WG_WARPS_PER_SM = {8: 24, 16: 16}
 WG_LONG_SLICE_CHUNKS = 16        # the wgmma kernel's auto split at NT >= 8 (_auto_split)
 MMA_CHOICES = ("auto", "sync", "wgmma")
+# How the wgmma kernel is fed (WLOAD): "cp" = tc_sp24wg (every thread stages B and its A with
+# cp.async, a CTA barrier per chunk), "tma" = tc_sp24tma (one producer warp drives the copy engine:
+# a tensor map for B, 1-D bulk copies for A, WSTAGES chunks in flight, mbarriers instead of CTA
+# barriers). "auto" takes tma wherever it applies: one row tile per warp, 32, 64 or 128 columns per
+# block (NT 4, 8, 16: 64- and 128-byte swizzled rows) and a B the tensor map can describe
+# (tensor_map.tma_ready; checked per launch, so an unaligned B falls back to cp for that call).
+WLOAD_CHOICES = ("auto", "cp", "tma")
+TMA_NT = (4, 8, 16)
+TMA_BARRIER_BYTES = 16            # per stage: its "full" and "empty" mbarriers
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
@@ -124,6 +133,18 @@ def mma_for(kind: str, params: dict, n: int, cc: tuple | None) -> str:
     return "wgmma" if fits and cc is not None and tuple(cc) == WGMMA_CC and n >= AUTO_WGMMA_FROM_N else "sync"
 
 
+def load_for(params: dict, mma: str, nt: int, rows: int, b_tma: bool) -> str:
+    """How the wgmma kernel gets its operands at `nt` n8 tiles: "tma" (tc_sp24tma) or "cp"
+    (tc_sp24wg; also the answer for mma.sync). An explicit "tma" that does not apply (R = 2, a B the
+    tensor map cannot describe) runs "cp", since B's alignment is a property of each call."""
+    choice = params.get("WLOAD", "auto")
+    if choice not in WLOAD_CHOICES:
+        raise ValueError(f"WLOAD must be one of {WLOAD_CHOICES}, got {choice!r}.")
+    if mma != "wgmma" or choice == "cp":
+        return "cp"
+    return "tma" if rows == 1 and nt in TMA_NT and b_tma else "cp"
+
+
 def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
     """The wgmma kernel's launch-bounds minimum: MINB when set, else WG_WARPS_PER_SM's share for one
     row tile per warp. Two row tiles (R = 2) get no cap: at NT = 8 they need ~145 registers, and under
@@ -136,9 +157,12 @@ def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
     return max(1, WG_WARPS_PER_SM[8 if nt <= 8 else 16] // warps)
 
 
-def regs_key(nt: int, mma: str):
-    """Key of regs_by_nt for a kernel family: the n8-tile count (mma.sync) or (nt, "wgmma")."""
-    return nt if mma == "sync" else (nt, mma)
+def regs_key(nt: int, mma: str, load: str = "cp"):
+    """Key of regs_by_nt for a kernel family: the n8-tile count (mma.sync), (nt, "wgmma") or
+    (nt, "tma")."""
+    if mma == "sync":
+        return nt
+    return (nt, "tma") if load == "tma" else (nt, mma)
 
 
 def n_tiles_for(n: int, mma: str = "sync") -> int:
@@ -161,12 +185,25 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
     return (chunks_per_cta + 4) & ~3
 
 
+def tma_stage_bytes(nt: int, warps: int) -> int:
+    """One stage of tc_sp24tma (TmaStage): B's chunk and every warp's A slot, rounded up to 1024."""
+    raw = CHUNK_K * b_row_bytes(nt) + warps * WG_A_SLOT
+    return -(-raw // WG_ALIGN_PAD) * WG_ALIGN_PAD
+
+
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
-               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync") -> int:
+               ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync",
+               load: str = "cp") -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
-    tc_lanemask, tc_sp24wg). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row chunks of
-    B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes (WG_ALIGN_PAD),
-    keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp."""
+    tc_lanemask, tc_sp24wg, tc_sp24tma). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row
+    chunks of B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes
+    (WG_ALIGN_PAD), keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp;
+    tc_sp24tma (load "tma") has `pipe` stages after their mbarriers, its partials over the stages."""
+    if load == "tma":
+        stages = pipe * tma_stage_bytes(nt, warps)
+        if split > 1:
+            stages = max(stages, warps * TILE_M * nt * 8 * 4)
+        return TMA_BARRIER_BYTES * pipe + WG_ALIGN_PAD + stages
     if mma == "wgmma":
         slots = b_ring or chunks_per_cta
         total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * rows_per_warp * WG_A_SLOT
@@ -232,12 +269,13 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
 
 
 def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int,
-                  regs_by_nt: dict | None = None, cc: tuple | None = None) -> dict:
+                  regs_by_nt: dict | None = None, cc: tuple | None = None, b_tma: bool = True) -> dict:
     """Grid, block, split and shared memory for N = n; pure Python, so it is tested on the CPU.
 
     `regs_by_nt` (registers per thread of the compiled kernels, keyed by `regs_key`, when known)
     lets the auto split count resident CTAs instead of assuming CTAS_PER_SM_TARGET of them; `cc`
-    (the device's compute capability) decides whether tc_sp24 may take its wgmma kernel."""
+    (the device's compute capability) decides whether tc_sp24 may take its wgmma kernel, `b_tma`
+    (tensor_map.tma_ready of this call's B) whether that kernel may be tc_sp24tma (load_for)."""
     warps = int(params["WARPS"])
     mma = mma_for(kind, params, n, cc)
     if mma == "wgmma" and warps % 4:
@@ -246,18 +284,20 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if mma == "wgmma" and rows > 2:
         raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
-    pipe = int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
     slot_bytes = int(params.get("SLOT_BYTES", 0))
     gx = -(-tiles // (warps * rows))
     split = params.get("SPLIT", "auto")
     candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
     nt = n_tiles_for(n, mma)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
+        load = load_for(params, mma, nt, rows, b_tma)
+        pipe = int(params.get("WSTAGES", 4) if load == "tma" else
+                   params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)
-            bring = b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma)
+            bring = 0 if load == "tma" else b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
@@ -267,15 +307,20 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if not feasible:
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
+    cta_warps = warps + 1 if load == "tma" else warps    # tc_sp24tma's producer warp
     if split == "auto":
-        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, warps, (regs_by_nt or {}).get(regs_key(nt, mma)),
+        s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, cta_warps,
+                                          (regs_by_nt or {}).get(regs_key(nt, mma, load)),
                                           WG_LONG_SLICE_CHUNKS if mma == "wgmma" and nt >= 8 else 0)
     else:
         s, cpc, smem, bring = feasible[0]
+    if load == "tma":   # no cap by default: a cap that forces 3 CTAs per SM spills (72 registers, nvcc 13.0)
+        minb = int(params.get("MINB", 0))
+    else:
+        minb = wg_minb(params, nt, warps, rows) if mma == "wgmma" else int(params.get("MINB", 0))
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
-            "block": (warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": wg_minb(params, nt, warps, rows) if mma == "wgmma" else int(params.get("MINB", 0)),
-            "slot_bytes": slot_bytes, "mma": mma}
+            "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
+            "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -283,6 +328,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
+    if geom.get("load") == "tma":
+        return f"tc_sp24tma<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['minb']}>"
     if geom.get("mma") == "wgmma":
         return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
                 f"{geom['bring']}, {geom.get('minb', 0)}>")
@@ -291,7 +338,7 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
 
 
 def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_count: int,
-                         regs_by_nt: dict | None = None, cc: tuple | None = None) -> list:
+                         regs_by_nt: dict | None = None, cc: tuple | None = None, b_tma: bool = True) -> list:
     """Every geometry spmm can launch for this matrix, for any N (so prepare compiles them all).
 
     N picks the n8-tile count, and past 8 * NT_CHOICES[-1] columns the number of n blocks (grid.z),
@@ -300,15 +347,16 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
     is finite. (On the H200 a 4096x4096 matrix reached a split at N = 129 that N = 64 had not.)
     With register counts the split follows the wave fill, which is not monotonic in grid.z, so the
     walk covers every n-block count up to WIDE_BLOCKS (N = 4096); wider N compiles on first use.
+    `b_tma` as plan_geometry's (a B that does not allow the tensor map compiles on first use too).
     """
     seen: dict[tuple, dict] = {}
 
     def add(n: int) -> dict | None:
         try:
-            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt, cc)
+            geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt, cc, b_tma)
         except ValueError:
             return None   # that N class does not fit these params; spmm raises the clear error if asked
-        seen.setdefault((geom["nt"], geom["split"], geom["smem"], geom["mma"]), geom)
+        seen.setdefault((geom["nt"], geom["split"], geom["smem"], geom["mma"], geom["load"]), geom)
         return geom
 
     for nt in NT_CHOICES:
@@ -323,7 +371,7 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
         last = WIDE_BLOCKS if regs_by_nt else -(-CTAS_PER_SM_TARGET * sm_count // gx) + 1
         for gz in range(1, last + 1):
             add(8 * wide["nt"] * gz)
-    return sorted(seen.values(), key=lambda g: (g["nt"], g["split"], g["mma"]))
+    return sorted(seen.values(), key=lambda g: (g["nt"], g["split"], g["mma"], g["load"]))
 
 
 def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
@@ -364,7 +412,7 @@ _COMPILED: dict[tuple[str, str, int], object] = {}
 
 def kernel_arch(name: str) -> str | None:
     """The NVRTC target a kernel needs beyond the device's own (wgmma: sm_90a), or None."""
-    return WGMMA_ARCH if name.startswith("tc_sp24wg<") else None
+    return WGMMA_ARCH if name.startswith(("tc_sp24wg<", "tc_sp24tma<")) else None
 
 
 def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
@@ -411,7 +459,8 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
     lparams = launch_params(params, ring_floor_kb, slot_bytes)
-    geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc)
+    b_tma = int(shape[1]) % 16 == 0      # an aligned B of these K rows can take the tensor map
+    geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
     kernels, regs_by_nt = {}, {}
     if device.type == "cuda":
@@ -419,10 +468,11 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
         # compile the register-blind plan's kernels, read their registers per n8-tile count, plan
         # again with them and compile what that adds.
         kernels = compile_kernels(cuda_src, names, device)
-        regs_by_nt = {regs_key(g["nt"], g["mma"]): kernel_registers(kernels[kernel_name(kind, bf16, g)]) for g in geoms}
+        regs_by_nt = {regs_key(g["nt"], g["mma"], g["load"]): kernel_registers(kernels[kernel_name(kind, bf16, g)])
+                      for g in geoms}
         regs_by_nt = {key: r for key, r in regs_by_nt.items() if r}
         more = [kernel_name(kind, bf16, g)
-                for g in reachable_geometries(kind, tiles, nchunks, lparams, sms, regs_by_nt, cc)]
+                for g in reachable_geometries(kind, tiles, nchunks, lparams, sms, regs_by_nt, cc, b_tma)]
         kernels.update(compile_kernels(cuda_src, [x for x in more if x not in kernels], device))
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
@@ -469,22 +519,40 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
+    m, k = packed["shape"]
+    b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
     geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"],
-                         packed.get("regs_by_nt") or None, packed.get("cc"))
+                         packed.get("regs_by_nt") or None, packed.get("cc"), b_tma)
     name = kernel_name(kind, packed["bf16"], geom)
     fn = packed["kernels"].get(name)
     if fn is None:   # params changed after prepare (a sweep): compile on first use, outside packed
         fn = compile_kernels(packed["cuda_src"], [name], b.device)[name]
     _set_dynamic_smem(fn, geom["smem"])
-    head = tuple(np.uint64(packed[k].data_ptr()) for k in packed["arrays"])
-    m, k = packed["shape"]
+    head = tuple(np.uint64(packed[a].data_ptr()) for a in packed["arrays"])
     bvec = int(b.stride(0) % 8 == 0 and b.data_ptr() % 16 == 0)
     tail = (np.int32(m), np.int32(n), np.int32(k), np.int32(packed["nchunks"] * CHUNK_K), np.int64(b.stride(0)),
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
     if kind == "lanemask":
         tail += (np.int32(geom["slot_bytes"]),)
+    # tc_sp24tma takes B's tensor map first (made per B buffer in launch)
+    b_map = (n, k, int(b.stride(0)), 32 if geom["nt"] == 4 else 64) if geom["load"] == "tma" else None
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
-            "tail": tail, "geom": geom}
+            "tail": tail, "geom": geom, "b_map": b_map, "maps": {}}
+
+
+B_MAPS_KEPT = 8    # tensor maps kept per plan (one per B buffer seen; a decode loop reuses a few)
+
+
+def _b_map(plan: dict, b_ptr: int) -> np.ndarray:
+    """B's tensor map for this plan's layout at `b_ptr`, encoded once per buffer."""
+    maps = plan["maps"]
+    found = maps.get(b_ptr)
+    if found is None:
+        if len(maps) >= B_MAPS_KEPT:
+            maps.pop(next(iter(maps)))
+        n, k, ldb, box_cols = plan["b_map"]
+        found = maps[b_ptr] = tensor_map.encode(b_ptr, n, k, ldb, box_cols)
+    return found
 
 
 def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
@@ -500,6 +568,8 @@ def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
         scratch[key] = plan
     device, stream = runtime.cupy_stream(scratch, b.device)
     args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
+    if plan["b_map"] is not None:
+        args = (_b_map(plan, b.data_ptr()),) + args
     with device, stream:
         plan["fn"](plan["grid"], plan["block"], args, shared_mem=plan["smem"])
     if target is not out:

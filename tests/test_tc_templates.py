@@ -132,8 +132,11 @@ def test_b_ring_holds_chunks_not_the_k_slice():
         tc_launch.b_ring_for("dense", 4, 1)
 
 
+# tc_sp24wg (the wgmma kernel fed by cp.async); TMA_PARAMS: the template's defaults, which take
+# tc_sp24tma wherever it applies
 WG_PARAMS = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
-             "WPIPE": 3}
+             "WPIPE": 3, "WLOAD": "cp"}
+TMA_PARAMS = {**WG_PARAMS, "WLOAD": "auto", "WSTAGES": 4}
 H200_CC = (9, 0)
 
 
@@ -223,6 +226,107 @@ def test_prepare_compiles_every_wgmma_kernel_any_n_can_launch(sms):
     assert any(r.startswith("tc_sp24wg<") for r in reachable) and any(r.startswith("tc_sp24<") for r in reachable)
 
 
+def test_wload_takes_the_copy_engine_kernel_where_it_applies():
+    """WLOAD "auto" (the default) feeds the wgmma kernel through the copy engine (tc_sp24tma) at one
+    row tile per warp, 32/64/128-column blocks and a B the tensor map can describe; anything else
+    runs tc_sp24wg ("cp"), per call, since B's alignment belongs to the call."""
+    assert tc_launch.load_for(TMA_PARAMS, "wgmma", 8, 1, True) == "tma"
+    for nt in (4, 16):
+        assert tc_launch.load_for(TMA_PARAMS, "wgmma", nt, 1, True) == "tma"
+    assert tc_launch.load_for(TMA_PARAMS, "wgmma", 2, 1, True) == "cp"       # 32-byte rows: no TMA path
+    assert tc_launch.load_for(TMA_PARAMS, "wgmma", 8, 2, True) == "cp"       # R = 2
+    assert tc_launch.load_for(TMA_PARAMS, "wgmma", 8, 1, False) == "cp"      # B not describable
+    assert tc_launch.load_for(TMA_PARAMS, "sync", 8, 1, True) == "cp"
+    assert tc_launch.load_for({**TMA_PARAMS, "WLOAD": "cp"}, "wgmma", 8, 1, True) == "cp"
+    assert tc_launch.load_for({**TMA_PARAMS, "WLOAD": "tma"}, "wgmma", 8, 1, False) == "cp"
+    with pytest.raises(ValueError, match="WLOAD"):
+        tc_launch.load_for({**TMA_PARAMS, "WLOAD": "bulk"}, "wgmma", 8, 1, True)
+    g = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, TMA_PARAMS, 132, None, H200_CC)
+    name = tc_launch.kernel_name("sp24", 0, g)
+    assert g["load"] == "tma" and name.startswith("tc_sp24tma<0, 8, 8, ")
+    assert tc_launch.kernel_arch(name) == tc_launch.WGMMA_ARCH
+    unaligned = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, TMA_PARAMS, 132, None, H200_CC, False)
+    assert unaligned["load"] == "cp" and tc_launch.kernel_name("sp24", 0, unaligned).startswith("tc_sp24wg<")
+    narrow = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 16, TMA_PARAMS, 132, None, H200_CC)
+    assert narrow["load"] == "cp" and narrow["mma"] == "sync"
+
+
+@pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (4096, 4096), (300, 1024), (16, 64)])
+def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
+    """tc_sp24tma's CTA is WARPS consumer warps plus one producer warp; its shared memory is the
+    stages' mbarriers, a 1024-byte alignment pad and WSTAGES stages of (B chunk + every warp's A
+    slot, rounded to 1024), the split-K partials laid over the stages; no register cap by default."""
+    tiles, nchunks = -(-m // 16), -(-k // 64)
+    for stages in (2, 3, 4, 6, 8):
+        for warps in (4, 8, 16):
+            params = {**TMA_PARAMS, "WSTAGES": stages, "WARPS": warps}
+            for n in (32, 33, 64, 65, 128, 129, 300):
+                try:
+                    g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, None, H200_CC)
+                except ValueError:
+                    assert stages * tc_launch.tma_stage_bytes(16, warps) > tc_launch.SMEM_LIMIT
+                    continue
+                assert g["load"] == "tma" and g["pipe"] == stages and g["block"] == ((warps + 1) * 32, 1, 1)
+                want = 4 if n <= 32 else 8 if n <= 64 else 16       # fewer n8 tiles only where stages do not fit
+                assert g["nt"] == want or (g["nt"] < want and 16 * stages + 1024 + stages * tc_launch.tma_stage_bytes(
+                    want, warps) > tc_launch.SMEM_LIMIT)
+                assert g["minb"] == 0
+                stage = -(-(64 * 16 * g["nt"] + warps * tc_launch.WG_A_SLOT) // 1024) * 1024
+                partials = warps * 16 * g["nt"] * 8 * 4 if g["split"] > 1 else 0
+                assert g["smem"] == 16 * stages + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
+                name = tc_launch.kernel_name("sp24", 1, g)
+                assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0>"
+    regs = {(8, "tma"): 78, (16, "tma"): 110, (4, "tma"): 62}
+    g = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, TMA_PARAMS, 132, regs, H200_CC)
+    resident = tc_launch.resident_ctas(9, g["smem"], 78)
+    assert g["grid"][0] * g["grid"][1] <= max(resident * 132, g["grid"][0])   # one wave (or one split)
+
+
+@pytest.mark.parametrize("k,ok", [(4096, True), (11008, True), (4160, True), (300, False), (72, False)])
+def test_prepare_compiles_the_tma_kernels_only_where_k_allows_them(k, ok):
+    """The tensor map reads whole 16-row periods of B: K not a multiple of 16 keeps tc_sp24wg."""
+    tiles, nchunks = 4096 // 16, -(-k // 64)
+    names = {tc_launch.kernel_name("sp24", 0, g)
+             for g in tc_launch.reachable_geometries("sp24", tiles, nchunks, TMA_PARAMS, 132, None, H200_CC,
+                                                     k % 16 == 0)}
+    assert any(x.startswith("tc_sp24tma<") for x in names) == ok
+    assert any(x.startswith("tc_sp24<") for x in names)
+
+
+def _phys_row_sp(k: int) -> int:
+    """tc_stream.cu's phys_row_sp (the 2:4 kernels' K permutation inside a 64-row chunk)."""
+    tt, s, h, p = k >> 4, (k >> 3) & 1, (k >> 2) & 1, k & 3
+    return 32 * s + 8 * (2 * h + (tt >> 1)) + 4 * (tt & 1) + p
+
+
+def test_b_tensor_map_boxes_land_the_permuted_chunk_rows():
+    """Box q of a chunk (at row coordinate 4q of B's 3-D view) must copy, in shared-memory order, the
+    logical rows phys_row_sp puts at physical rows 16q .. 16q + 15: then four boxes fill the chunk
+    exactly as tc_sp24wg's cp.async staging does, and the swizzle is the descriptor's."""
+    from sparseditto.kernel_templates import tensor_map
+
+    for k0 in (0, 64, 4032):
+        lay = tensor_map.b_map_layout(64, 4096, 72, 64)
+        seen = []
+        for q in range(4):
+            rows = tensor_map.logical_rows(lay, k0, q)
+            assert [_phys_row_sp(r - k0) for r in rows] == list(range(16 * q, 16 * q + 16))
+            seen += rows
+        assert sorted(seen) == list(range(k0, k0 + 64))
+    lay = tensor_map.b_map_layout(100, 11008, 104, 64)
+    assert lay == {"dims": (100, 16, 688), "strides": (208, 3328), "box": (64, 4, 4), "swizzle": 3}
+    assert tensor_map.b_map_layout(32, 4096, 32, 32)["swizzle"] == 2         # 64-byte rows at NT = 4
+    with pytest.raises(ValueError, match="multiple of 16"):
+        tensor_map.b_map_layout(64, 4100, 64, 64)
+    with pytest.raises(ValueError, match="columns wide"):
+        tensor_map.b_map_layout(64, 4096, 64, 16)
+    assert tensor_map.tma_ready(4096, 64, 0x7f0000000000)
+    assert not tensor_map.tma_ready(4096, 60, 0x7f0000000000)          # rows not 16-byte aligned
+    assert not tensor_map.tma_ready(4096, 64, 0x7f0000000008)
+    assert not tensor_map.tma_ready(4100, 64, 0x7f0000000000)
+    assert not tensor_map.tma_ready(4096, 64, 0x7f0000000000, col_stride=2)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     """ptxas serializes a wgmma pipeline (warnings C7515 / C7518) when non-wgmma instructions write
@@ -248,6 +352,32 @@ def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
         bf16, nt, r, warps, split, pipe, bring, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
         assert (bf16, nt, r, warps, split, pipe, bring, minb) in kernels
         assert int(regs) <= 65536 // (warps * 32 * minb), (name, regs)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_tma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
+    """tc_sp24tma's consumer warpgroups issue their wgmma inside the consumer branch of a warp-role
+    split: ptxas must keep the pipeline (no C751x), and no instantiation may spill (a cap of three
+    9-warp CTAs per SM at NT = 8, 72 registers, did: that is why MINB defaults to 0 here)."""
+    tail = ("const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, int, int, int, int, "
+            "long long, long long, int, int, int")
+    kernels = [(0, 4, 8, 4, 4, 0), (1, 8, 8, 2, 4, 0), (0, 8, 4, 8, 2, 0), (0, 8, 16, 1, 6, 0), (1, 16, 8, 4, 4, 0),
+               (0, 16, 4, 2, 3, 0), (0, 8, 8, 4, 8, 2)]
+    src = tmp_path / "tma.cu"
+    src.write_text(CU_FILE.read_text() + "".join(
+        f"template __global__ void tc_sp24tma<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
+    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
+                           str(src), "-o", str(tmp_path / "tma.cubin")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not re.search(r"C751[0-9]", proc.stderr), proc.stderr[-3000:]
+    entries = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S)
+    assert len(entries) == len(kernels)
+    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
+    assert spills and max(spills) == 0
+    for name, regs in entries:
+        bf16, nt, warps, split, stages, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
+        assert (bf16, nt, warps, split, stages, minb) in kernels
+        assert not minb or int(regs) <= 65536 // ((warps + 1) * 32 * minb), (name, regs)
 
 
 @pytest.mark.parametrize("kind,params", [
@@ -400,8 +530,11 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("params", [{"MMA": "wgmma"}, {"MMA": "wgmma", "WARPS": 4, "WPIPE": 2, "SPLIT": 8},
-                                    {"MMA": "wgmma", "WARPS": 16, "WPIPE": 6, "BRING": 4}])
+@pytest.mark.parametrize("params", [{"MMA": "wgmma", "WLOAD": "cp"},
+                                    {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 4, "WPIPE": 2, "SPLIT": 8},
+                                    {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 16, "WPIPE": 6, "BRING": 4},
+                                    {"MMA": "wgmma"}, {"MMA": "wgmma", "WARPS": 4, "WSTAGES": 2, "SPLIT": 8},
+                                    {"MMA": "wgmma", "WARPS": 16, "WSTAGES": 6, "SPLIT": 1}])
 def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
     """tc_sp24's sm_90a kernel through the sandboxed verifier at every block width (N = 1 .. 129: n8
     tiles 1 .. 16, two 128-column blocks), rows past the last warpgroup and a K that is not a

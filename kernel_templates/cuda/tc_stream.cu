@@ -303,6 +303,32 @@ __device__ __forceinline__ void store_pair(u16* __restrict__ C, long long ldc, i
     if (col + 1 < N) c[1] = to_storage<BF16>(y);
 }
 
+// The split-K cluster's reduction of the partial tiles every CTA wrote to `cpart` (MC rows of 8 NT
+// floats): each CTA sums MC / SPLIT rows over all ranks in rank order and stores them. Every thread
+// of every CTA of the cluster takes part (a warp without accumulators too: it only helps sum).
+template <int BF16, int NT, int MC, int SPLIT>
+__device__ void split_reduce(float* cpart, u16* __restrict__ C, long long ldc, int M, int N, int n0, int tile0) {
+    constexpr int W = NT * 8;
+    cluster_sync_all();
+    const u32 rank = cluster_rank();
+    constexpr int SHARE = MC / SPLIT;
+    const u32 base = smem_addr(cpart);
+    for (int i = threadIdx.x; i < SHARE * (W / 4); i += blockDim.x) {
+        const int lr = rank * SHARE + i / (W / 4);
+        const int col = 4 * (i % (W / 4));
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {
+            const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), (u32)q);
+            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+        }
+        const int row = tile0 * 16 + lr;
+        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
+        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
+    }
+    cluster_sync_all();                               // peers may still read our partials
+}
+
 // acc[rt][j][4] of warp-row-tile rt: rows (g, g+8), columns 8j + 2t + {0, 1}. With SPLIT == 1 the
 // fragments go to C directly; otherwise through shared memory and the cluster reduction, each CTA
 // of the cluster summing MC/SPLIT rows over all ranks in rank order.
@@ -336,24 +362,7 @@ __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__
             *reinterpret_cast<float2*>(cpart + (lr + 8) * W + col) = make_float2(acc[rt][j][2], acc[rt][j][3]);
         }
     }
-    cluster_sync_all();
-    const u32 rank = cluster_rank();
-    constexpr int SHARE = MC / SPLIT;
-    const u32 base = smem_addr(cpart);
-    for (int i = threadIdx.x; i < SHARE * (W / 4); i += blockDim.x) {
-        const int lr = rank * SHARE + i / (W / 4);
-        const int col = 4 * (i % (W / 4));
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int q = 0; q < SPLIT; ++q) {
-            const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), (u32)q);
-            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
-        }
-        const int row = tile0 * 16 + lr;
-        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
-        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
-    }
-    cluster_sync_all();                               // peers may still read our partials
+    split_reduce<BF16, NT, MC, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
 }
 
 // Where a warp of the streaming kernels works: CTA (x, y, z) owns row tiles x * WARPS * R .. (its warp
@@ -929,6 +938,155 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 #endif
 }
 
+// ---- tc_sp24tma: the wgmma kernel fed by the copy engine -------------------------------------
+// tc_sp24wg spends its issue slots on feeding itself: every thread stages B pieces with cp.async,
+// the CTA meets at a barrier per chunk, every warp waits for its own copies (H200 ncu, session 27,
+// 11008x4096 2:4 at N = 64: 8.3 M warp instructions, issue active 48%, DRAM 50%, stalls on the
+// wait / barrier / long scoreboard). Here one producer warp drives the copy engine instead: per chunk
+// one mbarrier-tracked transaction with B (a tiled tensor copy that lands B in the swizzled canonical
+// layout the descriptor reads) and each warp's A block (two 1-D bulk copies, 1024 bytes of values and
+// 128 of metadata, already laid out as the slot tc_sp24wg's cp.async builds), STAGES chunks ahead.
+// The consumer warpgroups only wait on the stage's "full" barrier, read A (three shared loads), issue
+// the two wgmma and, once a chunk's wgmma are done, arrive on its "empty" barrier: no CTA barrier.
+//
+// B's tensor map (host: tc_launch / tensor_map.py) views B[K, N] as 3-D, {N, 16, K / 16} with row
+// strides ldb and 16 ldb, so that box {8 NT' , 4, 4} at (n, 4q, k / 16) copies rows k + 4q + p + 16 tt
+// (p, tt < 4) as 16 consecutive shared rows: exactly the physical rows 16q .. 16q + 15 of the chunk
+// under phys_row_sp (logical row 16 tt + 4q + p). Four boxes per 64-column block fill a chunk; rows
+// past K (K a multiple of 16) and columns past N arrive as zeros.
+struct __align__(64) TensorMap { u64 w[16]; };
+
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void tensor_copy_3d(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// One stage: B's chunk (WgB<NT>::CHUNK bytes, 1024-aligned), then WARPS A slots of SD_WG_SLOT
+// bytes, the whole rounded up to 1024 so every stage's B starts on the swizzle's period.
+template <int NT, int WARPS>
+struct TmaStage {
+    static constexpr int B_BYTES = WgB<NT>::CHUNK;
+    static constexpr int BYTES = (B_BYTES + WARPS * SD_WG_SLOT + SD_WG_ALIGN - 1) / SD_WG_ALIGN * SD_WG_ALIGN;
+};
+
+// CTA: WARPS consumer warps (WARPS / 4 warpgroups, one 16-row tile each, as tc_sp24wg with R = 1)
+// and one producer warp (the last). MINB as tc_sp24wg's (0 = no cap). The trailing arguments are
+// tc_sp24wg's, so the host launches both the same way (B's pointer, ldb and bvec are unused here:
+// the tensor map carries B).
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int MINB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32, MINB)
+tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, const u32* __restrict__ meta,
+           const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc,
+           int chunks_per_cta, int tiles, int bvec) {
+    static_assert(WARPS % 4 == 0, "a CTA holds whole warpgroups");
+    static_assert(NT == 4 || NT == 8 || NT == 16, "the tensor copy fills 64-, 128-byte swizzled rows");
+    static_assert(STAGES >= 2, "one chunk in flight at least");
+#if SD_HAVE_WGMMA
+    using Stage = TmaStage<NT, WARPS>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, warp = ww.warp, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
+    const int nc = ww.c1 - c0;
+    const u32 bars = smem_addr(smem);                     // full[STAGES], then empty[STAGES]
+    const u32 base = (bars + 16 * STAGES + SD_WG_ALIGN - 1) & ~(u32)(SD_WG_ALIGN - 1);
+    unsigned char* stages = smem + (base - bars);
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);                   // the producer's expect_tx arrival
+            mbar_init(bars + 8 * (STAGES + s), WARPS);    // one arrival per consumer warp
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    float acc[1][NT][4];
+    if (warp == WARPS) {
+        if (lane == 0 && nc > 0) {
+            asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(&bmap)) : "memory");
+            const int live = max(0, min(WARPS, tiles - tile0));   // warps whose tile lies inside M
+            const u32 bytes = (u32)(Stage::B_BYTES + live * SD_WG_SLOT);
+            for (int i = 0; i < nc; ++i) {
+                const int s = i % STAGES;
+                const u32 full = bars + 8 * s, stage = base + (u32)(s * Stage::BYTES);
+                if (i >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((i / STAGES) - 1) & 1);
+                mbar_expect_tx(full, bytes);
+                const int c = c0 + i;
+#pragma unroll
+                for (int h = 0; h < WgB<NT>::SUB; ++h)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q)
+                        tensor_copy_3d(stage + h * WgB<NT>::BLOCK + q * 16 * WgB<NT>::ROW, &bmap,
+                                       n0 + 64 * h, 4 * q, c * (SD_CHUNK / 16), full);
+                for (int w = 0; w < live; ++w) {
+                    const long long blk = sp_block(ww.nchunks, tile0 + w, c);
+                    const u32 slot = stage + (u32)(Stage::B_BYTES + w * SD_WG_SLOT);
+                    bulk_copy(slot, sp_values(V, blk, 0), 1024u, full);
+                    bulk_copy(slot + 1024, sp_meta_words(meta, blk, 0, 0), 128u, full);
+                }
+            }
+        }
+    } else {
+        u32 x[2][10];
+        sp_zero(x[0]);
+        sp_zero(x[1]);
+        const bool live = tile < tiles;
+        const u32 aslot = base + (u32)(Stage::B_BYTES + warp * SD_WG_SLOT);
+        auto step = [&](int i, u32 (&xa)[10]) {
+            const int s = i % STAGES;
+            const u32 stage = (u32)(s * Stage::BYTES);
+            mbar_wait(bars + 8 * s, (i / STAGES) & 1);
+            if (live) sp_lds(aslot + stage, lane, xa);
+            wg_fence();
+            wgmma_sp<BF16, NT>(acc[0], xa[0], xa[4], xa[1], xa[5], WgB<NT>::desc(base + stage), xa[8], i > 0);
+            wgmma_sp<BF16, NT>(acc[0], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(base + stage + WgB<NT>::STEP), xa[9], 1u);
+            wg_commit();
+            wg_wait<1>();                                  // chunk i - 1's wgmma are done: release its stage
+            if (i > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (i - 1) % STAGES));
+        };
+        for (int i = 0; i < nc; i += 2) {                  // two register sets: chunk i's may still be read
+            step(i, x[0]);
+            if (i + 1 < nc) step(i + 1, x[1]);
+        }
+        wg_wait<0>();
+        if (nc <= 0) {
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        }
+    }
+    float* cpart = reinterpret_cast<float*>(stages);
+    if (SPLIT == 1) {
+        if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        return;
+    }
+    __syncthreads();                                      // every stage consumed: partials go over them
+    if (warp < WARPS) {
+        epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+    } else {
+        split_reduce<BF16, NT, WARPS * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
+    }
+#else
+    __trap();
+#endif
+}
+
 // ---- tc_bitmap ------------------------------------------------------------------------------
 // Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]
 // (in 16-byte units): a 176-byte chunk header, then the values of its 4 steps, then padding. A
@@ -1229,6 +1387,9 @@ SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
 SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
 template __global__ void tc_sp24wg<0, 8, 1, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL);
 template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 1>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
+#define SD_TMA(BF, NT, W, S, ST, MB) template __global__ void tc_sp24tma<BF, NT, W, S, ST, MB>( \
+    const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, SD_TAIL);
+SD_TMA(0, 8, 8, 1, 4, 0) SD_TMA(1, 8, 8, 4, 4, 2) SD_TMA(0, 16, 8, 2, 3, 0) SD_TMA(0, 4, 4, 8, 6, 3)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
