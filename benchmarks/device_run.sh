@@ -80,7 +80,7 @@ for stage in "$@"; do
       timeout 240 python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
         --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
       grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8
-      TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"SPLIT": 4}, {"SPLIT": 8}, {"WSTAGES": 6, "SPLIT": 4}, {"WARPS": 4}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
+      TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"WARPS": 4}, {"SPLIT": 4}, {"WARPS": 4, "SPLIT": 4}, {"WSTAGES": 6}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
       timeout ${TMA_SWEEP_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${TMA_N:-32 64 128} --repeats 20 \
         --variants "$TV" --out "$OUT/tma.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/tma.log" | grep "N=" | sed 's/  */ /g' | cut -c1-170
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;

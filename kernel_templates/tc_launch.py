@@ -74,7 +74,7 @@ MMA_CHOICES = ("auto", "sync", "wgmma")
 # (tensor_map.tma_ready; checked per launch, so an unaligned B falls back to cp for that call).
 WLOAD_CHOICES = ("auto", "cp", "tma")
 TMA_NT = (4, 8, 16)
-TMA_BARRIER_BYTES = 16            # per stage: its "full" and "empty" mbarriers
+TMA_BARRIER_BYTES = 8             # per mbarrier: B's full and empty and each consumer warp's A full, per stage
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
 
@@ -198,12 +198,13 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     tc_lanemask, tc_sp24wg, tc_sp24tma). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row
     chunks of B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes
     (WG_ALIGN_PAD), keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp;
-    tc_sp24tma (load "tma") has `pipe` stages after their mbarriers, its partials over the stages."""
+    tc_sp24tma (load "tma") has `pipe` stages after their mbarriers (B full and empty and one per
+    warp for its A per stage), its partials over the stages."""
     if load == "tma":
         stages = pipe * tma_stage_bytes(nt, warps)
         if split > 1:
             stages = max(stages, warps * TILE_M * nt * 8 * 4)
-        return TMA_BARRIER_BYTES * pipe + WG_ALIGN_PAD + stages
+        return TMA_BARRIER_BYTES * pipe * (2 + warps) + WG_ALIGN_PAD + stages
     if mma == "wgmma":
         slots = b_ring or chunks_per_cta
         total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * rows_per_warp * WG_A_SLOT

@@ -254,7 +254,7 @@ def test_wload_takes_the_copy_engine_kernel_where_it_applies():
 @pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (4096, 4096), (300, 1024), (16, 64)])
 def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
     """tc_sp24tma's CTA is WARPS consumer warps plus one producer warp; its shared memory is the
-    stages' mbarriers, a 1024-byte alignment pad and WSTAGES stages of (B chunk + every warp's A
+    stages' mbarriers (B full, B empty, each warp's A full), a 1024-byte alignment pad and WSTAGES stages of (B chunk + every warp's A
     slot, rounded to 1024), the split-K partials laid over the stages; no register cap by default."""
     tiles, nchunks = -(-m // 16), -(-k // 64)
     for stages in (2, 3, 4, 6, 8):
@@ -268,12 +268,13 @@ def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
                     continue
                 assert g["load"] == "tma" and g["pipe"] == stages and g["block"] == ((warps + 1) * 32, 1, 1)
                 want = 4 if n <= 32 else 8 if n <= 64 else 16       # fewer n8 tiles only where stages do not fit
-                assert g["nt"] == want or (g["nt"] < want and 16 * stages + 1024 + stages * tc_launch.tma_stage_bytes(
+                assert g["nt"] == want or (g["nt"] < want and 1024 + stages * tc_launch.tma_stage_bytes(
                     want, warps) > tc_launch.SMEM_LIMIT)
                 assert g["minb"] == 0
                 stage = -(-(64 * 16 * g["nt"] + warps * tc_launch.WG_A_SLOT) // 1024) * 1024
                 partials = warps * 16 * g["nt"] * 8 * 4 if g["split"] > 1 else 0
-                assert g["smem"] == 16 * stages + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
+                bars = 8 * stages * (2 + warps)
+                assert g["smem"] == bars + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
                 name = tc_launch.kernel_name("sp24", 1, g)
                 assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0>"
     regs = {(8, "tma"): 78, (16, "tma"): 110, (4, "tma"): 62}

@@ -948,6 +948,12 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 // 128 of metadata, already laid out as the slot tc_sp24wg's cp.async builds), STAGES chunks ahead.
 // The consumer warpgroups only wait on the stage's "full" barrier, read A (three shared loads), issue
 // the two wgmma and, once a chunk's wgmma are done, arrive on its "empty" barrier: no CTA barrier.
+// A is a warp's own: its slot of a stage is free once its own shared loads have returned, so each
+// consumer warp refills it itself (lane 0, two bulk copies on a barrier of its own, STAGES chunks
+// ahead) right after the wgmma that used it. The first version had the producer issue every warp's
+// A as well (20 copies per chunk from one thread): on the H200 (session 28) that thread set the pace,
+// 11008x4096 2:4 at N = 64 took 31.2 us (0.81x cuBLAS) and WARPS = 4 (two producers per 128 rows)
+// 22.5 us, with consumers stalled on the barriers (ncu: long scoreboard 9.65 per issue).
 //
 // B's tensor map (host: tc_launch / tensor_map.py) views B[K, N] as 3-D, {N, 16, K / 16} with row
 // strides ldb and 16 ldb, so that box {8 NT' , 4, 4} at (n, 4q, k / 16) copies rows k + 4q + p + 16 tt
@@ -1005,15 +1011,16 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
     const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
     const int nc = ww.c1 - c0;
-    const u32 bars = smem_addr(smem);                     // full[STAGES], then empty[STAGES]
-    const u32 base = (bars + 16 * STAGES + SD_WG_ALIGN - 1) & ~(u32)(SD_WG_ALIGN - 1);
+    // mbarriers: B full[STAGES], B empty[STAGES], then each consumer warp's A full[STAGES]
+    const u32 bars = smem_addr(smem);
+    const u32 base = (bars + 8 * STAGES * (2 + WARPS) + SD_WG_ALIGN - 1) & ~(u32)(SD_WG_ALIGN - 1);
     unsigned char* stages = smem + (base - bars);
     if (threadIdx.x == 0) {
-#pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                   // the producer's expect_tx arrival
             mbar_init(bars + 8 * (STAGES + s), WARPS);    // one arrival per consumer warp
         }
+        for (int s = 0; s < STAGES * WARPS; ++s) mbar_init(bars + 8 * (2 * STAGES + s), 1);
         fence_barrier_init();
     }
     __syncthreads();
@@ -1021,43 +1028,50 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
     if (warp == WARPS) {
         if (lane == 0 && nc > 0) {
             asm volatile("prefetch.tensormap [%0];" :: "l"(reinterpret_cast<u64>(&bmap)) : "memory");
-            const int live = max(0, min(WARPS, tiles - tile0));   // warps whose tile lies inside M
-            const u32 bytes = (u32)(Stage::B_BYTES + live * SD_WG_SLOT);
             for (int i = 0; i < nc; ++i) {
                 const int s = i % STAGES;
                 const u32 full = bars + 8 * s, stage = base + (u32)(s * Stage::BYTES);
                 if (i >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((i / STAGES) - 1) & 1);
-                mbar_expect_tx(full, bytes);
-                const int c = c0 + i;
+                mbar_expect_tx(full, (u32)Stage::B_BYTES);
 #pragma unroll
                 for (int h = 0; h < WgB<NT>::SUB; ++h)
 #pragma unroll
                     for (int q = 0; q < 4; ++q)
                         tensor_copy_3d(stage + h * WgB<NT>::BLOCK + q * 16 * WgB<NT>::ROW, &bmap,
-                                       n0 + 64 * h, 4 * q, c * (SD_CHUNK / 16), full);
-                for (int w = 0; w < live; ++w) {
-                    const long long blk = sp_block(ww.nchunks, tile0 + w, c);
-                    const u32 slot = stage + (u32)(Stage::B_BYTES + w * SD_WG_SLOT);
-                    bulk_copy(slot, sp_values(V, blk, 0), 1024u, full);
-                    bulk_copy(slot + 1024, sp_meta_words(meta, blk, 0, 0), 128u, full);
-                }
+                                       n0 + 64 * h, 4 * q, (c0 + i) * (SD_CHUNK / 16), full);
             }
         }
     } else {
         u32 x[2][10];
         sp_zero(x[0]);
         sp_zero(x[1]);
-        const bool live = tile < tiles;
+        const bool live = tile < tiles;                    // a tile past M keeps zeros and copies nothing
         const u32 aslot = base + (u32)(Stage::B_BYTES + warp * SD_WG_SLOT);
+        const u32 afull = bars + 8 * (2 * STAGES + warp * STAGES);
+        auto fetch_a = [&](int i) {                        // lane 0: chunk i of this warp's tile
+            const int s = i % STAGES;
+            const long long blk = sp_block(ww.nchunks, tile, c0 + i);
+            const u32 bar = afull + 8 * s, slot = aslot + (u32)(s * Stage::BYTES);
+            mbar_expect_tx(bar, (u32)SD_WG_SLOT);
+            bulk_copy(slot, sp_values(V, blk, 0), 1024u, bar);
+            bulk_copy(slot + 1024, sp_meta_words(meta, blk, 0, 0), 128u, bar);
+        };
+        if (live && lane == 0)
+            for (int i = 0; i < min(STAGES, nc); ++i) fetch_a(i);
         auto step = [&](int i, u32 (&xa)[10]) {
             const int s = i % STAGES;
             const u32 stage = (u32)(s * Stage::BYTES);
+            if (live) {
+                mbar_wait(afull + 8 * s, (i / STAGES) & 1);
+                sp_lds(aslot + stage, lane, xa);
+            }
             mbar_wait(bars + 8 * s, (i / STAGES) & 1);
-            if (live) sp_lds(aslot + stage, lane, xa);
             wg_fence();
             wgmma_sp<BF16, NT>(acc[0], xa[0], xa[4], xa[1], xa[5], WgB<NT>::desc(base + stage), xa[8], i > 0);
             wgmma_sp<BF16, NT>(acc[0], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(base + stage + WgB<NT>::STEP), xa[9], 1u);
             wg_commit();
+            // the wgmma took xa, so this warp's loads of the slot have returned: refill it
+            if (live && lane == 0 && i + STAGES < nc) fetch_a(i + STAGES);
             wg_wait<1>();                                  // chunk i - 1's wgmma are done: release its stage
             if (i > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (i - 1) % STAGES));
         };
