@@ -76,13 +76,15 @@ for stage in "$@"; do
       # issue 10, session 28: tc_sp24tma (wgmma fed by the copy engine) — the 2:4 check rows across its
       # params and cp's, the wide-N sweep against tc_sp24wg (WLOAD=cp), ncu of the default at N = 64
       timeout 90 python3 benchmarks/tma_smoke.py 2>&1 | grep -v Warn | tail -8
-      TC='{"tc_sp24": [{}, {"WLOAD": "cp"}, {"WSTAGES": 2, "SPLIT": 1}, {"WARPS": 4, "WSTAGES": 6}, {"SPLIT": 8, "WSTAGES": 3}, {"WARPS": 16}]}'
+      TC='{"tc_sp24": [{}, {"WLOAD": "cp"}, {"WSTAGES": 2, "SPLIT": 1}, {"TWARPS": 8, "WSTAGES": 6}, {"SPLIT": 8, "WSTAGES": 3}, {"TWARPS": 16}]}'
       timeout 240 python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
         --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
       grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8
-      TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"WARPS": 4}, {"SPLIT": 4}, {"WARPS": 4, "SPLIT": 4}, {"WSTAGES": 6}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
+      TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"WSTAGES": 3}, {"WSTAGES": 6}, {"TWARPS": 8}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
       timeout ${TMA_SWEEP_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${TMA_N:-32 64 128} --repeats 20 \
         --variants "$TV" --out "$OUT/tma.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/tma.log" | grep "N=" | sed 's/  */ /g' | cut -c1-170
+      [ -n "${TMA_BF16:-1}" ] && timeout 120 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
+        --dtype bfloat16 --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_bf16.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;

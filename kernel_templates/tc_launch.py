@@ -74,6 +74,11 @@ MMA_CHOICES = ("auto", "sync", "wgmma")
 # (tensor_map.tma_ready; checked per launch, so an unaligned B falls back to cp for that call).
 WLOAD_CHOICES = ("auto", "cp", "tma")
 TMA_NT = (4, 8, 16)
+# tc_sp24tma's consumer warps per CTA ("auto" TWARPS): one warpgroup, so 64-row CTAs. Measured on the
+# H200 (session 28, 2:4, N = 64, chained): 8 warps (128 rows, two CTAs per SM by registers, 172 CTAs
+# on 11008x4096) 25.0 us; 4 warps 21.5 us (and 13.5 vs 15.3 on 4096x4096), whatever B traffic the
+# smaller row blocks add.
+TMA_WARPS = 4
 TMA_BARRIER_BYTES = 8             # per mbarrier: B's full and empty and each consumer warp's A full, per stage
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -143,6 +148,15 @@ def load_for(params: dict, mma: str, nt: int, rows: int, b_tma: bool) -> str:
     if mma != "wgmma" or choice == "cp":
         return "cp"
     return "tma" if rows == 1 and nt in TMA_NT and b_tma else "cp"
+
+
+def tma_warps(params: dict) -> int:
+    """tc_sp24tma's consumer warps: TWARPS, "auto" = TMA_WARPS (the other kernels take WARPS)."""
+    value = params.get("TWARPS", "auto")
+    warps = TMA_WARPS if value == "auto" else int(value)
+    if warps % 4 or warps <= 0:
+        raise ValueError(f"tc_sp24tma runs whole warpgroups: TWARPS must be 'auto' or a multiple of 4, got {value!r}.")
+    return warps
 
 
 def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
@@ -286,12 +300,12 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
     slot_bytes = int(params.get("SLOT_BYTES", 0))
-    gx = -(-tiles // (warps * rows))
     split = params.get("SPLIT", "auto")
     candidates = SPLIT_CHOICES if split == "auto" else (int(split),)
     nt = n_tiles_for(n, mma)
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
         load = load_for(params, mma, nt, rows, b_tma)
+        warps = tma_warps(params) if load == "tma" else int(params["WARPS"])
         pipe = int(params.get("WSTAGES", 4) if load == "tma" else
                    params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
         feasible = []
@@ -304,15 +318,16 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         if feasible or nt == 1:
             break
         nt //= 2
+    gx = -(-tiles // (warps * rows))
     gz = -(-n // (8 * nt))
     if not feasible:
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
     cta_warps = warps + 1 if load == "tma" else warps    # tc_sp24tma's producer warp
-    if split == "auto":
+    if split == "auto":   # tc_sp24tma keeps the closest-to-two-CTAs-per-SM rule (no long-slice preference)
         s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, cta_warps,
                                           (regs_by_nt or {}).get(regs_key(nt, mma, load)),
-                                          WG_LONG_SLICE_CHUNKS if mma == "wgmma" and nt >= 8 else 0)
+                                          WG_LONG_SLICE_CHUNKS if load == "cp" and mma == "wgmma" and nt >= 8 else 0)
     else:
         s, cpc, smem, bring = feasible[0]
     if load == "tma":   # no cap by default: a cap that forces 3 CTAs per SM spills (72 registers, nvcc 13.0)

@@ -243,7 +243,11 @@ def test_wload_takes_the_copy_engine_kernel_where_it_applies():
         tc_launch.load_for({**TMA_PARAMS, "WLOAD": "bulk"}, "wgmma", 8, 1, True)
     g = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, TMA_PARAMS, 132, None, H200_CC)
     name = tc_launch.kernel_name("sp24", 0, g)
-    assert g["load"] == "tma" and name.startswith("tc_sp24tma<0, 8, 8, ")
+    assert g["load"] == "tma" and name.startswith(f"tc_sp24tma<0, 8, {tc_launch.TMA_WARPS}, ")
+    assert g["block"] == ((tc_launch.TMA_WARPS + 1) * 32, 1, 1) and g["grid"][0] == 11008 // 16 // tc_launch.TMA_WARPS
+    assert tc_launch.tma_warps({"TWARPS": 8}) == 8 and tc_launch.tma_warps({}) == tc_launch.TMA_WARPS
+    with pytest.raises(ValueError, match="TWARPS"):
+        tc_launch.tma_warps({"TWARPS": 6})
     assert tc_launch.kernel_arch(name) == tc_launch.WGMMA_ARCH
     unaligned = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 64, TMA_PARAMS, 132, None, H200_CC, False)
     assert unaligned["load"] == "cp" and tc_launch.kernel_name("sp24", 0, unaligned).startswith("tc_sp24wg<")
@@ -259,7 +263,7 @@ def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
     tiles, nchunks = -(-m // 16), -(-k // 64)
     for stages in (2, 3, 4, 6, 8):
         for warps in (4, 8, 16):
-            params = {**TMA_PARAMS, "WSTAGES": stages, "WARPS": warps}
+            params = {**TMA_PARAMS, "WSTAGES": stages, "TWARPS": warps}
             for n in (32, 33, 64, 65, 128, 129, 300):
                 try:
                     g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, None, H200_CC)
@@ -277,10 +281,21 @@ def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
                 assert g["smem"] == bars + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
                 name = tc_launch.kernel_name("sp24", 1, g)
                 assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0>"
+
+
+
+def test_tma_auto_split_keeps_about_two_ctas_per_sm():
+    """tc_sp24tma's auto split counts its producer warp and takes the one-wave grid closest to two
+    CTAs per SM, without the cp kernel's long-slice preference: the geometries below are those
+    measured fastest on the H200 (session 28, N = 64: 11008x4096 split 2 (344 CTAs) 21.5 us against
+    36.0 at split 4; 4096x11008 split 4 26.7 us against 32.0 at split 8; 4096x4096 split 4)."""
     regs = {(8, "tma"): 78, (16, "tma"): 110, (4, "tma"): 62}
-    g = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, TMA_PARAMS, 132, regs, H200_CC)
-    resident = tc_launch.resident_ctas(9, g["smem"], 78)
-    assert g["grid"][0] * g["grid"][1] <= max(resident * 132, g["grid"][0])   # one wave (or one split)
+    want = {(11008, 4096, 64): (172, 2, 1), (4096, 11008, 64): (64, 4, 1), (4096, 4096, 64): (64, 4, 1)}
+    for (m, k, n), grid in want.items():
+        g = tc_launch.plan_geometry("sp24", m // 16, k // 64, n, TMA_PARAMS, 132, regs, H200_CC)
+        assert g["load"] == "tma" and g["grid"] == grid, (m, k, n, g["grid"])
+        resident = tc_launch.resident_ctas(tc_launch.TMA_WARPS + 1, g["smem"], regs[(g["nt"], "tma")])
+        assert grid[0] * grid[1] <= resident * 132
 
 
 @pytest.mark.parametrize("k,ok", [(4096, True), (11008, True), (4160, True), (300, False), (72, False)])
@@ -534,8 +549,8 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
 @pytest.mark.parametrize("params", [{"MMA": "wgmma", "WLOAD": "cp"},
                                     {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 4, "WPIPE": 2, "SPLIT": 8},
                                     {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 16, "WPIPE": 6, "BRING": 4},
-                                    {"MMA": "wgmma"}, {"MMA": "wgmma", "WARPS": 4, "WSTAGES": 2, "SPLIT": 8},
-                                    {"MMA": "wgmma", "WARPS": 16, "WSTAGES": 6, "SPLIT": 1}])
+                                    {"MMA": "wgmma"}, {"MMA": "wgmma", "TWARPS": 8, "WSTAGES": 2, "SPLIT": 8},
+                                    {"MMA": "wgmma", "TWARPS": 16, "WSTAGES": 6, "SPLIT": 1}])
 def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
     """tc_sp24's sm_90a kernel through the sandboxed verifier at every block width (N = 1 .. 129: n8
     tiles 1 .. 16, two 128-column blocks), rows past the last warpgroup and a K that is not a
