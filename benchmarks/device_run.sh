@@ -86,6 +86,16 @@ for stage in "$@"; do
       [ -n "${TMA_BF16:-1}" ] && timeout 120 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
         --dtype bfloat16 --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_bf16.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;
+    tma-verify)
+      # session 28: tc_sp24tma through the sandboxed verifier (ctypes tensor map inside the worker), the
+      # default geometry's times at N = 64 / 128, and what run_graph chooses at N = 64 on 11008x4096 2:4
+      timeout 90 python3 benchmarks/tma_smoke.py 2>&1 | grep -v Warn | tail -8
+      timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tc_templates.py \
+        -k "test_gpu_wgmma_kernel_verifies_against_fp64 and ((params3 and float16) or (params4 and bfloat16))" 2>&1 | tail -4
+      timeout 150 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
+        --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_default.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
+      mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
+      timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;

@@ -79,6 +79,10 @@ TMA_NT = (4, 8, 16)
 # on 11008x4096) 25.0 us; 4 warps 21.5 us (and 13.5 vs 15.3 on 4096x4096), whatever B traffic the
 # smaller row blocks add.
 TMA_WARPS = 4
+# and its stages ("auto" WSTAGES), H200 session 28, chained: at N = 64 4 stages (11008x4096 21.6 us,
+# 3: 23.7, 6: 30.9: deeper stages cost CTAs per SM); at N = 128 3 stages (28.8 us against 34.9 at 4)
+TMA_STAGES = 4
+TMA_STAGES_WIDE = 3
 TMA_BARRIER_BYTES = 8             # per mbarrier: B's full and empty and each consumer warp's A full, per stage
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -157,6 +161,15 @@ def tma_warps(params: dict) -> int:
     if warps % 4 or warps <= 0:
         raise ValueError(f"tc_sp24tma runs whole warpgroups: TWARPS must be 'auto' or a multiple of 4, got {value!r}.")
     return warps
+
+
+def tma_stages(params: dict, nt: int) -> int:
+    """tc_sp24tma's pipeline depth: WSTAGES, "auto" = TMA_STAGES_WIDE at 128-column blocks (their
+    25 KiB stages: 3 fit three CTAs per SM where 4 fit two), TMA_STAGES below."""
+    value = params.get("WSTAGES", "auto")
+    if value == "auto":
+        return TMA_STAGES_WIDE if nt >= 16 else TMA_STAGES
+    return int(value)
 
 
 def wg_minb(params: dict, nt: int, warps: int, rows: int = 1) -> int:
@@ -306,8 +319,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     while True:   # wide N with long K: fewer n8 tiles per launch (more n blocks) until B fits
         load = load_for(params, mma, nt, rows, b_tma)
         warps = tma_warps(params) if load == "tma" else int(params["WARPS"])
-        pipe = int(params.get("WSTAGES", 4) if load == "tma" else
-                   params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0))
+        pipe = (tma_stages(params, nt) if load == "tma" else
+                int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0)))
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)

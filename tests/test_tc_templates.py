@@ -136,7 +136,7 @@ def test_b_ring_holds_chunks_not_the_k_slice():
 # tc_sp24tma wherever it applies
 WG_PARAMS = {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
              "WPIPE": 3, "WLOAD": "cp"}
-TMA_PARAMS = {**WG_PARAMS, "WLOAD": "auto", "WSTAGES": 4}
+TMA_PARAMS = {**WG_PARAMS, "WLOAD": "auto", "WSTAGES": "auto"}
 H200_CC = (9, 0)
 
 
@@ -293,9 +293,14 @@ def test_tma_auto_split_keeps_about_two_ctas_per_sm():
     want = {(11008, 4096, 64): (172, 2, 1), (4096, 11008, 64): (64, 4, 1), (4096, 4096, 64): (64, 4, 1)}
     for (m, k, n), grid in want.items():
         g = tc_launch.plan_geometry("sp24", m // 16, k // 64, n, TMA_PARAMS, 132, regs, H200_CC)
-        assert g["load"] == "tma" and g["grid"] == grid, (m, k, n, g["grid"])
+        assert g["load"] == "tma" and g["grid"] == grid and g["pipe"] == tc_launch.TMA_STAGES, (m, k, n, g)
         resident = tc_launch.resident_ctas(tc_launch.TMA_WARPS + 1, g["smem"], regs[(g["nt"], "tma")])
         assert grid[0] * grid[1] <= resident * 132
+    # 128-column blocks: 3 stages, so three CTAs fit an SM (4 stages: two; 28.8 vs 34.9 us on 11008x4096)
+    wide = tc_launch.plan_geometry("sp24", 11008 // 16, 4096 // 64, 128, TMA_PARAMS, 132, regs, H200_CC)
+    assert wide["nt"] == 16 and wide["pipe"] == tc_launch.TMA_STAGES_WIDE == 3
+    assert tc_launch.resident_ctas(tc_launch.TMA_WARPS + 1, wide["smem"], 110) == 3
+    assert tc_launch.tma_stages({"WSTAGES": 6}, 16) == 6
 
 
 @pytest.mark.parametrize("k,ok", [(4096, True), (11008, True), (4160, True), (300, False), (72, False)])

@@ -18,9 +18,9 @@ META = {
     "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
                "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4],
                "MMA": ["auto", "sync", "wgmma"], "WPIPE": [2, 3, 4, 6], "WLOAD": ["auto", "cp", "tma"],
-               "WSTAGES": [2, 3, 4, 6, 8], "TWARPS": ["auto", 4, 8, 16]},
+               "WSTAGES": ["auto", 2, 3, 4, 6, 8], "TWARPS": ["auto", 4, 8, 16]},
     "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
-                 "WPIPE": 3, "WLOAD": "auto", "WSTAGES": 4,
+                 "WPIPE": 3, "WLOAD": "auto", "WSTAGES": "auto",
                  "TWARPS": "auto"},
     # H200 (session 25, llm_layers --cases nm24 --n 8 16, chained): PIPE=4 needs 87 registers at
     # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
