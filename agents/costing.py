@@ -147,7 +147,9 @@ def roofline_for(state: dict, ctx: Context, template: str, params: dict, a_bytes
     est_gpu = cost_on(gpu_target) if gpu_target is not None else est
     return {"estimate_ms": est.seconds * 1e3, "measured_ms": est_gpu.seconds * 1e3, "bound": est_gpu.bound,
             "bytes": float(est_gpu.bytes), "flops": float(est_gpu.flops), "a_bytes": est_gpu.a_bytes,
-            "a_bytes_measured": a_bytes is not None}
+            "a_bytes_measured": a_bytes is not None,
+            # the byte/flop roofline alone: a decode- or imbalance-bound estimate sits above it
+            "roofline_only_ms": max(est_gpu.memory_s, est_gpu.compute_s) * 1e3}
 
 
 def _measured_bytes_model(report, n: int, dtype: str, target, a_bytes: float):

@@ -292,7 +292,7 @@ class ExpertPolicy:
             return (f"best {best.template} at {_fmt_ms(best.median_ms)} is within "
                     f"{self.near_roofline:.0%} of the best roofline ({_fmt_ms(inp.roofline_ms)})")
         if best.pct_of_roofline is not None and best.pct_of_roofline >= self.near_roofline * 100:
-            return (f"best {best.template} runs at {best.pct_of_roofline:.0f}% of its roofline "
+            return (f"best {best.template} runs at {best.pct_of_roofline:.0f}% of its cost-model bound "
                     f"(>= {self.near_roofline:.0%})")
         timed = [t.median_ms for t in inp.tried if t.status == "verified" and t.median_ms]
         if len(timed) > self.plateau:

@@ -54,6 +54,14 @@ def bottleneck_summary(median_ms: float, gpu: bool, est: dict | None, pct: float
     elif est["bound"] == "memory":
         achieved = est["bytes"] / (median_ms * 1e-3) / 1e9
         line = (f"memory-bound at {pct:.0f}% of roofline ({est['bytes'] / 1e6:.2f} MB at {achieved:.0f} GB/s)")
+    elif est["bound"] in ("decode", "imbalance"):
+        # the estimate is a measured floor above the byte roofline: say both, never "% of peak"
+        achieved = est["bytes"] / (median_ms * 1e-3) / 1e9
+        line = (f"{est['bound']}-bound: {pct:.0f}% of the model's measured {est['bound']} floor "
+                f"({est['measured_ms'] * 1e3:.1f} us)")
+        if est.get("roofline_only_ms"):
+            line += (f", {100.0 * est['roofline_only_ms'] / median_ms:.0f}% of the byte roofline "
+                     f"({est['bytes'] / 1e6:.2f} MB at {achieved:.0f} GB/s)")
     else:
         line = f"compute-bound at {pct:.0f}% of the roofline peak"
     if note:

@@ -351,7 +351,11 @@ def tc_stream_floor_s(m: int, k: int, n: int, target: Any, step_s: float = TC_TI
 # compute-capability 9.0 GPU), measured on the H200 (session 27, chained, 2:4): 22.9 us on 11008x4096
 # and 28.2 us on 4096x11008 at N = 64 (0.065-0.080 ns per tile x chunk x n8 tile), 38.1 us on
 # 11008x4096 at N = 128 (0.054 ns); it runs N up to 128 as one block, reading A once.
-TC_WG_TILE_STEP_S = 0.065e-9
+# Session 28, fed by the copy engine (tc_sp24tma, the default where B allows): N = 64 21.6 / 26.6 /
+# 13.4 us on 11008x4096 / 4096x11008 / 4096x4096 (0.061 / 0.076 / 0.102 ns), N = 128 28.9 / 34.6 /
+# 16.8 us (0.041 / 0.049 / 0.064 ns). 0.061 keeps the ranking every one of those rows measured
+# (ahead of cuBLAS at N = 32-64 on the large shapes, behind it at N = 128), a floor at N = 64.
+TC_WG_TILE_STEP_S = 0.061e-9
 TC_WG_N_BLOCK = 128
 TC_WG_FROM_N = 32
 TC_WG_CC = (9, 0)

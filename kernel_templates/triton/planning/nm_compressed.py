@@ -4,9 +4,15 @@ from __future__ import annotations
 import math
 
 from sparseditto.kernel_templates.cost import (TENSOR_TILE_N, VALUE_BYTES, CostTerms, csr_bytes, mma_unit, nm_bytes,
-                                               nm_ratio, round_up)
+                                               nm_ratio, round_up, tc_stream_floor_s)
 
 NM_CONFORMANCE_MIN = 0.9
+# The expand (values and 2/4-bit positions back into dense tiles in registers) is instruction-bound
+# and redone per block of N: measured on the H200 (session 28, run_graph at N = 64, 11008x4096 2:4)
+# 52.2 us where the byte roofline says 14.7, i.e. 0.148 ns per (16-row tile, 64-column chunk, n8
+# tile). As a floor (tc_stream_floor_s) it is below the byte time up to N ~ 16 (1.07x cuBLAS measured
+# at N = 16) and keeps the planner from trying it first at wide N, where tc_sp24 wins.
+NM_EXPAND_STEP_S = 0.14e-9
 APPLICABILITY = f"needs row-direction N:M conformance >= {NM_CONFORMANCE_MIN} for a ratio the template supports"
 COST_MODEL = ("bytes = M*ceil(K/m)*n*vb + packed 2/4-bit positions + residual CSR + B + C; flops 2*M*K*N16 "
               "(expanded dense dot) on tensor cores")
@@ -48,7 +54,8 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     nk, mg = nm_ratio(params, stats)
     terms = CostTerms(a_bytes=nm_bytes(stats.m, stats.k, nk, mg, vb),
                       flops=2.0 * stats.m * round_up(stats.k, mg) * round_up(n, TENSOR_TILE_N),
-                      unit=mma_unit(dtype, params))
+                      unit=mma_unit(dtype, params),
+                      decode_s=tc_stream_floor_s(stats.m, stats.k, n, target, NM_EXPAND_STEP_S))
     conf = stats.nm_conformance(nk, mg, "row")
     if conf < 1.0:
         residual = (1.0 - conf) * stats.m * math.ceil(stats.k / mg)
