@@ -96,6 +96,13 @@ for stage in "$@"; do
         --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_default.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
       mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
       timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
+    rungraph)
+      # what run_graph chooses on the 11008x4096 2:4 weight at each RUN_N (default 64 32), one memory
+      mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
+      for n in ${RUN_N:-64 32}; do
+        timeout ${WIDE_RUN_TIMEOUT:-240} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n $n --budget 3 2>&1 \
+          | grep --line-buffered -v Warn | tee "$OUT/run$n.log" | grep -E "planner|finalize|best:|speedup|candidates:|profile:" | cut -c1-260
+      done ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
