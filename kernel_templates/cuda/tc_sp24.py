@@ -13,8 +13,8 @@ META = {
     "name": "tc_sp24",
     "backend": "cuda",
     "format": "tc_sp24",
-    "description": "2:4 values + hardware metadata on mma.sp.m16n8k32 (wgmma.sp on sm_90a from N = 32), "
-                   "split-K over a CTA cluster",
+    "description": "2:4 values + hardware metadata on mma.sp.m16n8k32 (wgmma.sp on sm_90a from N = 32, "
+                   "fed by the TMA copy engine), split-K over a CTA cluster",
     "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
                "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4],
                "MMA": ["auto", "sync", "wgmma"], "WPIPE": [2, 3, 4, 6], "WLOAD": ["auto", "cp", "tma"],
@@ -34,6 +34,10 @@ META = {
     # B read by the tensor cores from shared memory for 64 rows at once, A staged through shared
     # memory WPIPE - 1 chunks ahead; R 1 or 2 there), the same packed format; "sync" keeps the
     # mma.sync kernel everywhere (H200: 2:4 N = 64 0.74 -> 1.11x cuBLAS on 11008x4096).
+    # Session 28: WLOAD "auto" feeds that kernel through the copy engine (tc_sp24tma: B by tensor map,
+    # A by per-warp bulk copies, mbarrier stages, TWARPS / WSTAGES auto) wherever B allows it;
+    # "cp" keeps tc_sp24wg. H200, chained: N = 64 1.18 / 1.12 / 0.96x cuBLAS on 11008x4096 /
+    # 4096x11008 / 4096x4096 (from 1.12 / 1.05 / 0.69x), N = 128 0.94 / 0.90 / 0.75x.
     "grid": [{}, {"PIPE": 3}, {"PIPE": 4}, {"SPLIT": 8}],
     "patterns": ["nm"],
     "cuda_source": "tc_stream.cu",

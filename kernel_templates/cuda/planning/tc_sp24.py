@@ -19,6 +19,9 @@ from sparseditto.kernel_templates.cost import (TC_WG_N_BLOCK, TC_WG_TILE_STEP_S,
 # TC_WG_* floor): N = 64 1.06-1.11x cuBLAS on 11008x4096 / 4096x11008, 0.79x on 4096x4096; N = 128
 # 0.57-0.71x; the estimate (24.5 us on 11008x4096 at N = 64, 22.9 measured) now sits within the expert
 # policy's margin of dense there, so tc_sp24 is among the N = 64 candidates on H100/H200 targets.
+# Session 28: the copy-engine kernel (tc_sp24tma) measured 1.18x at N = 64 (21.6 us) and 0.94x at
+# N = 128 on 11008x4096; TC_WG_TILE_STEP_S follows it (0.061 ns), and tc_sp24 is the first N = 64
+# candidate on H100/H200 targets.
 
 APPLICABILITY = "every group of 4 consecutive columns of every row keeps at most 2 values (exact 2:4); fp16/bf16"
 COST_MODEL = ("bytes = Mp*Kp/2*vb + tiles*chunks*128 + B + C; "
