@@ -358,21 +358,8 @@ def test_wgmma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     tail = "const u16*, const u32*, const u16*, u16*, int, int, int, int, long long, long long, int, int, int"
     kernels = [(0, 1, 1, 8, 2, 3, 4, 3), (1, 2, 1, 8, 4, 3, 0, 3), (0, 4, 1, 8, 8, 3, 4, 3), (0, 8, 1, 8, 4, 3, 4, 3),
                (1, 8, 1, 16, 1, 6, 0, 1), (0, 16, 1, 8, 2, 3, 4, 2), (1, 16, 1, 4, 8, 2, 3, 4), (0, 4, 2, 8, 4, 3, 4, 2), (1, 8, 2, 8, 4, 3, 4, 1)]
-    src = tmp_path / "wg.cu"
-    src.write_text(CU_FILE.read_text() + "".join(
-        f"template __global__ void tc_sp24wg<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
-    proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
-                           str(src), "-o", str(tmp_path / "wg.cubin")], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert not re.search(r"C751[0-9]", proc.stderr), proc.stderr[-3000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S)
-    assert len(entries) == len(kernels)
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
-    assert spills and max(spills) == 0
-    for name, regs in entries:
-        bf16, nt, r, warps, split, pipe, bring, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
-        assert (bf16, nt, r, warps, split, pipe, bring, minb) in kernels
-        assert int(regs) <= 65536 // (warps * 32 * minb), (name, regs)
+    for (bf16, nt, r, warps, split, pipe, bring, minb), regs in _assemble_sm90a(tmp_path, "tc_sp24wg", tail, kernels):
+        assert regs <= 65536 // (warps * 32 * minb), (nt, warps, minb, regs)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -384,21 +371,31 @@ def test_tma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
             "long long, long long, int, int, int")
     kernels = [(0, 4, 8, 4, 4, 0), (1, 8, 8, 2, 4, 0), (0, 8, 4, 8, 2, 0), (0, 8, 16, 1, 6, 0), (1, 16, 8, 4, 4, 0),
                (0, 16, 4, 2, 3, 0), (0, 8, 8, 4, 8, 2)]
-    src = tmp_path / "tma.cu"
+    for (bf16, nt, warps, split, stages, minb), regs in _assemble_sm90a(tmp_path, "tc_sp24tma", tail, kernels):
+        assert not minb or regs <= 65536 // ((warps + 1) * 32 * minb), (nt, warps, minb, regs)
+
+
+def _assemble_sm90a(tmp_path, kernel: str, tail: str, instances: list) -> list:
+    """Assemble `kernel`'s instances for sm_90a with nvcc; fail on a ptxas wgmma serialisation warning
+    (C751x) or any spill; [(template arguments, registers)] per instance."""
+    src = tmp_path / f"{kernel}.cu"
     src.write_text(CU_FILE.read_text() + "".join(
-        f"template __global__ void tc_sp24tma<{', '.join(map(str, k))}>({tail});\n" for k in kernels))
+        f"template __global__ void {kernel}<{', '.join(map(str, k))}>({tail});\n" for k in instances))
     proc = subprocess.run(["nvcc", "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-cubin", "-Xptxas", "-v",
-                           str(src), "-o", str(tmp_path / "tma.cubin")], capture_output=True, text=True, timeout=300)
+                           str(src), "-o", str(tmp_path / f"{kernel}.cubin")], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not re.search(r"C751[0-9]", proc.stderr), proc.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", proc.stderr, re.S)
-    assert len(entries) == len(kernels)
+    assert len(entries) == len(instances)
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0
+    out = []
     for name, regs in entries:
-        bf16, nt, warps, split, stages, minb = (int(x) for x in re.findall(r"Li(\d+)E", name))
-        assert (bf16, nt, warps, split, stages, minb) in kernels
-        assert not minb or int(regs) <= 65536 // ((warps + 1) * 32 * minb), (name, regs)
+        args = tuple(int(x) for x in re.findall(r"Li(\d+)E", name))
+        assert args in instances, name
+        out.append((args, int(regs)))
+    return out
 
 
 @pytest.mark.parametrize("kind,params", [
