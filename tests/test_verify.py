@@ -226,3 +226,24 @@ def test_tolerance_formula_and_failure_description():
     mask = np.zeros((4, 4), bool)
     mask[2:, :] = True
     assert "trailing rows 2..3" in describe_locations(mask)
+
+
+def test_garbage_prefill_never_draws_from_torchs_default_generator():
+    """A library's failed CUDA graph capture poisons torch's default CUDA generator (every later draw
+    raises "Offset increment outside graph capture encountered unexpectedly"): on the H200 that made
+    two vendor paths look broken. The verifier's garbage prefill has its own seeded generator, so the
+    default one is neither read nor advanced, and the garbage is reproducible from the seed."""
+    import torch
+
+    from sparseditto.harness.verify import _Run
+
+    class Shape:
+        shape = (6, 9)
+
+    before = torch.random.get_rng_state().clone()
+    first = _Run(None, Shape(), 5, "float32", "interpreter", None, seed=42)._prefilled(True)
+    again = _Run(None, Shape(), 5, "float32", "interpreter", None, seed=42)._prefilled(True)
+    other = _Run(None, Shape(), 5, "float32", "interpreter", None, seed=43)._prefilled(True)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert first.shape == (6, 5) and torch.equal(first, again) and not torch.equal(first, other)
+    assert float(first.abs().max()) > 1.0          # garbage, not zeros

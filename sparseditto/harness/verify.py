@@ -187,7 +187,7 @@ def verify_task(payload: dict, wctx) -> dict:
         order = rng.permutation(len(DISTRIBUTIONS))
         for i, n in enumerate(payload["n_values"]):
             if i <= 1:   # two prepares per verification (the module doc): the first N's, then the others'
-                run = _Run(module, matrix, n, dtype, backend, wctx)
+                run = _Run(module, matrix, n, dtype, backend, wctx, seed=payload["seed"])
                 run.prepare(draw_matrix_values(matrix, rng, dtype))
             run.n = n
             _verify_one_n(run, matrix, dtype, rng, checks, first=i == 0,
@@ -215,7 +215,7 @@ class _Run:
     """What the checks of the N values it serves share: the prepared candidate, its snapshot, the
     fresh inputs (``n``: the N being checked)."""
 
-    def __init__(self, module, matrix, n, dtype, backend, wctx):
+    def __init__(self, module, matrix, n, dtype, backend, wctx, seed: int = 0):
         import torch
 
         from .execution import Snapshot, call_prepare, device_for, run_candidate
@@ -231,6 +231,13 @@ class _Run:
         self._prepare = call_prepare
         self._run_candidate = run_candidate
         self._snapshot_cls = Snapshot
+        # The garbage prefill draws from a generator of its own, never torch's default one: a CUDA
+        # graph capture that fails inside a library (cupyx's cuSPARSE did, timing a vendor path)
+        # leaves the default generator registered with the dead capture, and every later draw from
+        # it raises "Offset increment outside graph capture encountered unexpectedly" (H200, session
+        # 28: cuSPARSELt 2:4 and torch's Triton BSR were recorded as runtime errors that way).
+        self._gen = torch.Generator(device=self.device)
+        self._gen.manual_seed(int(seed) ^ 0x5EED)
 
     def prepare(self, values):
         a_test = with_values(self.matrix, values, self.dtype)
@@ -294,7 +301,8 @@ class _Run:
         torch = self.torch
         if not garbage:
             return torch.full((self.m, self.n), float("nan"), dtype=self.tdtype, device=self.device)
-        return (torch.rand((self.m, self.n), dtype=torch.float32, device=self.device) * 200 - 100).to(self.tdtype)
+        return (torch.rand((self.m, self.n), dtype=torch.float32, device=self.device, generator=self._gen) * 200
+                - 100).to(self.tdtype)
 
     def _check_state(self, B, b_before, out, kind: str) -> None:
         from .execution import CandidateFailure
