@@ -550,8 +550,18 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
     m, k = packed["shape"]
     b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
-    geom = plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"],
-                         packed.get("regs_by_nt") or None, packed.get("cc"), b_tma)
+
+    def geometry(tma_ok: bool) -> dict:
+        return plan_geometry(kind, packed["tiles"], packed["nchunks"], n, params, packed["sm_count"],
+                             packed.get("regs_by_nt") or None, packed.get("cc"), tma_ok)
+
+    geom, maps, fallback, b_map = geometry(b_tma), {}, None, None
+    if geom["load"] == "tma":
+        b_map = (n, k, int(b.stride(0)), 32 if geom["nt"] == 4 else 64)
+        try:   # the driver decides what a tensor map may describe: if it refuses, the cp kernel runs
+            maps[b.data_ptr()] = tensor_map.encode(b.data_ptr(), *b_map)
+        except (RuntimeError, OSError, AttributeError) as exc:
+            geom, fallback = geometry(False), f"tensor map refused, tc_sp24wg runs instead: {exc}"
     name = kernel_name(kind, packed["bf16"], geom)
     fn = packed["kernels"].get(name)
     if fn is None:   # params changed after prepare (a sweep): compile on first use, outside packed
@@ -564,9 +574,9 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     if kind == "lanemask":
         tail += (np.int32(geom["slot_bytes"]),)
     # tc_sp24tma takes B's tensor map first (made per B buffer in launch)
-    b_map = (n, k, int(b.stride(0)), 32 if geom["nt"] == 4 else 64) if geom["load"] == "tma" else None
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
-            "tail": tail, "geom": geom, "b_map": b_map, "maps": {}}
+            "tail": tail, "geom": geom, "b_map": b_map if fallback is None else None, "maps": maps,
+            "tma_fallback": fallback}
 
 
 B_MAPS_KEPT = 8    # tensor maps kept per plan (one per B buffer seen; a decode loop reuses a few)

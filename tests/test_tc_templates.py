@@ -554,15 +554,15 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
                                     {"MMA": "wgmma"}, {"MMA": "wgmma", "TWARPS": 8, "WSTAGES": 2, "SPLIT": 8},
                                     {"MMA": "wgmma", "TWARPS": 16, "WSTAGES": 6, "SPLIT": 1}])
 def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
-    """tc_sp24's sm_90a kernel through the sandboxed verifier at every block width (N = 1 .. 129: n8
-    tiles 1 .. 16, two 128-column blocks), rows past the last warpgroup and a K that is not a
+    """tc_sp24's sm_90a kernels through the sandboxed verifier at every block width (N = 1 .. 129: n8
+    tiles 1 .. 16, two 128-column blocks; N = 2048: sixteen), rows past the last warpgroup and a K that is not a
     multiple of the chunk. Skips on GPUs other than compute capability 9.0."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
     A = _pruned(200, 4160, "2:4")
-    result = run_and_verify(get_template("tc_sp24").instantiate(params), A, n_values=(1, 9, 33, 64, 65, 128, 129),
+    result = run_and_verify(get_template("tc_sp24").instantiate(params), A, n_values=(1, 9, 33, 64, 65, 128, 129, 2048),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
 
@@ -616,3 +616,38 @@ def test_wide_n_estimates_follow_the_measured_stream_floor():
         assert est[64].seconds >= tc_stream_floor_s(11008, 4096, 64, tgt) > 30e-6
         assert est[65].a_bytes == pytest.approx(2 * est[64].a_bytes)
     assert get_template("tc_dense").cost(nm, 16, "float16", h200).bound == "memory"
+
+
+def test_a_refused_tensor_map_falls_back_to_the_cp_kernel(monkeypatch):
+    """The driver has the last word on a tensor map (or there is no libcuda): a refusal must not fail
+    the launch; the plan runs tc_sp24wg for that B layout and says why. An accepted map is encoded
+    once at planning and kept per B buffer."""
+    from sparseditto.kernel_templates import tensor_map
+
+    params = {**TMA_PARAMS}
+    tiles, nchunks = 4096 // 16, 4096 // 64
+    tma = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, params, 132, None, H200_CC)
+    cp = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, params, 132, None, H200_CC, False)
+    names = [tc_launch.kernel_name("sp24", 0, g) for g in (tma, cp)]
+    assert names[0].startswith("tc_sp24tma<") and names[1].startswith("tc_sp24wg<")
+
+    class Kernel:
+        max_dynamic_shared_size_bytes = 0
+
+    packed = {"kind": "sp24", "params": params, "shape": (4096, 4096), "tiles": tiles, "nchunks": nchunks,
+              "sm_count": 132, "cc": H200_CC, "bf16": 0, "kernels": {x: Kernel() for x in names},
+              "arrays": ("values", "meta"), "values": torch.zeros(8), "meta": torch.zeros(8)}
+    b = torch.zeros((4096, 64), dtype=torch.float16)
+    out = torch.zeros((4096, 64), dtype=torch.float16)
+
+    def refuse(*args):
+        raise RuntimeError("cuTensorMapEncodeTiled refused B's map (CUresult 1)")
+
+    monkeypatch.setattr(tensor_map, "encode", refuse)
+    plan = tc_launch._plan(packed, 64, b, out)
+    assert plan["geom"]["load"] == "cp" and plan["b_map"] is None and "refused" in plan["tma_fallback"]
+    monkeypatch.setattr(tensor_map, "encode", lambda ptr, *layout: ("map", ptr, layout))
+    plan = tc_launch._plan(packed, 64, b, out)
+    assert plan["geom"]["load"] == "tma" and plan["tma_fallback"] is None
+    assert plan["b_map"] == (64, 4096, 64, 64) and plan["maps"] == {b.data_ptr(): ("map", b.data_ptr(), plan["b_map"])}
+    assert tc_launch._b_map(plan, b.data_ptr()) is plan["maps"][b.data_ptr()]
