@@ -14,6 +14,10 @@
 //   tc_bitmap  unstructured sparsity: one bit per element plus the kept values, decoded in
 //              registers into mma.sync fragments (a popc rank per 8 elements, a 16-entry lookup
 //              table per 4, PRMT byte selects); 2 bytes per kept value + 1.25 bits per element.
+//   tc_sp24wg / tc_sp24tma  tc_sp24's format on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a)
+//              for N >= 32: B read by the tensor cores from shared memory; staged by every thread
+//              with cp.async (wg) or by the copy engine through a tensor map, A by per-warp bulk
+//              copies, mbarrier stages instead of CTA barriers (tma, the default where B allows).
 //
 // Shared design (all three):
 //   * The K dimension is permuted inside every 64-wide chunk so that a lane owns 16 consecutive
