@@ -74,9 +74,10 @@ for stage in "$@"; do
       timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
     tma)
       # issue 10, session 28: tc_sp24tma (wgmma fed by the copy engine) — the 2:4 check rows across its
-      # params and cp's, the wide-N sweep against tc_sp24wg (WLOAD=cp), ncu of the default at N = 64
+      # params and cp's, the wide-N sweep against tc_sp24wg (WLOAD=cp), ncu of the default at N = 64.
+      # Next (not yet run): TMA_VARIANTS='{"tc_sp24": [{}, {"ASTAGES": 6}, {"ASTAGES": 8}, {"ASTAGES": 12}]}' 
       timeout 90 python3 benchmarks/tma_smoke.py 2>&1 | grep -v Warn | tail -8
-      TC='{"tc_sp24": [{}, {"WLOAD": "cp"}, {"WSTAGES": 2, "SPLIT": 1}, {"TWARPS": 8, "WSTAGES": 6}, {"SPLIT": 8, "WSTAGES": 3}, {"TWARPS": 16}]}'
+      TC='{"tc_sp24": [{}, {"WLOAD": "cp"}, {"WSTAGES": 2, "SPLIT": 1}, {"TWARPS": 8, "WSTAGES": 6}, {"SPLIT": 8, "WSTAGES": 3}, {"TWARPS": 16}, {"ASTAGES": 8, "SPLIT": 1}, {"ASTAGES": 6, "TWARPS": 8, "WSTAGES": 2}]}'
       timeout 240 python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
         --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
       grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8

@@ -17,7 +17,8 @@ from llm_layers import load, prune  # noqa: E402
 def main() -> int:
     bad = 0
     for m, k, n, params in ((256, 512, 64, {}), (200, 4160, 65, {"SPLIT": 4}), (64, 64, 33, {"WSTAGES": 2}),
-                            (300, 1024, 128, {"TWARPS": 8}), (512, 2048, 40, {"SPLIT": 1, "WSTAGES": 8})):
+                            (300, 1024, 128, {"TWARPS": 8}), (512, 2048, 40, {"SPLIT": 1, "WSTAGES": 8}),
+                            (1000, 4096, 64, {"ASTAGES": 8}), (130, 1024, 100, {"ASTAGES": 6, "SPLIT": 2})):
         matrix = prune(m, k, "nm24", 0.5, 0)
         a = matrix.to_dense()
         mod = load("tc_sp24", params)

@@ -213,25 +213,34 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
 
 
 def tma_stage_bytes(nt: int, warps: int) -> int:
-    """One stage of tc_sp24tma (TmaStage): B's chunk and every warp's A slot, rounded up to 1024."""
+    """One stage of tc_sp24tma with A inside its stages (TmaLayout, ASTAGES 0): B's chunk and every
+    warp's A slot, rounded up to 1024."""
     raw = CHUNK_K * b_row_bytes(nt) + warps * WG_A_SLOT
     return -(-raw // WG_ALIGN_PAD) * WG_ALIGN_PAD
 
 
+def tma_region_bytes(nt: int, warps: int, stages: int, a_stages: int = 0) -> int:
+    """tc_sp24tma's stages from the aligned base (TmaLayout): interleaved (a_stages 0) or the B
+    chunks back to back, then each warp's ring of a_stages A slots."""
+    if not a_stages:
+        return stages * tma_stage_bytes(nt, warps)
+    return stages * CHUNK_K * b_row_bytes(nt) + warps * a_stages * WG_A_SLOT
+
+
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
                ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync",
-               load: str = "cp") -> int:
+               load: str = "cp", a_stages: int = 0) -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
     tc_lanemask, tc_sp24wg, tc_sp24tma). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row
     chunks of B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes
     (WG_ALIGN_PAD), keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp;
-    tc_sp24tma (load "tma") has `pipe` stages after their mbarriers (B full and empty and one per
-    warp for its A per stage), its partials over the stages."""
+    tc_sp24tma (load "tma") has `pipe` B stages and, per warp, `a_stages` A slots (0: one in each
+    B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them."""
     if load == "tma":
-        stages = pipe * tma_stage_bytes(nt, warps)
+        stages = tma_region_bytes(nt, warps, pipe, a_stages)
         if split > 1:
             stages = max(stages, warps * TILE_M * nt * 8 * 4)
-        return TMA_BARRIER_BYTES * pipe * (2 + warps) + WG_ALIGN_PAD + stages
+        return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
     if mma == "wgmma":
         slots = b_ring or chunks_per_cta
         total = slots * CHUNK_K * b_row_bytes(nt) + WG_ALIGN_PAD + warps * pipe * rows_per_warp * WG_A_SLOT
@@ -321,11 +330,12 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         warps = tma_warps(params) if load == "tma" else int(params["WARPS"])
         pipe = (tma_stages(params, nt) if load == "tma" else
                 int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0)))
+        a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
         feasible = []
         for s in candidates:
             cpc = -(-nchunks // s)
             bring = 0 if load == "tma" else b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load, a_stages)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
@@ -349,7 +359,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         minb = wg_minb(params, nt, warps, rows) if mma == "wgmma" else int(params.get("MINB", 0))
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load}
+            "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -358,7 +368,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "lanemask":
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
-        return f"tc_sp24tma<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['minb']}>"
+        return (f"tc_sp24tma<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['minb']}, "
+                f"{geom.get('a_stages', 0)}>")
     if geom.get("mma") == "wgmma":
         return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
                 f"{geom['bring']}, {geom.get('minb', 0)}>")

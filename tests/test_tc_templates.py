@@ -280,7 +280,14 @@ def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
                 bars = 8 * stages * (2 + warps)
                 assert g["smem"] == bars + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
                 name = tc_launch.kernel_name("sp24", 1, g)
-                assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0>"
+                assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0, 0>"
+    # ASTAGES: each warp's A in a ring of its own, after the B chunks (B stages no longer hold A slots)
+    g = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**TMA_PARAMS, "ASTAGES": 8}, 132, None, H200_CC)
+    assert g["a_stages"] == 8 and tc_launch.kernel_name("sp24", 0, g).endswith(f", {g['pipe']}, 0, 8>")
+    bars = 8 * (2 * g["pipe"] + tc_launch.TMA_WARPS * 8)
+    region = g["pipe"] * 64 * 128 + tc_launch.TMA_WARPS * 8 * tc_launch.WG_A_SLOT
+    partials = tc_launch.TMA_WARPS * 16 * 64 * 4 if g["split"] > 1 else 0
+    assert g["smem"] == bars + 1024 + max(region, partials)
 
 
 
@@ -369,9 +376,10 @@ def test_tma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     9-warp CTAs per SM at NT = 8, 72 registers, did: that is why MINB defaults to 0 here)."""
     tail = ("const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, int, int, int, int, "
             "long long, long long, int, int, int")
-    kernels = [(0, 4, 8, 4, 4, 0), (1, 8, 8, 2, 4, 0), (0, 8, 4, 8, 2, 0), (0, 8, 16, 1, 6, 0), (1, 16, 8, 4, 4, 0),
-               (0, 16, 4, 2, 3, 0), (0, 8, 8, 4, 8, 2)]
-    for (bf16, nt, warps, split, stages, minb), regs in _assemble_sm90a(tmp_path, "tc_sp24tma", tail, kernels):
+    kernels = [(0, 4, 8, 4, 4, 0, 0), (1, 8, 8, 2, 4, 0, 0), (0, 8, 4, 8, 2, 0, 0), (0, 8, 16, 1, 6, 0, 0),
+               (1, 16, 8, 4, 4, 0, 0), (0, 16, 4, 2, 3, 0, 0), (0, 8, 8, 4, 8, 2, 0), (0, 8, 4, 2, 4, 0, 8),
+               (1, 16, 4, 1, 3, 0, 6)]
+    for (bf16, nt, warps, split, stages, minb, a_stages), regs in _assemble_sm90a(tmp_path, "tc_sp24tma", tail, kernels):
         assert not minb or regs <= 65536 // ((warps + 1) * 32 * minb), (nt, warps, minb, regs)
 
 
@@ -552,7 +560,8 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
                                     {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 4, "WPIPE": 2, "SPLIT": 8},
                                     {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 16, "WPIPE": 6, "BRING": 4},
                                     {"MMA": "wgmma"}, {"MMA": "wgmma", "TWARPS": 8, "WSTAGES": 2, "SPLIT": 8},
-                                    {"MMA": "wgmma", "TWARPS": 16, "WSTAGES": 6, "SPLIT": 1}])
+                                    {"MMA": "wgmma", "TWARPS": 16, "WSTAGES": 6, "SPLIT": 1},
+                                    {"MMA": "wgmma", "ASTAGES": 8, "WSTAGES": 3}])
 def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
     """tc_sp24's sm_90a kernels through the sandboxed verifier at every block width (N = 1 .. 129: n8
     tiles 1 .. 16, two 128-column blocks; N = 2048: sixteen), rows past the last warpgroup and a K that is not a

@@ -989,42 +989,52 @@ __device__ __forceinline__ void fence_barrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
-// One stage: B's chunk (WgB<NT>::CHUNK bytes, 1024-aligned), then WARPS A slots of SD_WG_SLOT
-// bytes, the whole rounded up to 1024 so every stage's B starts on the swizzle's period.
-template <int NT, int WARPS>
-struct TmaStage {
+// Where B's stages and the warps' A slots sit, from the 1024-aligned base. ASTAGES = 0: each of the
+// STAGES stages is B's chunk (WgB<NT>::CHUNK bytes) then every warp's A slot (SD_WG_SLOT bytes), the
+// whole rounded up to 1024 so every stage's B starts on the swizzle's period. ASTAGES > 0: the STAGES
+// B chunks back to back, then each warp's own ring of ASTAGES A slots, so A can run further ahead
+// than B for a few KiB per stage (a B stage costs 8-16 KiB, the four warps' A 4.5 KiB).
+template <int NT, int WARPS, int STAGES, int ASTAGES>
+struct TmaLayout {
     static constexpr int B_BYTES = WgB<NT>::CHUNK;
-    static constexpr int BYTES = (B_BYTES + WARPS * SD_WG_SLOT + SD_WG_ALIGN - 1) / SD_WG_ALIGN * SD_WG_ALIGN;
+    static constexpr bool RING = ASTAGES > 0;
+    static constexpr int A_DEPTH = RING ? ASTAGES : STAGES;
+    static constexpr int BYTES = RING ? B_BYTES                          // between B stages
+        : (B_BYTES + WARPS * SD_WG_SLOT + SD_WG_ALIGN - 1) / SD_WG_ALIGN * SD_WG_ALIGN;
+    static constexpr int A_BASE = RING ? STAGES * B_BYTES : B_BYTES;      // warp 0's first A slot
+    static constexpr int A_WARP = RING ? A_DEPTH * SD_WG_SLOT : SD_WG_SLOT;   // between warps' slots
+    static constexpr int A_SLOT = RING ? SD_WG_SLOT : BYTES;               // between a warp's slots
 };
 
 // CTA: WARPS consumer warps (WARPS / 4 warpgroups, one 16-row tile each, as tc_sp24wg with R = 1)
-// and one producer warp (the last). MINB as tc_sp24wg's (0 = no cap). The trailing arguments are
+// and one producer warp (the last). MINB as tc_sp24wg's (0 = no cap); ASTAGES as TmaLayout's. The trailing arguments are
 // tc_sp24wg's, so the host launches both the same way (B's pointer, ldb and bvec are unused here:
 // the tensor map carries B).
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int MINB>
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int MINB, int ASTAGES>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32, MINB)
 tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, const u32* __restrict__ meta,
            const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc,
            int chunks_per_cta, int tiles, int bvec) {
     static_assert(WARPS % 4 == 0, "a CTA holds whole warpgroups");
     static_assert(NT == 4 || NT == 8 || NT == 16, "the tensor copy fills 64-, 128-byte swizzled rows");
-    static_assert(STAGES >= 2, "one chunk in flight at least");
+    static_assert(STAGES >= 2 && (ASTAGES == 0 || ASTAGES >= 2), "one chunk in flight at least");
 #if SD_HAVE_WGMMA
-    using Stage = TmaStage<NT, WARPS>;
+    using Stage = TmaLayout<NT, WARPS, STAGES, ASTAGES>;
+    constexpr int AD = Stage::A_DEPTH;
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
     const int nc = ww.c1 - c0;
-    // mbarriers: B full[STAGES], B empty[STAGES], then each consumer warp's A full[STAGES]
+    // mbarriers: B full[STAGES], B empty[STAGES], then each consumer warp's A full[AD]
     const u32 bars = smem_addr(smem);
-    const u32 base = (bars + 8 * STAGES * (2 + WARPS) + SD_WG_ALIGN - 1) & ~(u32)(SD_WG_ALIGN - 1);
+    const u32 base = (bars + 8 * (2 * STAGES + WARPS * AD) + SD_WG_ALIGN - 1) & ~(u32)(SD_WG_ALIGN - 1);
     unsigned char* stages = smem + (base - bars);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                   // the producer's expect_tx arrival
             mbar_init(bars + 8 * (STAGES + s), WARPS);    // one arrival per consumer warp
         }
-        for (int s = 0; s < STAGES * WARPS; ++s) mbar_init(bars + 8 * (2 * STAGES + s), 1);
+        for (int s = 0; s < AD * WARPS; ++s) mbar_init(bars + 8 * (2 * STAGES + s), 1);
         fence_barrier_init();
     }
     __syncthreads();
@@ -1050,24 +1060,25 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
         sp_zero(x[0]);
         sp_zero(x[1]);
         const bool live = tile < tiles;                    // a tile past M keeps zeros and copies nothing
-        const u32 aslot = base + (u32)(Stage::B_BYTES + warp * SD_WG_SLOT);
-        const u32 afull = bars + 8 * (2 * STAGES + warp * STAGES);
+        const u32 aslot = base + (u32)(Stage::A_BASE + warp * Stage::A_WARP);
+        const u32 afull = bars + 8 * (2 * STAGES + warp * AD);
         auto fetch_a = [&](int i) {                        // lane 0: chunk i of this warp's tile
-            const int s = i % STAGES;
+            const int s = i % AD;
             const long long blk = sp_block(ww.nchunks, tile, c0 + i);
-            const u32 bar = afull + 8 * s, slot = aslot + (u32)(s * Stage::BYTES);
+            const u32 bar = afull + 8 * s, slot = aslot + (u32)(s * Stage::A_SLOT);
             mbar_expect_tx(bar, (u32)SD_WG_SLOT);
             bulk_copy(slot, sp_values(V, blk, 0), 1024u, bar);
             bulk_copy(slot + 1024, sp_meta_words(meta, blk, 0, 0), 128u, bar);
         };
         if (live && lane == 0)
-            for (int i = 0; i < min(STAGES, nc); ++i) fetch_a(i);
+            for (int i = 0; i < min(AD, nc); ++i) fetch_a(i);
         auto step = [&](int i, u32 (&xa)[10]) {
             const int s = i % STAGES;
             const u32 stage = (u32)(s * Stage::BYTES);
             if (live) {
-                mbar_wait(afull + 8 * s, (i / STAGES) & 1);
-                sp_lds(aslot + stage, lane, xa);
+                const int sa = i % AD;
+                mbar_wait(afull + 8 * sa, (i / AD) & 1);
+                sp_lds(aslot + (u32)(sa * Stage::A_SLOT), lane, xa);
             }
             mbar_wait(bars + 8 * s, (i / STAGES) & 1);
             wg_fence();
@@ -1075,7 +1086,7 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
             wgmma_sp<BF16, NT>(acc[0], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(base + stage + WgB<NT>::STEP), xa[9], 1u);
             wg_commit();
             // the wgmma took xa, so this warp's loads of the slot have returned: refill it
-            if (live && lane == 0 && i + STAGES < nc) fetch_a(i + STAGES);
+            if (live && lane == 0 && i + AD < nc) fetch_a(i + AD);
             wg_wait<1>();                                  // chunk i - 1's wgmma are done: release its stage
             if (i > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (i - 1) % STAGES));
         };
@@ -1405,9 +1416,11 @@ SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
 SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
 template __global__ void tc_sp24wg<0, 8, 1, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL);
 template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 1>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
-#define SD_TMA(BF, NT, W, S, ST, MB) template __global__ void tc_sp24tma<BF, NT, W, S, ST, MB>( \
+#define SD_TMA(BF, NT, W, S, ST, MB) template __global__ void tc_sp24tma<BF, NT, W, S, ST, MB, 0>( \
     const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, SD_TAIL);
 SD_TMA(0, 8, 8, 1, 4, 0) SD_TMA(1, 8, 8, 4, 4, 2) SD_TMA(0, 16, 8, 2, 3, 0) SD_TMA(0, 4, 4, 8, 6, 3)
+template __global__ void tc_sp24tma<0, 8, 4, 2, 4, 0, 8>(const __grid_constant__ TensorMap, const u16*, const u32*,
+                                                         const u16*, u16*, SD_TAIL);
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
