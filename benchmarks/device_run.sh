@@ -63,7 +63,7 @@ for stage in "$@"; do
     wide)
       # issue 10, wide N on Hopper (session 27): tc_sp24's wgmma kernel — layout probe, the 2:4 check rows,
       # the decode sweep against mma.sync (WIDE_VARIANTS to try others), ncu at N = 64, then what run_graph
-      # chooses at N = 64 on 11008x4096 2:4 (not yet measured: the last call ran out of time before it printed)
+      # chooses at N = 64 on 11008x4096 2:4 (measured in session 28: tc_sp24, 1.10-1.12x; stage rungraph)
       timeout 120 python3 benchmarks/wgmma_probe.py --n 8 64 128 --mma wgmma 2>&1 | grep -v Warn > "$OUT/probe.log"; echo "probe: $(grep -c ': ok$' "$OUT/probe.log") ok, $(grep -vc ': ok$' "$OUT/probe.log") not"
       python3 benchmarks/llm_layers.py --preset check --cases nm24 --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
       WV='{"tc_sp24": [{"MMA": "sync"}, {}]}'; [ -n "${WIDE_VARIANTS:-}" ] && WV=$WIDE_VARIANTS
