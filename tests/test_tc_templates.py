@@ -660,3 +660,32 @@ def test_a_refused_tensor_map_falls_back_to_the_cp_kernel(monkeypatch):
     assert plan["geom"]["load"] == "tma" and plan["tma_fallback"] is None
     assert plan["b_map"] == (64, 4096, 64, 64) and plan["maps"] == {b.data_ptr(): ("map", b.data_ptr(), plan["b_map"])}
     assert tc_launch._b_map(plan, b.data_ptr()) is plan["maps"][b.data_ptr()]
+
+
+def test_tensor_map_encode_hands_the_driver_the_layout_and_returns_its_128_bytes(monkeypatch):
+    """encode() is the one piece of tc_sp24tma's host path that only a GPU machine runs for real: the
+    driver call gets B's 3-D layout (dims, byte strides, box, 16-bit elements, the swizzle, zero fill)
+    and a 64-byte aligned destination, and its 128 bytes come back as one by-value kernel argument; a
+    driver error is a RuntimeError naming the layout."""
+    import ctypes
+
+    from sparseditto.kernel_templates import tensor_map
+
+    seen = {}
+
+    def fake(dst, dtype, rank, addr, dims, strides, box, elem, interleave, swizzle, l2, oob):
+        seen.update(dst=dst.value, dtype=dtype, rank=rank, addr=addr.value, dims=list(dims[:3]),
+                    strides=list(strides[:2]), box=list(box[:3]), elem=list(elem[:3]), swizzle=swizzle, oob=oob)
+        ctypes.memmove(dst.value, bytes(range(128)), 128)
+        return 0
+
+    monkeypatch.setattr(tensor_map, "_encoder", lambda: fake)
+    arg = tensor_map.encode(0x7F0000001000, 100, 11008, 104, 64)
+    assert seen["dst"] % 64 == 0 and seen["rank"] == 3 and seen["addr"] == 0x7F0000001000
+    assert seen["dims"] == [100, 16, 688] and seen["strides"] == [208, 3328] and seen["box"] == [64, 4, 4]
+    assert seen["elem"] == [1, 1, 1] and seen["dtype"] == tensor_map.DATA_TYPE_UINT16
+    assert seen["swizzle"] == 3 and seen["oob"] == tensor_map.OOB_FILL_ZEROS
+    assert arg.shape == (1,) and arg.dtype.itemsize == 128 and arg.tobytes() == bytes(range(128))
+    monkeypatch.setattr(tensor_map, "_encoder", lambda: (lambda *a: 1))
+    with pytest.raises(RuntimeError, match="CUresult 1.*K = 4096"):
+        tensor_map.encode(0x7F0000001000, 64, 4096, 64, 64)
