@@ -128,10 +128,30 @@ __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+// Publishes the initialised barriers to the copy engine (and the cluster) before any copy uses them.
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// This thread's arrival on `bar`, announcing `bytes` more to come from the copy engine.
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// A 1-D copy of `bytes` (a multiple of 16, both ends 16-byte aligned) that completes on `bar`.
+__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+
+// One copy that is the barrier's whole transaction for this phase (tc_bitmap's units).
+__device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u32 bar) {
+    mbar_expect_tx(bar, bytes);
+    bulk_copy(dst, src, bytes, bar);
 }
 
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
@@ -779,6 +799,15 @@ __device__ __forceinline__ void wgmma_sp(float (&d)[NT][4], u32 a0, u32 a1, u32 
     }
 #endif
 }
+
+// One 64-column chunk of a 16-row tile: its two k32 steps, A from tc_sp24's register order x (sp_load /
+// sp_lds: words 0-3 row g's, 4-7 row g+8's, 8-9 the steps' metadata), B from the chunk at `bslot`;
+// accumulate = false overwrites the accumulators (scale-d = 0: a slice's first chunk).
+template <int BF16, int NT>
+__device__ __forceinline__ void wgmma_chunk(float (&d)[NT][4], const u32 (&x)[10], u32 bslot, bool accumulate) {
+    wgmma_sp<BF16, NT>(d, x[0], x[4], x[1], x[5], WgB<NT>::desc(bslot), x[8], accumulate);
+    wgmma_sp<BF16, NT>(d, x[2], x[6], x[3], x[7], WgB<NT>::desc(bslot + WgB<NT>::STEP), x[9], 1u);
+}
 #undef SD_WG_SP
 #undef SD_WG_D4
 #undef SD_WG_D8
@@ -863,7 +892,6 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
     const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
     const int nc = c1 - c0;   // the same for every warp of the CTA
     constexpr int SLOT_BYTES = WgB<NT>::CHUNK;
-    constexpr u32 STEP_BYTES = WgB<NT>::STEP;
     unsigned char* bsm = smem + ((SD_WG_ALIGN - (smem_addr(smem) & (SD_WG_ALIGN - 1))) & (SD_WG_ALIGN - 1));
     const int b_bytes = (BR ? BR : chunks_per_cta) * SLOT_BYTES;
     const u32 bs = smem_addr(bsm);
@@ -914,9 +942,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
             wg_fence();
 #pragma unroll
             for (int rt = 0; rt < R; ++rt) {                // one B descriptor feeds every row block
-                const u32 (&xa)[10] = x[p & 1][rt];
-                wgmma_sp<BF16, NT>(acc[rt], xa[0], xa[4], xa[1], xa[5], WgB<NT>::desc(slot), xa[8], i > 0);
-                wgmma_sp<BF16, NT>(acc[rt], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(slot + STEP_BYTES), xa[9], 1u);
+                wgmma_chunk<BF16, NT>(acc[rt], x[p & 1][rt], slot, i > 0);
             }
             wg_commit();
             wg_wait<1>();                                   // chunk i-1's group: its registers and B slot are free
@@ -966,27 +992,10 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
 // past K (K a multiple of 16) and columns past N arrive as zeros.
 struct __align__(64) TensorMap { u64 w[16]; };
 
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(u32 bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
 __device__ __forceinline__ void tensor_copy_3d(u32 dst, const TensorMap* map, int c0, int c1, int c2, u32 bar) {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                  "[%0], [%1, {%2, %3, %4}], [%5];"
                  :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void fence_barrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 
 // Where B's stages and the warps' A slots sit, from the 1024-aligned base. ASTAGES = 0: each of the
@@ -1082,8 +1091,7 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
             }
             mbar_wait(bars + 8 * s, (i / STAGES) & 1);
             wg_fence();
-            wgmma_sp<BF16, NT>(acc[0], xa[0], xa[4], xa[1], xa[5], WgB<NT>::desc(base + stage), xa[8], i > 0);
-            wgmma_sp<BF16, NT>(acc[0], xa[2], xa[6], xa[3], xa[7], WgB<NT>::desc(base + stage + WgB<NT>::STEP), xa[9], 1u);
+            wgmma_chunk<BF16, NT>(acc[0], xa, base + stage, i > 0);
             wg_commit();
             // the wgmma took xa, so this warp's loads of the slot have returned: refill it
             if (live && lane == 0 && i + AD < nc) fetch_a(i + AD);
@@ -1201,7 +1209,7 @@ tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_
     }
     if (lane == 0) {
         for (int i = 0; i < SD_SLOTS; ++i) mbar_init(my_bars + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        fence_barrier_init();
     }
     __syncwarp();
     int issued = 0;                                   // lane 0: units issued, the ring's next free byte
