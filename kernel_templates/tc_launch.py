@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from sparseditto.kernel_templates import runtime, tensor_map
-from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N
+from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N, round_up
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
     import cupy as cp
@@ -215,8 +215,7 @@ def lanemask_offsets_stride(chunks_per_cta: int) -> int:
 def tma_stage_bytes(nt: int, warps: int) -> int:
     """One stage of tc_sp24tma with A inside its stages (TmaLayout, ASTAGES 0): B's chunk and every
     warp's A slot, rounded up to 1024."""
-    raw = CHUNK_K * b_row_bytes(nt) + warps * WG_A_SLOT
-    return -(-raw // WG_ALIGN_PAD) * WG_ALIGN_PAD
+    return round_up(CHUNK_K * b_row_bytes(nt) + warps * WG_A_SLOT, WG_ALIGN_PAD)
 
 
 def tma_region_bytes(nt: int, warps: int, stages: int, a_stages: int = 0) -> int:
@@ -236,10 +235,9 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     (WG_ALIGN_PAD), keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp;
     tc_sp24tma (load "tma") has `pipe` B stages and, per warp, `a_stages` A slots (0: one in each
     B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them."""
+    partials = warps * rows_per_warp * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
     if load == "tma":
-        stages = tma_region_bytes(nt, warps, pipe, a_stages)
-        if split > 1:
-            stages = max(stages, warps * TILE_M * nt * 8 * 4)
+        stages = max(tma_region_bytes(nt, warps, pipe, a_stages), partials)
         return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
     if mma == "wgmma":
         slots = b_ring or chunks_per_cta
@@ -247,7 +245,6 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     else:
         total = (min(b_ring, chunks_per_cta) if b_ring else chunks_per_cta) * CHUNK_K * b_row_bytes(nt)
     if split > 1:
-        partials = warps * rows_per_warp * TILE_M * nt * 8 * 4
         # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
         # done with it (stream_registers); the bitmap kernels keep them beside their other regions
         total = max(total, partials) if kind in REGISTER_KINDS else total + partials
