@@ -87,6 +87,26 @@ for stage in "$@"; do
       [ -n "${TMA_BF16:-1}" ] && timeout 120 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
         --dtype bfloat16 --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_bf16.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;
+    mcast)
+      # issue 10, session 29: tc_sp24tma's B multicast across neighbouring row blocks (MCAST) and uneven
+      # K splits (SPLIT 3 / 6) — smoke, the sweep at MC_N against the default, ncu of the default and of
+      # MC_NCU_PARAMS (L2 traffic), the 2:4 check rows over the new params, the sandboxed verifier
+      timeout 120 python3 benchmarks/tma_smoke.py > "$OUT/smoke.log" 2>&1; rc=$?; grep -v Warn "$OUT/smoke.log" | tail -14
+      [ $rc -ne 0 ] && { echo "smoke rc=$rc: skipping the rest of this stage"; continue; }
+      MV='{"tc_sp24": [{}, {"MCAST": 2}, {"MCAST": 4}, {"SPLIT": 3}, {"SPLIT": 3, "MCAST": 2}, {"TWARPS": 8, "SPLIT": 3}, {"TWARPS": 8, "MCAST": 2}, {"ASTAGES": 8}]}'
+      [ -n "${MC_VARIANTS:-}" ] && MV=$MC_VARIANTS
+      timeout ${MC_SWEEP_TIMEOUT:-240} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${MC_N:-64} --repeats 20 \
+        --variants "$MV" --out "$OUT/mcast.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/mcast.log" | grep "N=" | sed 's/  */ /g' | cut -c1-230
+      for p in '{}' "${MC_NCU_PARAMS:-{\"MCAST\": 2\}}"; do
+        timeout 90 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 --params "$p" tc_sp24 2>&1 | grep -v Warn \
+          | grep -E "==|time|dram__|lts__|issue_active|warps_active.avg.per|registers_per|grid_size|waves|long_score|_wait_" | cut -c1-160
+      done
+      [ -n "${MC_CHECK:-1}" ] && { TC='{"tc_sp24": [{}, {"MCAST": 2}, {"MCAST": 4, "SPLIT": 2}, {"SPLIT": 3, "MCAST": 2}, {"TWARPS": 8, "MCAST": 2, "SPLIT": 3}, {"SPLIT": 6, "WSTAGES": 3}]}'
+        timeout ${MC_CHECK_TIMEOUT:-200} python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
+          --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
+        grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8; }
+      [ -n "${MC_VERIFY:-1}" ] && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tc_templates.py \
+        -k "test_gpu_wgmma_kernel_verifies_against_fp64 and ((params7 and float16) or (params8 and bfloat16))" 2>&1 | tail -4 ;;
     tma-verify)
       # session 28: tc_sp24tma through the sandboxed verifier (ctypes tensor map inside the worker), the
       # default geometry's times at N = 64 / 128, and what run_graph chooses at N = 64 on 11008x4096 2:4

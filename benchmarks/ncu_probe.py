@@ -19,6 +19,8 @@ PROBE_METRICS = (
     "dram__throughput.avg.pct_of_peak_sustained_elapsed",
     "dram__bytes_read.sum",
     "lts__t_bytes.sum",
+    "lts__t_sectors_op_read.sum",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__throughput.avg.pct_of_peak_sustained_elapsed",
     "sm__warps_active.avg.per_cycle_active",
     "smsp__issue_active.avg.pct_of_peak_sustained_active",

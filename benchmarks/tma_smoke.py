@@ -18,7 +18,10 @@ def main() -> int:
     bad = 0
     for m, k, n, params in ((256, 512, 64, {}), (200, 4160, 65, {"SPLIT": 4}), (64, 64, 33, {"WSTAGES": 2}),
                             (300, 1024, 128, {"TWARPS": 8}), (512, 2048, 40, {"SPLIT": 1, "WSTAGES": 8}),
-                            (1000, 4096, 64, {"ASTAGES": 8}), (130, 1024, 100, {"ASTAGES": 6, "SPLIT": 2})):
+                            (1000, 4096, 64, {"ASTAGES": 8}), (130, 1024, 100, {"ASTAGES": 6, "SPLIT": 2}),
+                            (256, 512, 64, {"MCAST": 2}), (200, 4160, 65, {"MCAST": 2, "SPLIT": 3}),
+                            (300, 1024, 128, {"MCAST": 4, "SPLIT": 2}), (1000, 4096, 64, {"SPLIT": 3}),
+                            (130, 1024, 40, {"MCAST": 4, "TWARPS": 8}), (520, 2048, 32, {"MCAST": 2, "SPLIT": 1})):
         matrix = prune(m, k, "nm24", 0.5, 0)
         a = matrix.to_dense()
         mod = load("tc_sp24", params)

@@ -32,6 +32,7 @@ BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
 WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
+CLUSTER_MAX = 8               # CTAs per cluster without the non-portable opt-in
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
 REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
 # An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
@@ -83,6 +84,9 @@ TMA_WARPS = 4
 # 3: 23.7, 6: 30.9: deeper stages cost CTAs per SM); at N = 128 3 stages (28.8 us against 34.9 at 4)
 TMA_STAGES = 4
 TMA_STAGES_WIDE = 3
+# MCAST: how many neighbouring 64-row blocks share each B chunk through the copy engine's cluster
+# multicast (1 = every CTA copies its own B from L2).
+MCAST_CHOICES = (1, 2, 4)
 TMA_BARRIER_BYTES = 8             # per mbarrier: B's full and empty and each consumer warp's A full, per stage
 DTYPE_FLAGS = {torch.float16: 0, torch.bfloat16: 1}
 _PLACEHOLDER = "@SPARSEDITTO_INLINE"
@@ -169,6 +173,14 @@ def tma_stages(params: dict, nt: int) -> int:
     value = params.get("WSTAGES", "auto")
     if value == "auto":
         return TMA_STAGES_WIDE if nt >= 16 else TMA_STAGES
+    return int(value)
+
+
+def tma_multicast(params: dict) -> int:
+    """tc_sp24tma's multicast width MCAST: row blocks of one cluster row that share each B chunk."""
+    value = params.get("MCAST", 1)
+    if str(value) not in {str(c) for c in MCAST_CHOICES}:
+        raise ValueError(f"MCAST must be one of {MCAST_CHOICES} (row blocks sharing one B chunk), got {value!r}.")
     return int(value)
 
 
@@ -328,8 +340,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         pipe = (tma_stages(params, nt) if load == "tma" else
                 int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0)))
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
+        mcast = tma_multicast(params) if load == "tma" else 1
+        if split != "auto" and int(split) * mcast > CLUSTER_MAX:
+            raise ValueError(f"SPLIT={split} x MCAST={mcast} CTAs would form one cluster; a cluster holds at most "
+                             f"{CLUSTER_MAX}: lower SPLIT or MCAST.")
         feasible = []
         for s in candidates:
+            if s * mcast > CLUSTER_MAX:   # one cluster holds the K split of MCAST row blocks
+                continue
             cpc = -(-nchunks // s)
             bring = 0 if load == "tma" else b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
             smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load, a_stages)
@@ -338,7 +356,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         if feasible or nt == 1:
             break
         nt //= 2
-    gx = -(-tiles // (warps * rows))
+    gx = -(-tiles // (warps * rows) // mcast) * mcast   # whole cluster rows (a block past M computes zeros)
     gz = -(-n // (8 * nt))
     if not feasible:
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
@@ -356,7 +374,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         minb = wg_minb(params, nt, warps, rows) if mma == "wgmma" else int(params.get("MINB", 0))
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
-            "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages}
+            "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
+            "mcast": mcast}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -366,7 +385,7 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
         return (f"tc_sp24tma<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['minb']}, "
-                f"{geom.get('a_stages', 0)}>")
+                f"{geom.get('a_stages', 0)}, {geom.get('mcast', 1)}>")
     if geom.get("mma") == "wgmma":
         return (f"tc_sp24wg<{bf16}, {geom['nt']}, {geom['rows']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, "
                 f"{geom['bring']}, {geom.get('minb', 0)}>")

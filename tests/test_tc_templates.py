@@ -280,15 +280,42 @@ def test_tma_geometry_counts_stages_barriers_and_the_producer_warp(m, k):
                 bars = 8 * stages * (2 + warps)
                 assert g["smem"] == bars + 1024 + max(stages * stage, partials) <= tc_launch.SMEM_LIMIT
                 name = tc_launch.kernel_name("sp24", 1, g)
-                assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0, 0>"
+                assert name == f"tc_sp24tma<1, {g['nt']}, {warps}, {g['split']}, {stages}, 0, 0, 1>"
     # ASTAGES: each warp's A in a ring of its own, after the B chunks (B stages no longer hold A slots)
     g = tc_launch.plan_geometry("sp24", tiles, nchunks, 64, {**TMA_PARAMS, "ASTAGES": 8}, 132, None, H200_CC)
-    assert g["a_stages"] == 8 and tc_launch.kernel_name("sp24", 0, g).endswith(f", {g['pipe']}, 0, 8>")
+    assert g["a_stages"] == 8 and tc_launch.kernel_name("sp24", 0, g).endswith(f", {g['pipe']}, 0, 8, 1>")
     bars = 8 * (2 * g["pipe"] + tc_launch.TMA_WARPS * 8)
     region = g["pipe"] * 64 * 128 + tc_launch.TMA_WARPS * 8 * tc_launch.WG_A_SLOT
     partials = tc_launch.TMA_WARPS * 16 * 64 * 4 if g["split"] > 1 else 0
     assert g["smem"] == bars + 1024 + max(region, partials)
 
+
+
+@pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (300, 1024), (16, 64), (208, 4096)])
+def test_tma_multicast_rounds_the_grid_to_cluster_rows_and_keeps_clusters_portable(m, k):
+    """MCAST row blocks share a B chunk, so the grid's x is a whole number of cluster rows (a block past
+    the last row tile only streams B) and MCAST x SPLIT CTAs, one cluster, stay within the portable 8;
+    the shared memory does not change (the empty barrier only counts more arrivals)."""
+    tiles, nchunks = -(-m // 16), -(-k // 64)
+    blocks = -(-tiles // tc_launch.TMA_WARPS)
+    for mcast in (1, 2, 4):
+        for split in ("auto", 1, 2, 3, 4, 6, 8):
+            params = {**TMA_PARAMS, "MCAST": mcast, "SPLIT": split}
+            for n in (32, 64, 128):
+                if split != "auto" and mcast * split > tc_launch.CLUSTER_MAX:
+                    with pytest.raises(ValueError, match="MCAST"):
+                        tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, None, H200_CC)
+                    continue
+                g = tc_launch.plan_geometry("sp24", tiles, nchunks, n, params, 132, None, H200_CC)
+                plain = tc_launch.plan_geometry("sp24", tiles, nchunks, n, {**params, "MCAST": 1,
+                                                "SPLIT": g["split"]}, 132, None, H200_CC)
+                assert g["mcast"] == mcast and g["grid"][0] == -(-blocks // mcast) * mcast
+                assert g["grid"][0] % mcast == 0 and g["grid"][0] - blocks < mcast
+                assert g["split"] * mcast <= tc_launch.CLUSTER_MAX and g["smem"] == plain["smem"]
+                assert tc_launch.kernel_name("sp24", 0, g).endswith(f", {g['a_stages']}, {mcast}>")
+    with pytest.raises(ValueError, match="MCAST"):
+        tc_launch.tma_multicast({"MCAST": 3})
+    assert tc_launch.tma_multicast({}) == 1 and tc_launch.tma_multicast({"MCAST": "2"}) == 2
 
 
 def test_tma_auto_split_keeps_about_two_ctas_per_sm():
@@ -376,10 +403,11 @@ def test_tma_kernel_assembles_for_sm90a_without_serialising(tmp_path):
     9-warp CTAs per SM at NT = 8, 72 registers, did: that is why MINB defaults to 0 here)."""
     tail = ("const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, int, int, int, int, "
             "long long, long long, int, int, int")
-    kernels = [(0, 4, 8, 4, 4, 0, 0), (1, 8, 8, 2, 4, 0, 0), (0, 8, 4, 8, 2, 0, 0), (0, 8, 16, 1, 6, 0, 0),
-               (1, 16, 8, 4, 4, 0, 0), (0, 16, 4, 2, 3, 0, 0), (0, 8, 8, 4, 8, 2, 0), (0, 8, 4, 2, 4, 0, 8),
-               (1, 16, 4, 1, 3, 0, 6)]
-    for (bf16, nt, warps, split, stages, minb, a_stages), regs in _assemble_sm90a(tmp_path, "tc_sp24tma", tail, kernels):
+    kernels = [(0, 4, 8, 4, 4, 0, 0, 1), (1, 8, 8, 2, 4, 0, 0, 1), (0, 8, 4, 8, 2, 0, 0, 1), (0, 8, 16, 1, 6, 0, 0, 1),
+               (1, 16, 8, 4, 4, 0, 0, 1), (0, 16, 4, 2, 3, 0, 0, 1), (0, 8, 8, 4, 8, 2, 0, 1), (0, 8, 4, 2, 4, 0, 8, 1),
+               (1, 16, 4, 1, 3, 0, 6, 1), (0, 8, 4, 2, 4, 0, 0, 2), (1, 8, 4, 3, 4, 0, 0, 2), (0, 16, 4, 1, 3, 0, 0, 4),
+               (0, 4, 4, 2, 4, 0, 6, 4), (0, 8, 4, 6, 4, 0, 0, 1)]
+    for (bf16, nt, warps, split, stages, minb, a_stages, mx), regs in _assemble_sm90a(tmp_path, "tc_sp24tma", tail, kernels):
         assert not minb or regs <= 65536 // ((warps + 1) * 32 * minb), (nt, warps, minb, regs)
 
 
@@ -561,7 +589,9 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
                                     {"MMA": "wgmma", "WLOAD": "cp", "WARPS": 16, "WPIPE": 6, "BRING": 4},
                                     {"MMA": "wgmma"}, {"MMA": "wgmma", "TWARPS": 8, "WSTAGES": 2, "SPLIT": 8},
                                     {"MMA": "wgmma", "TWARPS": 16, "WSTAGES": 6, "SPLIT": 1},
-                                    {"MMA": "wgmma", "ASTAGES": 8, "WSTAGES": 3}])
+                                    {"MMA": "wgmma", "ASTAGES": 8, "WSTAGES": 3},
+                                    {"MMA": "wgmma", "MCAST": 2, "SPLIT": 3},
+                                    {"MMA": "wgmma", "MCAST": 4, "TWARPS": 8, "SPLIT": 2}])
 def test_gpu_wgmma_kernel_verifies_against_fp64(params, dtype):
     """tc_sp24's sm_90a kernels through the sandboxed verifier at every block width (N = 1 .. 129: n8
     tiles 1 .. 16, two 128-column blocks; N = 2048: sixteen), rows past the last warpgroup and a K that is not a

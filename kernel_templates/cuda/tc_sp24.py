@@ -15,14 +15,14 @@ META = {
     "format": "tc_sp24",
     "description": "2:4 values + hardware metadata on mma.sp.m16n8k32 (wgmma.sp on sm_90a from N = 32, "
                    "fed by the TMA copy engine), split-K over a CTA cluster",
-    "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
+    "params": {"WARPS": [4, 8, 16], "R": [1, 2, 4], "SPLIT": ["auto", 1, 2, 3, 4, 6, 8], "PIPE": [2, 3, 4],
                "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4],
                "MMA": ["auto", "sync", "wgmma"], "WPIPE": [2, 3, 4, 6], "WLOAD": ["auto", "cp", "tma"],
                "WSTAGES": ["auto", 2, 3, 4, 6, 8], "TWARPS": ["auto", 4, 8, 16],
-               "ASTAGES": [0, 4, 6, 8, 12]},
+               "ASTAGES": [0, 4, 6, 8, 12], "MCAST": [1, 2, 4]},
     "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0, "MMA": "auto",
                  "WPIPE": 3, "WLOAD": "auto", "WSTAGES": "auto",
-                 "TWARPS": "auto", "ASTAGES": 0},
+                 "TWARPS": "auto", "ASTAGES": 0, "MCAST": 1},
     # H200 (session 25, llm_layers --cases nm24 --n 8 16, chained): PIPE=4 needs 87 registers at
     # N = 9-16 (two n8 tiles), so only 2 CTAs fit an SM and 11008x4096 ran 1.3 waves: 26.1 us, 0.97x
     # cuBLAS. PIPE=2 keeps more warps resident instead of more chunks in flight per warp: 17.9 us
@@ -40,7 +40,10 @@ META = {
     # "cp" keeps tc_sp24wg. H200, chained: N = 64 1.18 / 1.12 / 0.96x cuBLAS on 11008x4096 /
     # 4096x11008 / 4096x4096 (from 1.12 / 1.05 / 0.69x), N = 128 0.94 / 0.90 / 0.75x. ASTAGES > 0
     # gives each warp's A a ring of its own that deep (0: one A slot per B stage, the measured
-    # default); written at the end of session 28, not yet measured.
+    # default); written at the end of session 28, not yet measured. Session 29: MCAST 2/4 makes
+    # that many neighbouring 64-row blocks one cluster row that shares each B chunk through the
+    # copy engine's multicast (B's L2 traffic was 1.7x A's bytes at N = 64); SPLIT 3 and 6 (uneven
+    # split-K shares) fill one wave of 4 CTAs per SM on 11008x4096.
     "grid": [{}, {"PIPE": 3}, {"PIPE": 4}, {"SPLIT": 8}],
     "patterns": ["nm"],
     "cuda_source": "tc_stream.cu",

@@ -154,6 +154,13 @@ __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u
     bulk_copy(dst, src, bytes, bar);
 }
 
+// This thread's arrival on the barrier at `bar`'s offset in cluster CTA `rank` (its own included):
+// how a consumer releases a stage that a multicast copy from another CTA refills.
+__device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
+    asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }"
+                 :: "r"(bar), "r"(rank) : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
     u32 done = 0;
     while (!done) {
@@ -328,22 +335,28 @@ __device__ __forceinline__ void store_pair(u16* __restrict__ C, long long ldc, i
 }
 
 // The split-K cluster's reduction of the partial tiles every CTA wrote to `cpart` (MC rows of 8 NT
-// floats): each CTA sums MC / SPLIT rows over all ranks in rank order and stores them. Every thread
-// of every CTA of the cluster takes part (a warp without accumulators too: it only helps sum).
-template <int BF16, int NT, int MC, int SPLIT>
+// floats): each CTA sums its share of the rows (MC / SPLIT of them, rounded down and up when SPLIT
+// does not divide MC) over all ranks in rank order and stores them. Every thread of every CTA of the
+// cluster takes part (a warp without accumulators too: it only helps sum). MX > 1 (tc_sp24tma's
+// multicast pairs): the cluster is MX row blocks wide, rank = x + MX * (K slice), and a CTA reduces
+// with the CTAs of its own row block only.
+template <int BF16, int NT, int MC, int SPLIT, int MX = 1>
 __device__ void split_reduce(float* cpart, u16* __restrict__ C, long long ldc, int M, int N, int n0, int tile0) {
     constexpr int W = NT * 8;
     cluster_sync_all();
     const u32 rank = cluster_rank();
-    constexpr int SHARE = MC / SPLIT;
+    const u32 slice = rank / MX, peer0 = rank % MX;
+    constexpr bool EVEN = MC % SPLIT == 0;
+    const int lr0 = EVEN ? (int)slice * (MC / SPLIT) : (int)slice * MC / SPLIT;
+    const int share = EVEN ? MC / SPLIT : ((int)slice + 1) * MC / SPLIT - lr0;
     const u32 base = smem_addr(cpart);
-    for (int i = threadIdx.x; i < SHARE * (W / 4); i += blockDim.x) {
-        const int lr = rank * SHARE + i / (W / 4);
+    for (int i = threadIdx.x; i < share * (W / 4); i += blockDim.x) {
+        const int lr = lr0 + i / (W / 4);
         const int col = 4 * (i % (W / 4));
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int q = 0; q < SPLIT; ++q) {
-            const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), (u32)q);
+            const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), peer0 + (u32)(q * MX));
             sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
         }
         const int row = tile0 * 16 + lr;
@@ -356,7 +369,7 @@ __device__ void split_reduce(float* cpart, u16* __restrict__ C, long long ldc, i
 // acc[rt][j][4] of warp-row-tile rt: rows (g, g+8), columns 8j + 2t + {0, 1}. With SPLIT == 1 the
 // fragments go to C directly; otherwise through shared memory and the cluster reduction, each CTA
 // of the cluster summing MC/SPLIT rows over all ranks in rank order.
-template <int BF16, int NT, int R, int WARPS, int SPLIT>
+template <int BF16, int NT, int R, int WARPS, int SPLIT, int MX = 1>
 __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__ C, long long ldc, int M,
                          int N, int n0, int tile0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -386,7 +399,7 @@ __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__
             *reinterpret_cast<float2*>(cpart + (lr + 8) * W + col) = make_float2(acc[rt][j][2], acc[rt][j][3]);
         }
     }
-    split_reduce<BF16, NT, MC, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
+    split_reduce<BF16, NT, MC, SPLIT, MX>(cpart, C, ldc, M, N, n0, tile0);
 }
 
 // Where a warp of the streaming kernels works: CTA (x, y, z) owns row tiles x * WARPS * R .. (its warp
@@ -998,6 +1011,15 @@ __device__ __forceinline__ void tensor_copy_3d(u32 dst, const TensorMap* map, in
                  :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
 
+// The same box delivered to the same shared offset (and barrier offset) of every cluster CTA in `mask`.
+__device__ __forceinline__ void tensor_copy_3d_multicast(u32 dst, const TensorMap* map, int c0, int c1, int c2,
+                                                         u32 bar, unsigned short mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(dst), "l"(reinterpret_cast<u64>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
 // Where B's stages and the warps' A slots sit, from the 1024-aligned base. ASTAGES = 0: each of the
 // STAGES stages is B's chunk (WgB<NT>::CHUNK bytes) then every warp's A slot (SD_WG_SLOT bytes), the
 // whole rounded up to 1024 so every stage's B starts on the swizzle's period. ASTAGES > 0: the STAGES
@@ -1019,14 +1041,21 @@ struct TmaLayout {
 // and one producer warp (the last). MINB as tc_sp24wg's (0 = no cap); ASTAGES as TmaLayout's. The trailing arguments are
 // tc_sp24wg's, so the host launches both the same way (B's pointer, ldb and bvec are unused here:
 // the tensor map carries B).
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int MINB, int ASTAGES>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32, MINB)
+// MX > 1: MX neighbouring row blocks (same K slice and columns) form a cluster row and share B: each
+// producer copies every MX-th box of a chunk and multicasts it to all MX CTAs, so each B chunk leaves
+// L2 once per MX row blocks instead of once per block (at N = 64, B's L2 traffic is 1.7x A's bytes
+// with 64-row blocks). A stage is then refilled by all MX producers, so its "empty" barrier counts
+// every consumer warp of the cluster row, each arriving on every CTA's barrier; the grid's x is a
+// multiple of MX (a block past the last row tile streams B and computes zeros it does not store).
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int MINB, int ASTAGES, int MX>
+__global__ void __cluster_dims__(MX, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32, MINB)
 tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, const u32* __restrict__ meta,
            const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc,
            int chunks_per_cta, int tiles, int bvec) {
     static_assert(WARPS % 4 == 0, "a CTA holds whole warpgroups");
     static_assert(NT == 4 || NT == 8 || NT == 16, "the tensor copy fills 64-, 128-byte swizzled rows");
     static_assert(STAGES >= 2 && (ASTAGES == 0 || ASTAGES >= 2), "one chunk in flight at least");
+    static_assert(MX >= 1 && MX * SPLIT <= 8 && (WgB<NT>::SUB * 4) % MX == 0, "a portable cluster; whole boxes per CTA");
 #if SD_HAVE_WGMMA
     using Stage = TmaLayout<NT, WARPS, STAGES, ASTAGES>;
     constexpr int AD = Stage::A_DEPTH;
@@ -1041,12 +1070,15 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                   // the producer's expect_tx arrival
-            mbar_init(bars + 8 * (STAGES + s), WARPS);    // one arrival per consumer warp
+            mbar_init(bars + 8 * (STAGES + s), WARPS * MX);    // one arrival per consumer warp of the row
         }
         for (int s = 0; s < AD * WARPS; ++s) mbar_init(bars + 8 * (2 * STAGES + s), 1);
         fence_barrier_init();
     }
-    __syncthreads();
+    if (MX > 1) cluster_sync_all();                       // the peers' barriers exist before any multicast
+    else __syncthreads();
+    const u32 crank = MX > 1 ? cluster_rank() : 0;
+    const u32 row0 = crank / MX * MX;                     // cluster rank of this row's first CTA
     float acc[1][NT][4];
     if (warp == WARPS) {
         if (lane == 0 && nc > 0) {
@@ -1055,13 +1087,18 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
                 const int s = i % STAGES;
                 const u32 full = bars + 8 * s, stage = base + (u32)(s * Stage::BYTES);
                 if (i >= STAGES) mbar_wait(bars + 8 * (STAGES + s), ((i / STAGES) - 1) & 1);
-                mbar_expect_tx(full, (u32)Stage::B_BYTES);
+                mbar_expect_tx(full, (u32)Stage::B_BYTES);      // the whole chunk, whoever copies it
 #pragma unroll
                 for (int h = 0; h < WgB<NT>::SUB; ++h)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q)
-                        tensor_copy_3d(stage + h * WgB<NT>::BLOCK + q * 16 * WgB<NT>::ROW, &bmap,
-                                       n0 + 64 * h, 4 * q, (c0 + i) * (SD_CHUNK / 16), full);
+                    for (int q = 0; q < 4; ++q) {
+                        const u32 dst = stage + h * WgB<NT>::BLOCK + q * 16 * WgB<NT>::ROW;
+                        const int kc = (c0 + i) * (SD_CHUNK / 16);
+                        if (MX == 1) tensor_copy_3d(dst, &bmap, n0 + 64 * h, 4 * q, kc, full);
+                        else if ((h * 4 + q) % MX == (int)(crank - row0))
+                            tensor_copy_3d_multicast(dst, &bmap, n0 + 64 * h, 4 * q, kc, full,
+                                                     (unsigned short)(((1u << MX) - 1) << row0));
+                    }
             }
         }
     } else {
@@ -1096,7 +1133,11 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
             // the wgmma took xa, so this warp's loads of the slot have returned: refill it
             if (live && lane == 0 && i + AD < nc) fetch_a(i + AD);
             wg_wait<1>();                                  // chunk i - 1's wgmma are done: release its stage
-            if (i > 0 && lane == 0) mbar_arrive(bars + 8 * (STAGES + (i - 1) % STAGES));
+            if (i > 0) {
+                const u32 empty = bars + 8 * (STAGES + (i - 1) % STAGES);
+                if (MX == 1 && lane == 0) mbar_arrive(empty);
+                else if (MX > 1 && lane < MX) mbar_arrive_cluster(empty, row0 + lane);   // every producer of the row
+            }
         };
         for (int i = 0; i < nc; i += 2) {                  // two register sets: chunk i's may still be read
             step(i, x[0]);
@@ -1111,13 +1152,14 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
     float* cpart = reinterpret_cast<float*>(stages);
     if (SPLIT == 1) {
         if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        if (MX > 1) cluster_sync_all();                   // no CTA leaves while a peer may still arrive on it
         return;
     }
     __syncthreads();                                      // every stage consumed: partials go over them
     if (warp < WARPS) {
-        epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+        epilogue<BF16, NT, 1, WARPS, SPLIT, MX>(acc, cpart, C, ldc, M, N, n0, tile0);
     } else {
-        split_reduce<BF16, NT, WARPS * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
+        split_reduce<BF16, NT, WARPS * 16, SPLIT, MX>(cpart, C, ldc, M, N, n0, tile0);
     }
 #else
     __trap();
@@ -1424,11 +1466,11 @@ SD_BM(0, 2, 4, 4, 8) SD_BM(1, 1, 8, 1, 12) SD_BM(0, 8, 4, 8, 16)
 SD_WG(0, 8, 8, 2, 4, 0) SD_WG(1, 8, 4, 4, 4, 5) SD_WG(0, 16, 8, 2, 3, 4) SD_WG(1, 16, 4, 1, 3, 0)
 template __global__ void tc_sp24wg<0, 8, 1, 8, 4, 3, 4, 3>(const u16*, const u32*, const u16*, u16*, SD_TAIL);
 template __global__ void tc_sp24wg<1, 8, 2, 8, 4, 3, 4, 1>(const u16*, const u32*, const u16*, u16*, SD_TAIL); SD_WG(0, 4, 8, 1, 3, 4) SD_WG(0, 2, 4, 8, 6, 0) SD_WG(1, 1, 16, 2, 2, 5)
-#define SD_TMA(BF, NT, W, S, ST, MB) template __global__ void tc_sp24tma<BF, NT, W, S, ST, MB, 0>( \
+#define SD_TMA(BF, NT, W, S, ST, MB, AS, MX) template __global__ void tc_sp24tma<BF, NT, W, S, ST, MB, AS, MX>( \
     const __grid_constant__ TensorMap, const u16*, const u32*, const u16*, u16*, SD_TAIL);
-SD_TMA(0, 8, 8, 1, 4, 0) SD_TMA(1, 8, 8, 4, 4, 2) SD_TMA(0, 16, 8, 2, 3, 0) SD_TMA(0, 4, 4, 8, 6, 3)
-template __global__ void tc_sp24tma<0, 8, 4, 2, 4, 0, 8>(const __grid_constant__ TensorMap, const u16*, const u32*,
-                                                         const u16*, u16*, SD_TAIL);
+SD_TMA(0, 8, 8, 1, 4, 0, 0, 1) SD_TMA(1, 8, 8, 4, 4, 2, 0, 1) SD_TMA(0, 16, 8, 2, 3, 0, 0, 1) SD_TMA(0, 4, 4, 8, 6, 3, 0, 1)
+SD_TMA(0, 8, 4, 2, 4, 0, 8, 1) SD_TMA(0, 8, 4, 1, 4, 0, 0, 2) SD_TMA(1, 8, 4, 3, 4, 0, 0, 2) SD_TMA(0, 16, 4, 4, 3, 0, 0, 2)
+SD_TMA(0, 4, 4, 2, 4, 0, 6, 2) SD_TMA(0, 8, 4, 3, 4, 0, 0, 1) SD_TMA(0, 8, 8, 6, 4, 0, 0, 1)
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
