@@ -97,7 +97,7 @@ for stage in "$@"; do
       [ -n "${MC_VARIANTS:-}" ] && MV=$MC_VARIANTS
       timeout ${MC_SWEEP_TIMEOUT:-240} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${MC_N:-64} --repeats 20 \
         --variants "$MV" --out "$OUT/mcast.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/mcast.log" | grep "N=" | sed 's/  */ /g' | cut -c1-230
-      for p in '{}' "${MC_NCU_PARAMS:-{\"MCAST\": 2\}}"; do
+      [ -n "${MC_NCU:-1}" ] && for p in '{}' "${MC_NCU_PARAMS:-{\"MCAST\": 2\}}"; do
         timeout 90 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 --params "$p" tc_sp24 2>&1 | grep -v Warn \
           | grep -E "==|time|dram__|lts__|issue_active|warps_active.avg.per|registers_per|grid_size|waves|long_score|_wait_" | cut -c1-160
       done
@@ -107,6 +107,20 @@ for stage in "$@"; do
         grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8; }
       [ -n "${MC_VERIFY:-1}" ] && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tc_templates.py \
         -k "test_gpu_wgmma_kernel_verifies_against_fp64 and ((params7 and float16) or (params8 and bfloat16))" 2>&1 | tail -4 ;;
+    stalls)
+      # where tc_sp24tma's warps wait, per SASS line (ncu SourceCounters), for the default and each of
+      # STALL_PARAMS (space-separated JSON objects without spaces), 11008x4096 2:4 at STALL_N (64)
+      for p in '{}' ${STALL_PARAMS:-}; do
+        timeout 200 python3 benchmarks/ncu_source.py tc_sp24 --shape 11008x4096 --style nm24 -n ${STALL_N:-64} --params "$p" \
+          --out "$OUT/stalls-$(echo "$p" | tr -dc 'A-Za-z0-9')" 2>&1 | grep -v Warn | tail -45
+      done ;;
+    sparse816)
+      # issue 10: the per-nonzero and bitmap decode kernels at N = 8 and 16 on 70% / 90% unstructured
+      # weights (where run_graph picks dense or tc_lanemask today), cuBLAS beside every row
+      SV='{"delta_spmv": [{}], "tc_lanemask": [{}], "csr_vector": [{}]}'; [ -n "${SPARSE_VARIANTS:-}" ] && SV=$SPARSE_VARIANTS
+      timeout ${SPARSE_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases "${SPARSE_CASES:-magnitude/0.(7|9)}" \
+        --n ${SPARSE_N:-8 16} --repeats 20 --variants "$SV" --out "$OUT/sparse816.json" 2>&1 | grep --line-buffered -v Warn \
+        | tee "$OUT/sparse816.log" | grep "N=" | sed 's/  */ /g' | cut -c1-200 ;;
     tma-verify)
       # session 28: tc_sp24tma through the sandboxed verifier (ctypes tensor map inside the worker), the
       # default geometry's times at N = 64 / 128, and what run_graph chooses at N = 64 on 11008x4096 2:4

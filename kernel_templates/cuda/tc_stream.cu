@@ -157,7 +157,7 @@ __device__ __forceinline__ void bulk_load(u32 dst, const void* src, u32 bytes, u
 // This thread's arrival on the barrier at `bar`'s offset in cluster CTA `rank` (its own included):
 // how a consumer releases a stage that a multicast copy from another CTA refills.
 __device__ __forceinline__ void mbar_arrive_cluster(u32 bar, u32 rank) {
-    asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r]; }"
+    asm volatile("{ .reg .b32 r; mapa.shared::cluster.u32 r, %0, %1; mbarrier.arrive.shared::cluster.b64 _, [r]; }"
                  :: "r"(bar), "r"(rank) : "memory");
 }
 
