@@ -64,7 +64,12 @@ PATTERN_PREFERENCES: dict[str, tuple[str, ...]] = {
 }
 NUDGE = (0.7, 0.85, 0.95)
 DENSE_STREAM_MAX_N = 32  # tc_dense beats cuBLAS only at skinny N (decode)
-DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 (16-bit B copy; N = 8 not measured)
+DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 from 45% (16-bit B copy)
+# the per-nonzero CUDA kernels at N <= 8 on >= 85% sparse weights: H200, session 29, chained x cuBLAS at
+# N = 8, 90% per-row magnitude, 4096x4096 / 11008x4096 / 4096x11008: csr_vector 1.36 / 1.27 / 1.35x,
+# delta_spmv 1.68 / 1.35 / 0.45x (K = 11008 rows of B fill its shared memory), tc_lanemask 1.08 / 1.06 /
+# 0.97x; at 70% all three stay below cuBLAS (0.38-0.90x), at N = 16 none passes 1.03x
+PER_NONZERO_MAX_N = 8
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
@@ -92,6 +97,8 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         # (11008x4096, N = 1 / 2 / 4: 1.08 / 1.70 / 1.25x cuBLAS at 50%, 1.5 / 2.1 / 1.65x at 70%).
         if sparsity >= 0.85 and n <= DELTA_MAX_N:
             return ("delta_spmv", "csr_rowsplit", "tc_bitmap", "csr_balanced")
+        if sparsity >= 0.85 and n <= PER_NONZERO_MAX_N:
+            return ("csr_vector", "delta_spmv", "csr_rowsplit", "tc_bitmap")
         if sparsity >= 0.45 and n <= DELTA_MAX_N:
             return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
         if sparsity >= 0.95:

@@ -84,7 +84,7 @@ for stage in "$@"; do
       TV='{"tc_sp24": [{"WLOAD": "cp"}, {}, {"WSTAGES": 3}, {"WSTAGES": 6}, {"TWARPS": 8}]}'; [ -n "${TMA_VARIANTS:-}" ] && TV=$TMA_VARIANTS
       timeout ${TMA_SWEEP_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${TMA_N:-32 64 128} --repeats 20 \
         --variants "$TV" --out "$OUT/tma.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/tma.log" | grep "N=" | sed 's/  */ /g' | cut -c1-170
-      [ -n "${TMA_BF16:-1}" ] && timeout 120 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
+      [ -n "${TMA_BF16-1}" ] && timeout 120 python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n 64 128 --repeats 20 \
         --dtype bfloat16 --variants '{"tc_sp24": [{}]}' --out "$OUT/tma_bf16.json" 2>&1 | grep "N=" | sed 's/  */ /g' | cut -c1-170
       timeout 120 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 tc_sp24 2>&1 | grep -v Warn | tail -25 ;;
     mcast)
@@ -97,15 +97,15 @@ for stage in "$@"; do
       [ -n "${MC_VARIANTS:-}" ] && MV=$MC_VARIANTS
       timeout ${MC_SWEEP_TIMEOUT:-240} python3 benchmarks/llm_layers.py --preset decode --cases nm24 --n ${MC_N:-64} --repeats 20 \
         --variants "$MV" --out "$OUT/mcast.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/mcast.log" | grep "N=" | sed 's/  */ /g' | cut -c1-230
-      [ -n "${MC_NCU:-1}" ] && for p in '{}' "${MC_NCU_PARAMS:-{\"MCAST\": 2\}}"; do
+      [ -n "${MC_NCU-1}" ] && for p in '{}' "${MC_NCU_PARAMS:-{\"MCAST\": 2\}}"; do
         timeout 90 python3 benchmarks/ncu_probe.py --shape 11008x4096 --style nm24 -n 64 --params "$p" tc_sp24 2>&1 | grep -v Warn \
           | grep -E "==|time|dram__|lts__|issue_active|warps_active.avg.per|registers_per|grid_size|waves|long_score|_wait_" | cut -c1-160
       done
-      [ -n "${MC_CHECK:-1}" ] && { TC='{"tc_sp24": [{}, {"MCAST": 2}, {"MCAST": 4, "SPLIT": 2}, {"SPLIT": 3, "MCAST": 2}, {"TWARPS": 8, "MCAST": 2, "SPLIT": 3}, {"SPLIT": 6, "WSTAGES": 3}]}'
+      [ -n "${MC_CHECK-1}" ] && { TC='{"tc_sp24": [{}, {"MCAST": 2}, {"MCAST": 4, "SPLIT": 2}, {"SPLIT": 3, "MCAST": 2}, {"TWARPS": 8, "MCAST": 2, "SPLIT": 3}, {"SPLIT": 6, "WSTAGES": 3}]}'
         timeout ${MC_CHECK_TIMEOUT:-200} python3 benchmarks/llm_layers.py --preset check --cases nm24 --dtype float16 bfloat16 --variants "$TC" \
           --out "$OUT/check.json" > "$OUT/check.log" 2>&1; echo "check: $(grep -c 'ok=True' "$OUT/check.log") of $(grep -c 'N=' "$OUT/check.log") rows ok"
         grep -v 'ok=True' "$OUT/check.log" | grep 'N=' | head -8; }
-      [ -n "${MC_VERIFY:-1}" ] && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tc_templates.py \
+      [ -n "${MC_VERIFY-1}" ] && timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tc_templates.py \
         -k "test_gpu_wgmma_kernel_verifies_against_fp64 and ((params7 and float16) or (params8 and bfloat16))" 2>&1 | tail -4 ;;
     stalls)
       # where tc_sp24tma's warps wait, per SASS line (ncu SourceCounters), for the default and each of
@@ -132,10 +132,12 @@ for stage in "$@"; do
       mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
       timeout ${WIDE_RUN_TIMEOUT:-300} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n 64 --budget 3 2>&1 | grep --line-buffered -v Warn | tee "$OUT/run64.log" | tail -25 ;;
     rungraph)
-      # what run_graph chooses on the 11008x4096 2:4 weight at each RUN_N (default 64 32), one memory
-      mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; save_matrix(prune(11008, 4096, 'nm24', 0.5, 0), '/tmp/mats/w11008x4096_2of4.npz')"
+      # what run_graph chooses at each RUN_N (default 64 32) on RUN_WEIGHT (SHAPE:style:sparsity, default
+      # the 11008x4096 2:4 weight), one memory
+      IFS=: read -r RS RST RSP <<< "${RUN_WEIGHT:-11008x4096:nm24:0.5}"; W=/tmp/mats/w${RS}_${RST}_${RSP}.npz
+      mkdir -p /tmp/mats; python3 -c "import sys; sys.path.insert(0, 'benchmarks'); from llm_layers import prune; from sparseditto.io import save_matrix; m, k = map(int, '$RS'.split('x')); save_matrix(prune(m, k, '$RST', $RSP, 0), '$W')"
       for n in ${RUN_N:-64 32}; do
-        timeout ${WIDE_RUN_TIMEOUT:-240} python3 -m sparseditto run /tmp/mats/w11008x4096_2of4.npz --target H200 -n $n --budget 3 2>&1 \
+        timeout ${WIDE_RUN_TIMEOUT:-240} python3 -m sparseditto run "$W" --target H200 -n $n --budget ${RUN_BUDGET:-3} 2>&1 \
           | grep --line-buffered -v Warn | tee "$OUT/run$n.log" | grep -E "planner|finalize|best:|speedup|candidates:|profile:" | cut -c1-260
       done ;;
     example)

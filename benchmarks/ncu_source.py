@@ -48,6 +48,7 @@ def top_stalls(source_csv: str, count: int) -> tuple[int, list[tuple[int, str]]]
 def main(argv=None) -> int:
     from llm_layers import SHAPES, prune
 
+    from sparseditto.harness.candidate_spec import as_spec
     from sparseditto.harness.isolation import make_private_dirs, worker_environment
     from sparseditto.harness.ncu import NVTX_RANGE, find_ncu, profiled_kernel
     from sparseditto.harness.source_loader import default_cache_dir
@@ -71,7 +72,8 @@ def main(argv=None) -> int:
         return 1
     m, k = SHAPES[args.shape]
     matrix = prune(m, k, args.style, args.sparsity, seed=0)
-    kernel, why = profiled_kernel(get_template(args.template).instantiate(json.loads(args.params)), matrix, "float16")
+    spec = as_spec(get_template(args.template).instantiate(json.loads(args.params)))
+    kernel, why = profiled_kernel(spec, matrix, "float16")
     if kernel is None:
         print(why)
         return 1
