@@ -119,7 +119,7 @@ for stage in "$@"; do
       # weights (where run_graph picks dense or tc_lanemask today), cuBLAS beside every row
       SV='{"delta_spmv": [{}], "tc_lanemask": [{}], "csr_vector": [{}]}'; [ -n "${SPARSE_VARIANTS:-}" ] && SV=$SPARSE_VARIANTS
       timeout ${SPARSE_TIMEOUT:-300} python3 benchmarks/llm_layers.py --preset decode --cases "${SPARSE_CASES:-magnitude/0.(7|9)}" \
-        --n ${SPARSE_N:-8 16} --repeats 20 --variants "$SV" --out "$OUT/sparse816.json" 2>&1 | grep --line-buffered -v Warn \
+        --n ${SPARSE_N:-8 16} --dtype ${SPARSE_DTYPE:-float16} --repeats 20 --variants "$SV" --out "$OUT/sparse816.json" 2>&1 | grep --line-buffered -v Warn \
         | tee "$OUT/sparse816.log" | grep "N=" | sed 's/  */ /g' | cut -c1-200 ;;
     tma-verify)
       # session 28: tc_sp24tma through the sandboxed verifier (ctypes tensor map inside the worker), the

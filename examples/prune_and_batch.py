@@ -118,6 +118,8 @@ def main() -> None:
                     help="candidates per full search (run_graph's budget; default: its own)")
     ap.add_argument("--compile", default=None, metavar="BACKEND",
                     help="also run torch.compile(patched model, backend=BACKEND) at each N and compare (e.g. inductor)")
+    ap.add_argument("--prunings", nargs="+", choices=sorted(PRUNINGS), default=list(PRUNINGS),
+                    help="which prunings to batch and patch (default: all three)")
     args = ap.parse_args()
     ns = args.n or [1, 16]
     from sparseditto import patch_model, run_batch
@@ -126,7 +128,8 @@ def main() -> None:
     repeats = args.repeats or (50 if device == "cuda" else 2)
     torch.manual_seed(0)
     base = Decoder(args.hidden, args.inter, args.layers).half()
-    for name, prune in PRUNINGS.items():
+    for name in args.prunings:
+        prune = PRUNINGS[name]
         model = Decoder(args.hidden, args.inter, args.layers).half()
         with torch.no_grad():
             model.load_state_dict({k: prune(v.float()).half() for k, v in base.state_dict().items()})
