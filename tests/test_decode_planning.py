@@ -93,7 +93,7 @@ def test_dense_weight_at_large_n_stops_for_cublas():
 @pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_dense"), ("0.9", 1, "delta_spmv"), ("0.9", 2, "delta_spmv"),
                                            ("0.7", 1, "delta_spmv"), ("0.9", 4, "delta_spmv"), ("0.5", 1, "delta_spmv"),
                                            ("0.5", 2, "delta_spmv"), ("0.5", 4, "delta_spmv"),
-                                           ("0.5", 8, "tc_dense"), ("0.9", 8, "csr_rowsplit")])
+                                           ("0.5", 8, "tc_dense"), ("0.9", 8, "csr_vector")])
 def test_unstructured_first_candidate_follows_the_measurements(style, n, first):
     _, plan = _first_plan(style, n)
     assert plan.action == "try" and plan.candidates[0].template == first
