@@ -416,7 +416,10 @@ def with_a_bytes(cost_terms, a_bytes: float):
     packs A its own way (an LLM's edit, measured from the tensors its prepare() returns)."""
     def terms(stats, n, dtype, target, params) -> CostTerms:
         base = cost_terms(stats, n, dtype, target, params)
-        return replace(base, a_bytes=float(a_bytes),
+        # A measured floor is a latency-bound stream's: with the same bytes in flight, its time
+        # follows the bytes it streams, so a kernel that packs A smaller gets a proportionally lower one
+        scale = float(a_bytes) / base.a_bytes if base.a_bytes > 0 else 1.0
+        return replace(base, a_bytes=float(a_bytes), decode_s=base.decode_s * scale,
                        notes=list(base.notes) + [f"A: {a_bytes:.0f} bytes as the kernel packs it (measured)"])
     return terms
 

@@ -337,7 +337,9 @@ def improving_coder(body):
 
 @pytest.mark.slow
 def test_llm_improves_its_kernel_from_the_profile(http, capsys):
-    A = generate.unstructured(1024, 1024, 0.9, dtype="float16", seed=3)
+    # sparse enough that the ELL kernel beats dense in the CPU cost model (the csr_rowsplit template it
+    # adapts carries a measured per-nonzero floor, scaled by the bytes the kernel packs)
+    A = generate.unstructured(1024, 1024, 0.97, dtype="float16", seed=3)
     result, srv = http({"planner": [improving_planner], "coder": [improving_coder]}, A, budget=3)
     v1, v2 = [c for c in result.candidates if c.origin != "vendor"]
     assert (v1.status, v2.status) == ("verified", "verified") and (v1.source, v2.source) == (ELL_KERNEL,
