@@ -365,3 +365,14 @@ def test_cuda_templates_are_planned_only_where_cupy_imports():
         why = backend_unavailable("cuda")
         assert "CuPy cannot be imported" in why and "sparseditto[gpu]" in why and "gpu-cuda12" in why
         assert not planned & cuda and {"csr_rowsplit", "dense"} <= planned
+
+
+def test_an_adapted_kernels_floor_follows_the_bytes_it_packs():
+    """A kernel adapted from a template (an LLM's edit) is costed with A's measured bytes; the template's
+    measured decode floor scales with them (same bytes in flight, fewer bytes to stream)."""
+    rep = {**_hand_report(), "shape": (4096, 4096), "nnz": 4096 * 410, "row_stats": {"mean": 410, "max": 410, "cv": 0}}
+    t = get_template("csr_rowsplit")
+    own = t.cost(rep, 8, "float16", "H200", {})
+    half = t.cost(rep, 8, "float16", "H200", {}, a_bytes=own.a_bytes / 2)
+    assert own.bound == half.bound == "decode"
+    assert half.seconds - cost_mod.LAUNCH_S == pytest.approx((own.seconds - cost_mod.LAUNCH_S) / 2)
