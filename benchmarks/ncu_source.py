@@ -16,6 +16,7 @@ import argparse
 import csv
 import io
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,7 +91,10 @@ def main(argv=None) -> int:
            "--kernel-name", "regex:tc_", "--launch-count", "1", "--section", "SourceCounters",
            "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy", "-f", "-o", str(report),
            sys.executable, "-m", "sparseditto.harness.ncu_child", str(work / "args.json")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=240)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=240)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-2000:])
         return 1
