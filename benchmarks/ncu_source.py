@@ -16,13 +16,11 @@ import argparse
 import csv
 import io
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,9 +48,7 @@ def main(argv=None) -> int:
     from llm_layers import SHAPES, prune
 
     from sparseditto.harness.candidate_spec import as_spec
-    from sparseditto.harness.isolation import make_private_dirs, worker_environment
-    from sparseditto.harness.ncu import NVTX_RANGE, find_ncu, profiled_kernel
-    from sparseditto.harness.source_loader import default_cache_dir
+    from sparseditto.harness.ncu import NVTX_RANGE, child_inputs, find_ncu, profiled_kernel
     from sparseditto.kernel_templates.registry import get_template
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -78,23 +74,14 @@ def main(argv=None) -> int:
     if kernel is None:
         print(why)
         return 1
-    work = Path(tempfile.mkdtemp(prefix="sparseditto-ncu-src-"))   # the matrix stays out of `out` (~100 MB)
-    np.savez(work / "matrix.npz", indptr=matrix.indptr, indices=matrix.indices, data=matrix.data,
-             shape=np.asarray(matrix.shape, dtype=np.int64))
-    (work / "args.json").write_text(json.dumps({
-        "kernel": kernel, "matrix_path": str(work / "matrix.npz"), "matrix_dtype": matrix.dtype, "n": args.n,
-        "dtype": "float16", "warmup": 3, "seed": 0, "range": NVTX_RANGE}), encoding="utf-8")
-    make_private_dirs(work)
-    env = worker_environment("cuda", work, str(default_cache_dir()))
     report = out / "report"
-    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
-           "--kernel-name", "regex:tc_", "--launch-count", "1", "--section", "SourceCounters",
-           "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy", "-f", "-o", str(report),
-           sys.executable, "-m", "sparseditto.harness.ncu_child", str(work / "args.json")]
-    try:
+    with tempfile.TemporaryDirectory(prefix="sparseditto-ncu-src-") as work:   # the matrix (~100 MB) stays out of `out`
+        args_path, env = child_inputs(work, kernel, matrix, args.n, "float16")
+        cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
+               "--kernel-name", "regex:tc_", "--launch-count", "1", "--section", "SourceCounters",
+               "--section", "WarpStateStats", "--section", "LaunchStats", "--section", "Occupancy", "-f",
+               "-o", str(report), sys.executable, "-m", "sparseditto.harness.ncu_child", args_path]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=work, timeout=240)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         print(proc.stdout[-2000:], proc.stderr[-2000:])
         return 1

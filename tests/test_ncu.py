@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from sparseditto.harness import parse_ncu_csv, profile_ncu, summarize_ncu_rows
-from sparseditto.harness.ncu import NVTX_RANGE, build_command, interpret_ncu_output, parse_number
+from sparseditto.harness.ncu import NVTX_RANGE, build_command, child_inputs, interpret_ncu_output, parse_number
 from sparseditto.matrix import SparseMatrix
 
 CANDIDATES = Path(__file__).parent / "candidates"
@@ -194,3 +194,25 @@ def test_what_ncu_profiles_for_each_kind_of_kernel():
     kernel, note = profiled_kernel(as_spec((CANDIDATES / "cheat_torch_mm.py").read_text()), matrix, "float16")
     assert kernel is None and "static checks" in note
 
+
+
+def test_child_inputs_write_what_the_profiled_child_reads(tmp_path, monkeypatch):
+    """profile_ncu and benchmarks/ncu_source.py hand the child the same files: the matrix as CSR
+    arrays, the arguments as JSON (NVTX range included), and a worker's scrubbed environment."""
+    import json
+
+    import numpy as np
+
+    from sparseditto import generate
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-not-for-the-child")
+    A = generate.unstructured(40, 70, 0.8, dtype="float16", seed=1)
+    args_path, env = child_inputs(tmp_path, {"vendor": "dense"}, A, 9, "float16", seed=5)
+    args = json.loads(open(args_path).read())
+    assert args == {"kernel": {"vendor": "dense"}, "matrix_path": str(tmp_path / "matrix.npz"),
+                    "matrix_dtype": A.dtype, "n": 9, "dtype": "float16", "warmup": 3, "seed": 5,
+                    "range": NVTX_RANGE}
+    saved = np.load(args["matrix_path"])
+    assert tuple(saved["shape"]) == A.shape and np.array_equal(saved["indices"], A.indices)
+    assert np.array_equal(saved["indptr"], A.indptr) and np.array_equal(saved["data"], A.data)
+    assert "OPENAI_API_KEY" not in env and (tmp_path / "home").is_dir()

@@ -235,24 +235,32 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
         return NcuResult(available=False, note=why_not)
 
     with tempfile.TemporaryDirectory(prefix="sparseditto-ncu-") as tmp:
-        matrix_path = os.path.join(tmp, "matrix.npz")
-        np.savez(matrix_path, indptr=matrix.indptr, indices=matrix.indices, data=matrix.data,
-                 shape=np.asarray(matrix.shape, dtype=np.int64))
-        args = {"kernel": kernel, "matrix_path": matrix_path, "matrix_dtype": matrix.dtype, "n": int(n),
-                "dtype": dtype, "warmup": int(warmup), "seed": int(seed), "range": NVTX_RANGE}
-        args_path = os.path.join(tmp, "args.json")
-        Path(args_path).write_text(json.dumps(args), encoding="utf-8")
+        args_path, env = child_inputs(tmp, kernel, matrix, n, dtype, warmup=warmup, seed=seed)
         cmd = build_command(ncu, args_path, metrics=metrics, kernel_regex=kernel_regex,
                             launch_count=launch_count)
-        # The profiled child runs candidate code: the same scrubbed environment and private
-        # directory as a sandboxed worker, and ncu_child installs the same audit hook.
-        from .isolation import make_private_dirs, worker_environment
-        from .source_loader import default_cache_dir
-
-        make_private_dirs(Path(tmp))
-        env = worker_environment("cuda", Path(tmp), str(default_cache_dir()))
         rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
+
+
+def child_inputs(workdir, kernel: dict, matrix, n: int, dtype: str, *, warmup: int = 3,
+                 seed: int = 0) -> tuple[str, dict]:
+    """(args.json path, environment) for ``python -m sparseditto.harness.ncu_child`` in `workdir`:
+    the matrix and the child's arguments written there (`kernel` as `profiled_kernel` returns it).
+    The profiled child runs candidate code, so it gets the same scrubbed environment and private
+    directory as a sandboxed worker (and ncu_child installs the same audit hook)."""
+    from .isolation import make_private_dirs, worker_environment
+    from .source_loader import default_cache_dir
+
+    workdir = Path(workdir)
+    matrix_path = workdir / "matrix.npz"
+    np.savez(matrix_path, indptr=matrix.indptr, indices=matrix.indices, data=matrix.data,
+             shape=np.asarray(matrix.shape, dtype=np.int64))
+    args = {"kernel": kernel, "matrix_path": str(matrix_path), "matrix_dtype": matrix.dtype, "n": int(n),
+            "dtype": dtype, "warmup": int(warmup), "seed": int(seed), "range": NVTX_RANGE}
+    args_path = workdir / "args.json"
+    args_path.write_text(json.dumps(args), encoding="utf-8")
+    make_private_dirs(workdir)
+    return str(args_path), worker_environment("cuda", workdir, str(default_cache_dir()))
 
 
 def profiled_kernel(spec, matrix, dtype: str) -> tuple[dict | None, str]:
