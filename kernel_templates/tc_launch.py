@@ -515,7 +515,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
     lparams = launch_params(params, ring_floor_kb, slot_bytes)
-    b_tma = int(shape[1]) % 16 == 0      # an aligned B of these K rows can take the tensor map
+    b_tma = tensor_map.k_fits(int(shape[1]))      # an aligned B of these K rows can take the tensor map
     geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
     kernels, regs_by_nt = {}, {}

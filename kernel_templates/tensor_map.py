@@ -29,16 +29,20 @@ L2_PROMOTION_128B = 2
 OOB_FILL_ZEROS = 0                # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: rows past K, columns past N read 0
 
 
+def k_fits(k: int) -> bool:
+    """K a multiple of 16: the map's 16-row periods must not run past B (what prepare can know)."""
+    return k % 16 == 0
+
+
 def tma_ready(k: int, ldb: int, b_ptr: int, col_stride: int = 1) -> bool:
     """Whether a B of K rows at `b_ptr` with row stride `ldb` elements can be read by the tensor map:
-    K a multiple of 16 (the map's 16-row periods must not run past B), rows 16-byte aligned
-    (ldb a multiple of 8, the pointer of 16), unit column stride."""
-    return k % 16 == 0 and ldb % 8 == 0 and b_ptr % 16 == 0 and col_stride == 1
+    `k_fits`, rows 16-byte aligned (ldb a multiple of 8, the pointer of 16), unit column stride."""
+    return k_fits(k) and ldb % 8 == 0 and b_ptr % 16 == 0 and col_stride == 1
 
 
 def b_map_layout(n: int, k: int, ldb: int, box_cols: int) -> dict:
     """globalDim, globalStrides (bytes, dims 1 and 2), boxDim and swizzle of B's 3-D view."""
-    if k % 16 or ldb % 8:
+    if not k_fits(k) or ldb % 8:
         raise ValueError(f"B's tensor map needs K a multiple of 16 and ldb a multiple of 8, got K = {k}, ldb = {ldb}.")
     row_bytes = 2 * box_cols
     if row_bytes not in SWIZZLE_BY_ROW_BYTES:
