@@ -71,6 +71,10 @@ DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 from 4
 # 0.97x; at 70% all three stay below cuBLAS (0.38-0.90x), at N = 16 none passes 1.03x
 PER_NONZERO_MAX_N = 8
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
+# graphs and meshes (power-law or banded rows, or >= 95% sparse) from N = 8: the row-decomposed CUDA CSR
+# kernel (items of <= CHUNK nonzeros, hub rows split, lane groups per short row) goes first
+ROWDECOMP_MIN_N = 8
+ROWDECOMP_PATTERNS = ("power_law", "banded")
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with no tile parameter to step
@@ -79,6 +83,8 @@ GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with
 def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
     """Templates the pattern class points to, most natural first (see PATTERN_PREFERENCES)."""
     pattern = str(report.get("pattern") or "unstructured")
+    if pattern in ROWDECOMP_PATTERNS and n >= ROWDECOMP_MIN_N:
+        return ("csr_rowdecomp",) + PATTERN_PREFERENCES[pattern]
     if pattern in PATTERN_PREFERENCES:
         prefs = PATTERN_PREFERENCES[pattern]
         # n:m that the sparse MMA cannot take exactly (4:8 keeping 3 + 1 in a group's halves) too:
@@ -101,6 +107,8 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
             return ("csr_vector", "delta_spmv", "csr_rowsplit", "tc_bitmap")
         if sparsity >= 0.45 and n <= DELTA_MAX_N:
             return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
+        if sparsity >= 0.95 and n > PER_NONZERO_MAX_N:
+            return ("csr_rowdecomp", "csr_rowsplit", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.95:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split

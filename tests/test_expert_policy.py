@@ -163,7 +163,11 @@ def test_plan_is_deterministic():
 
 
 def test_pattern_preferences_follow_sparsity_for_unstructured():
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.97}, 16)[0] == "csr_rowsplit"
+    # graph-like sparsity (>= 95%) from N = 9: the row-decomposed CUDA CSR kernel, then the Triton ones
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.97}, 16)[:2] == ("csr_rowdecomp", "csr_rowsplit")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.97}, 8)[0] == "csr_vector"
+    assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 8)[:2] == ("csr_rowdecomp", "csr_balanced")
+    assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 4)[0] == "csr_balanced"
     # the H200 measurements: the dense stream at 50-85% and small N, CSR / tensor-core bitmap at 85-95%
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 16)[0] == "tc_dense"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 16)[:2] == ("csr_rowsplit", "tc_bitmap")
@@ -189,7 +193,7 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences(four_of_eight, 1)[:2] == ("tc_sp24", "delta_spmv")
     assert "delta_spmv" not in pattern_preferences(four_of_eight, 8)
     assert "delta_spmv" not in pattern_preferences({**four_of_eight, "nm_conformance": {"2:4": {"row": 1.0}}}, 1)
-    assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[0] == "csr_balanced"
+    assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[:2] == ("csr_rowdecomp", "csr_balanced")
 
 
 def test_bad_settings_raise():

@@ -34,10 +34,10 @@ from .results import StaticCheckResult
 from .source_loader import source_hash
 
 # The project modules a candidate may use: formats and row orders (and the tensor-core fragment
-# and delta-slice packers), the templates' shared launch plumbing (trusted code: dtype names, PARAMS checks, cached
+# and delta-slice packers, the row-decomposition items), the templates' shared launch plumbing (trusted code: dtype names, PARAMS checks, cached
 # launch plans) and the CUDA decode tier's CuPy launch path.
 SPARSEDITTO_MODULES = ("sparseditto.formats", "sparseditto.reorder", "sparseditto.tc_formats", "sparseditto.delta_format",
-                       "sparseditto.kernel_templates.runtime", "sparseditto.kernel_templates.tc_launch")
+                       "sparseditto.row_items", "sparseditto.kernel_templates.runtime", "sparseditto.kernel_templates.tc_launch")
 ALLOWED_MODULES = frozenset({
     "__future__", "math", "numpy", "torch", "triton", "triton.language", "cupy", "typing", "functools",
     *SPARSEDITTO_MODULES,
