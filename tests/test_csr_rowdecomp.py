@@ -247,3 +247,24 @@ def test_gpu_verifies_against_fp64(params, name, dtype):
     result = run_and_verify(get_template("csr_rowdecomp").instantiate(params), GRAPHS[name](),
                             n_values=(1, 3, 8, 17, 32, 64, 128, 129, 256), dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
+
+
+def test_grid_follows_the_h200_sweep_and_csr_balanced_floor_ranks_it_behind_on_graphs():
+    """Session 30's sweep (benchmarks/graph_kernels.py): UNROLL 8 on small matrices, items of 16 for
+    long rows at N <= 32, of 2x auto for hub rows at N >= 128; csr_balanced measured 1187 us on R-MAT
+    s16 at N = 128 (cuSPARSE 83 us), which its wide-N floor now says."""
+    from sparseditto.analysis import analyze
+    from sparseditto.kernel_templates.cost import ReportStats
+
+    t = get_template("csr_rowdecomp")
+    plan = t.planning()
+    graph = analyze(generate.rmat(12, 16, seed=0))
+    wide = plan.grid(ReportStats(graph), 128, None, t)
+    assert wide[:3] == [{}, {"UNROLL": 8}, {"CHUNK": 2 * auto_chunk(ReportStats(graph).row_mean)}]
+    long_rows = analyze(SparseMatrix.from_scipy(sp.csr_array(np.random.default_rng(0).random((400, 400)) < 0.1)))
+    assert {"CHUNK": 16, "UNROLL": 8} in plan.grid(ReportStats(long_rows), 32, None, t)[:3]
+    assert all(d.keys() <= set(t.meta["params"]) for d in wide)
+    balanced = get_template("csr_balanced")
+    assert balanced.cost(graph, 128, "float32", "H200", {}).seconds > 5 * t.cost(graph, 128, "float32", "H200", {}).seconds
+    narrow = balanced.cost(graph, 8, "float32", "H200", {})
+    assert narrow.seconds < 2 * balanced.cost(graph, 1, "float32", "H200", {}).seconds   # N = 8 keeps the old floor

@@ -23,14 +23,28 @@ def chunk_for(stats, params: dict) -> int:
     return auto_chunk(stats.row_mean) if chunk == "auto" else int(chunk)
 
 
+# H200, fp32, graph-replayed (benchmarks/graph_kernels.py, session 30): UNROLL 8 was 8-18% faster than
+# 4 on the SuiteSparse files (< 5000 rows: fewer groups, so more loads in flight per lane pay) and 5-8%
+# slower on the 32768-65536-row graphs and meshes; at N <= 32 rows of ~45 nonzeros ran 1.5-1.8x faster
+# cut into items of 16 (pushpull 20.0 -> 11.2 us, bcsstk13 15.6 -> 10.3 us: 4 items share a warp there,
+# so long items serialize it); at N >= 128 R-MAT's hub rows ran best in items of 128 (75.6 -> 66.9 us).
+FEW_ROWS = 16384
+
+
 def grid(stats, n: int, target, template) -> list[dict]:
     chunk = chunk_for(stats, {})
+    out = [{}]
+    if stats.m < FEW_ROWS:
+        out.append({"UNROLL": 8})
+    if n <= 32 and stats.row_mean >= 24:
+        out.append({"CHUNK": 16, "UNROLL": 8})
+    if n >= 128 and stats.row_max > chunk:
+        out.append({"CHUNK": min(1024, 2 * chunk)})
     other_order = "row" if stats.row_cv > 1.0 else "length"
-    out = [{}, {"ORDER": other_order}, {"UNROLL": 8}, {"CHUNK": min(1024, 2 * chunk)}, {"CHUNK": max(16, chunk // 2)}]
-    if n > 32:
-        # two lane groups per N strip instead of one: more items in flight, half the columns each
-        out.append({"LANES": max(1, min(32, next_pow2(n / 8)) // 2)})
-    out += [{"WARPS_PER_BLOCK": 8}, {"WARPS_PER_BLOCK": 2}]
+    for extra in ({"UNROLL": 8}, {"ORDER": other_order}, {"CHUNK": max(16, chunk // 2)}, {"WARPS_PER_BLOCK": 8},
+                  {"WARPS_PER_BLOCK": 2}):
+        if extra not in out:
+            out.append(extra)
     return out
 
 

@@ -7,11 +7,16 @@ from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, csr_bytes
 APPLICABILITY = "always; it is the natural choice when row lengths are skewed (row cv > 1)"
 COST_MODEL = ("bytes = nnz*(vb + 4 or 2 for int16 ids) + (M+1)*4 + B + C, plus fp32 partials of rows that "
               "cross a program boundary (2 * programs * N * 4); flops 2*nnz*N on CUDA cores; a measured floor of "
-              "NNZ_STEP_S per nonzero")
+              "NNZ_STEP_S per nonzero plus NNZ_COLUMN_S per nonzero and column past N = 8")
 # Measured on the H200 (fp16, cold L2, graph-replayed, session 29): 90% per-row-magnitude Llama weights
 # at N = 8 took 34.0 / 96.4 / 104.4 us for 1.68 / 4.51 / 4.51 M nonzeros (20-23 ps each, 0.27-0.48x
 # cuBLAS) where the byte model said 4.1-6.8 us; 15 ps per nonzero stays below them.
 NNZ_STEP_S = 15e-12
+# Wide N (H200, fp32, N = 128, graph-replayed, session 30's graphs suite): 0.75-4.5 ns per nonzero on the
+# SuiteSparse files and 1.24 ns on R-MAT s16 (1187 us where cuSPARSE took 83 us and the byte model said
+# ~20 us, so the planner tried it first there); the floor grows by NNZ_COLUMN_S per column past N = 8,
+# 0.71 ns at N = 128, below every one of those rows.
+NNZ_COLUMN_S = 5.8e-12
 
 
 def applicable(stats, template) -> tuple[bool, str]:
@@ -57,5 +62,5 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
         terms.launches = 2 if params.get("FIXUP", "inline") == "launch" else 1
         terms.extra_bytes += 2.0 * programs * n * 4
     terms.notes.append(f"{programs} programs of {per} nonzeros")
-    terms.decode_s = h200_scaled(stats.nnz * NNZ_STEP_S, target)
+    terms.decode_s = h200_scaled(stats.nnz * (NNZ_STEP_S + NNZ_COLUMN_S * max(0, n - 8)), target)
     return terms
