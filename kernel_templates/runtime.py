@@ -36,6 +36,19 @@ def torch_dtype(dtype) -> torch.dtype:
     return _NAMED_DTYPES[dtype]
 
 
+# The value types of cuda/dtypes.cuh: the C++ template argument (F32, F16, BF16) per torch dtype.
+CUDA_VALUE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def cuda_value_dtype(dtype, who: str) -> torch.dtype:
+    """The torch dtype of a CUDA-core template's values (those dtypes.cuh has a type for); a
+    ValueError naming the template ``who`` otherwise."""
+    dtype = torch_dtype(dtype)
+    if dtype not in CUDA_VALUE_TAGS:
+        raise ValueError(f"{who} supports float32, float16 and bfloat16 values, got {dtype}.")
+    return dtype
+
+
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (1 for x <= 1)."""
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()

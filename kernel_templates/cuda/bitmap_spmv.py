@@ -47,7 +47,6 @@ import torch
 from sparseditto.formats import BitmapTiles
 from sparseditto.kernel_templates import runtime as rt
 
-_DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 _NV_CHOICES = (1, 2, 4, 8)
 WORD_COLUMNS = 32
 SPAN_WORDS = 32          # a warp's unit of work: 32 mask words = 1024 columns
@@ -63,7 +62,7 @@ def nv_for(n: int) -> int:
 
 def reachable_kernels(dtype) -> tuple:
     """Every kernel name expression plan_launch can pick for this dtype under PARAMS."""
-    tag = _DTYPE_TAGS[rt.torch_dtype(dtype)]
+    tag = rt.CUDA_VALUE_TAGS[rt.torch_dtype(dtype)]
     nvs = _NV_CHOICES if PARAMS["NV"] == "auto" else (int(PARAMS["NV"]),)
     return tuple(f"bitmap_spmv<{tag}, {nv}, {int(PARAMS['ROWS'])}, {int(PARAMS['SPLIT'])}>" for nv in nvs)
 
@@ -80,9 +79,7 @@ def pack(A) -> dict:
 def prepare(A, dtype, device) -> dict:
     """The row bitmap (see `pack`) on `device`, and on a GPU the compiled kernels."""
     rt.check_params(META, PARAMS)
-    dtype = rt.torch_dtype(dtype)
-    if dtype not in _DTYPE_TAGS:
-        raise ValueError(f"bitmap_spmv supports float32, float16 and bfloat16 values, got {dtype}.")
+    dtype = rt.cuda_value_dtype(dtype, "bitmap_spmv")
     device = torch.device(device)
     arrays = pack(A)
     tensors = {name: torch.from_numpy(arrays[name]).to(device) for name in ("masks", "span_offsets")}
@@ -104,7 +101,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
         raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit "
                          "of 65535; bitmap_spmv is a decode kernel (N <= 8), use a tensor-core template.")
     vec_ok = int(b_ptr % (nv * esize) == 0 and ldb % nv == 0)
-    return {"name": f"bitmap_spmv<{_DTYPE_TAGS[dtype]}, {nv}, {rows}, {split}>", "grid": grid,
+    return {"name": f"bitmap_spmv<{rt.CUDA_VALUE_TAGS[dtype]}, {nv}, {rows}, {split}>", "grid": grid,
             "block": (split * 32, 1, 1), "vec_ok": vec_ok, "nv": nv}
 
 

@@ -46,7 +46,6 @@ from sparseditto.formats import CSR
 from sparseditto.kernel_templates import runtime as rt
 from sparseditto.row_items import RowItems, auto_chunk
 
-_DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 _VECS = (1, 2, 4, 8)
 SKEWED_CV = 1.0          # ORDER "auto": longest first above this coefficient of variation of row lengths
 PARTIAL_ALIGN = 8        # floats between partial rows: a multiple of the widest VEC
@@ -84,7 +83,7 @@ def item_layout(indptr: np.ndarray, shape: tuple[int, int]) -> RowItems:
 
 def reachable_kernels(dtype) -> tuple:
     """Every kernel name expression plan_launch can pick for this dtype under PARAMS (one compile)."""
-    tag = _DTYPE_TAGS[rt.torch_dtype(dtype)]
+    tag = rt.CUDA_VALUE_TAGS[rt.torch_dtype(dtype)]
     vecs = _VECS if PARAMS["VEC"] == "auto" else (int(PARAMS["VEC"]),)
     lanes = (1, 2, 4, 8, 16, 32) if PARAMS["LANES"] == "auto" else (int(PARAMS["LANES"]),)
     unroll = int(PARAMS["UNROLL"])
@@ -96,9 +95,7 @@ def reachable_kernels(dtype) -> tuple:
 def prepare(A, dtype, device) -> dict:
     """int32 CSR and its work items on `device` (values in `dtype`), and (on a GPU) the kernels."""
     rt.check_params(META, PARAMS)
-    dtype = rt.torch_dtype(dtype)
-    if dtype not in _DTYPE_TAGS:
-        raise ValueError(f"csr_rowdecomp supports float32, float16 and bfloat16 values, got {dtype}.")
+    dtype = rt.cuda_value_dtype(dtype, "csr_rowdecomp")
     device = torch.device(device)
     csr = CSR.from_matrix(A, index_dtype="int32")
     layout = item_layout(csr.indptr, tuple(A.shape))
@@ -114,7 +111,7 @@ def prepare(A, dtype, device) -> dict:
 def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int, c_ptr: int, ldc: int) -> dict:
     """Kernel names, grids and the vector flags for one call (pure Python)."""
     dtype = rt.torch_dtype(dtype)
-    tag = _DTYPE_TAGS[dtype]
+    tag = rt.CUDA_VALUE_TAGS[dtype]
     esize = _element_size(dtype)
     vec, lanes = vec_lanes(N, dtype)
     warps = int(PARAMS["WARPS_PER_BLOCK"])

@@ -51,7 +51,6 @@ import torch
 from sparseditto.formats import CSR
 from sparseditto.kernel_templates import runtime as rt
 
-_DTYPE_TAGS = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 _NNZ_LAYOUT_MAX_N = 16
 _MAX_TILE_BYTES = 32    # a lane's strip of a B row in the "nnz" layout: two 16-byte vectors
 
@@ -62,7 +61,7 @@ def _element_size(dtype) -> int:
 
 def reachable_kernels(dtype, group: int) -> tuple:
     """Every kernel instantiation plan_launch can pick for this dtype and group (one compile)."""
-    tag = _DTYPE_TAGS[dtype]
+    tag = rt.CUDA_VALUE_TAGS[dtype]
     max_vec = 16 // _element_size(dtype)  # one 16-byte vector per lane at most
     names = set()
     if PARAMS["LAYOUT"] in ("auto", "nnz"):
@@ -78,9 +77,7 @@ def reachable_kernels(dtype, group: int) -> tuple:
 
 def prepare(A, dtype, device) -> dict:
     """int32 CSR on `device` (values in `dtype`), the lane-group size, and (on a GPU) the kernels."""
-    dtype = rt.torch_dtype(dtype)
-    if dtype not in _DTYPE_TAGS:
-        raise ValueError(f"csr_vector supports float32, float16 and bfloat16 values, got {dtype}.")
+    dtype = rt.cuda_value_dtype(dtype, "csr_vector")
     device = torch.device(device)
     csr = CSR.from_matrix(A, index_dtype="int32")
     tensors = csr.to_torch(device=device, dtype=dtype)
@@ -97,7 +94,7 @@ def prepare(A, dtype, device) -> dict:
 def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     """Kernel name expression, grid, block and the vector-load flag for one call (pure Python)."""
     dtype = rt.torch_dtype(dtype)
-    tag = _DTYPE_TAGS[dtype]
+    tag = rt.CUDA_VALUE_TAGS[dtype]
     esize = _element_size(dtype)
     M = packed["shape"][0]
     warps = int(PARAMS["WARPS_PER_BLOCK"])
