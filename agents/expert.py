@@ -74,6 +74,7 @@ DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns i
 # graphs and meshes (power-law or banded rows, or >= 95% sparse) from N = 8: the row-decomposed CUDA CSR
 # kernel (items of <= CHUNK nonzeros, hub rows split, lane groups per short row) goes first
 ROWDECOMP_MIN_N = 8
+ROWDECOMP_FIRST_N = 32   # unstructured >= 95%: csr_rowdecomp first above this N, second from N = 9
 ROWDECOMP_PATTERNS = ("power_law", "banded")
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
@@ -107,8 +108,13 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
             return ("csr_vector", "delta_spmv", "csr_rowsplit", "tc_bitmap")
         if sparsity >= 0.45 and n <= DELTA_MAX_N:
             return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
-        if sparsity >= 0.95 and n > PER_NONZERO_MAX_N:
+        # H200, fp32, session 30 (benchmarks/graph_kernels.py) on the unstructured SuiteSparse files: at
+        # N = 32 the Triton row split was ahead on 3 of 4 (dnn 6.6 vs 8.3 us), at N = 128 csr_rowdecomp on
+        # 3 of 3 (pushpull 17.1 vs 24.4, cryg2500 6.1 vs 12.5)
+        if sparsity >= 0.95 and n > ROWDECOMP_FIRST_N:
             return ("csr_rowdecomp", "csr_rowsplit", "csr_balanced", "bitmap_tiles")
+        if sparsity >= 0.95 and n > PER_NONZERO_MAX_N:
+            return ("csr_rowsplit", "csr_rowdecomp", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.95:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split
