@@ -109,8 +109,8 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         if sparsity >= 0.45 and n <= DELTA_MAX_N:
             return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
         # H200, fp32, session 30 (benchmarks/graph_kernels.py) on the unstructured SuiteSparse files: at
-        # N = 32 the Triton row split was ahead on 3 of 4 (dnn 6.6 vs 8.3 us), at N = 128 csr_rowdecomp on
-        # 3 of 3 (pushpull 17.1 vs 24.4, cryg2500 6.1 vs 12.5)
+        # N = 32 the Triton row split was ahead on 2 of 3 (dnn 6.6 vs 8.3 us, pushpull 10.9 vs 11.2), at
+        # N = 128 csr_rowdecomp on 3 of 3 (dnn 8.3 vs 8.8, pushpull 17.1 vs 24.4, cryg2500 6.1 vs 12.5)
         if sparsity >= 0.95 and n > ROWDECOMP_FIRST_N:
             return ("csr_rowdecomp", "csr_rowsplit", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.95 and n > PER_NONZERO_MAX_N:
