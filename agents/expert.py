@@ -71,8 +71,9 @@ DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 from 4
 # 0.97x; at 70% all three stay below cuBLAS (0.38-0.90x), at N = 16 none passes 1.03x
 PER_NONZERO_MAX_N = 8
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
-# graphs and meshes (power-law or banded rows, or >= 95% sparse) from N = 8: the row-decomposed CUDA CSR
-# kernel (items of <= CHUNK nonzeros, hub rows split, lane groups per short row) goes first
+# graphs and meshes: the row-decomposed CUDA CSR kernel (items of <= CHUNK nonzeros, hub rows split, lane
+# groups per short row) goes first on power-law and banded rows from N = 8, and on >= 95%-sparse
+# unstructured matrices above ROWDECOMP_FIRST_N
 ROWDECOMP_MIN_N = 8
 ROWDECOMP_FIRST_N = 32   # unstructured >= 95%: csr_rowdecomp first above this N, second from N = 9
 ROWDECOMP_PATTERNS = ("power_law", "banded")

@@ -154,12 +154,13 @@ class SparseMatrix:
             # built where it is wanted: on a GPU only the entries cross the bus, not M*K zeros (65536^2 fp32
             # is 17 GB, which the graphs suite's cuBLAS baseline densified on the host for every timing)
             device = torch.device(device)
-            where = device if device.type == "cuda" else "cpu"
+            on_gpu = device.type == "cuda"
+            where = device if on_gpu else torch.device("cpu")
             rows = torch.from_numpy(self.row_ids()).to(where)
             cols = torch.from_numpy(self.indices.astype(np.int64)).to(where)
             vals = torch.from_numpy(self.data.astype(np.float32)).to(where)
-            out = torch.zeros(self.shape, dtype=torch.float32 if where == "cpu" else tdtype, device=where)
-            out[rows, cols] = vals.to(out.dtype)
+            out = torch.zeros(self.shape, dtype=tdtype if on_gpu else torch.float32, device=where)
+            out[rows, cols] = vals.to(out.dtype)   # fp32 first, then the dtype: the same rounding either way
             return out.to(device=device, dtype=tdtype)
         if layout == "csr":
             return torch.sparse_csr_tensor(
