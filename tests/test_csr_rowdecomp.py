@@ -268,3 +268,13 @@ def test_grid_follows_the_h200_sweep_and_csr_balanced_floor_ranks_it_behind_on_g
     assert balanced.cost(graph, 128, "float32", "H200", {}).seconds > 5 * t.cost(graph, 128, "float32", "H200", {}).seconds
     narrow = balanced.cost(graph, 8, "float32", "H200", {})
     assert narrow.seconds < 2 * balanced.cost(graph, 1, "float32", "H200", {}).seconds   # N = 8 keeps the old floor
+
+
+@pytest.mark.parametrize("mean", [0.0, 0.3, 5.0, 7.9, 8.0, 8.1, 14.6, 31.9, 32.0, 49.1, 127.0, 128.5, 4096.0])
+def test_planning_resolves_auto_chunk_as_prepare_does(mean):
+    """The planning module restates row_items.auto_chunk (it may import the cost arithmetic only)."""
+    from types import SimpleNamespace
+
+    plan = get_template("csr_rowdecomp").planning()
+    assert plan.chunk_for(SimpleNamespace(row_mean=mean), {}) == auto_chunk(mean)
+    assert plan.chunk_for(SimpleNamespace(row_mean=mean), {"CHUNK": 64}) == 64

@@ -3,7 +3,6 @@ nonzeros so that no warp waits on a hub row; meant for graphs and meshes at N >=
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, next_pow2, row_split_csr_terms
-from sparseditto.row_items import auto_chunk
 
 APPLICABILITY = "always: CSR represents any pattern; built for skewed (power-law) and mesh rows at N >= 8"
 COST_MODEL = ("bytes = nnz*(vb + 4) + items*16 + B + C, plus fp32 partial rows of split rows written and read "
@@ -18,9 +17,10 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def chunk_for(stats, params: dict) -> int:
-    """CHUNK, "auto" resolved exactly as prepare does (sparseditto.row_items.auto_chunk)."""
+    """CHUNK, "auto" resolved as prepare does (sparseditto.row_items.auto_chunk, restated here because a
+    planning module imports the cost arithmetic only; tests/test_csr_rowdecomp.py checks they agree)."""
     chunk = params.get("CHUNK", "auto")
-    return auto_chunk(stats.row_mean) if chunk == "auto" else int(chunk)
+    return min(512, max(32, next_pow2(4.0 * stats.row_mean))) if chunk == "auto" else int(chunk)
 
 
 # H200, fp32, graph-replayed (benchmarks/graph_kernels.py, session 30): UNROLL 8 was 8-18% faster than
