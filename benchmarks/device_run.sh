@@ -142,6 +142,11 @@ for stage in "$@"; do
       done ;;
     example)
       python3 examples/prune_and_batch.py --out "$OUT/example" ${EXAMPLE_ARGS:-} 2>&1 | grep --line-buffered -v '^  layers' | tee "$OUT/example.log" | tail -40 ;;
+    graphkernels)
+      # issue 11 (session 30): csr_rowdecomp's variants, csr_vector, csr_rowsplit and torch's cuSPARSE on the
+      # graphs suite's matrices, fp32 (GK_ARGS e.g. "--n 32 128 256 --matrices rmat" or "--variants JSON")
+      timeout ${GK_TIMEOUT:-400} python3 benchmarks/graph_kernels.py --data "$SPARSEDITTO_DATA" --out "$OUT/graph_kernels.json" \
+        ${GK_ARGS:-} 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -40 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
