@@ -49,6 +49,17 @@ def cuda_value_dtype(dtype, who: str) -> torch.dtype:
     return dtype
 
 
+def element_size(dtype) -> int:
+    """Bytes per element of a torch dtype (or a dtype name)."""
+    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+def vectors_fit(ptr: int, ld: int, vec: int, esize: int) -> bool:
+    """Whether rows of a matrix at address ``ptr`` with row stride ``ld`` elements can be read or
+    written VEC elements at a time as one aligned vector (VEC * esize bytes) from any multiple of VEC."""
+    return ptr % (vec * esize) == 0 and ld % vec == 0
+
+
 def next_pow2(x: int) -> int:
     """The smallest power of two >= x (1 for x <= 1)."""
     return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
@@ -145,16 +156,21 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     ``make_plan()`` returns {"kernel", "grid", "block", "head", "tail"} (and "smem", the dynamic
     shared-memory bytes, when the kernel uses any): the kernel is called with
     head + (B's pointer, C's pointer) + tail, fixed-width numpy scalars built once, so a repeated
-    call only reads two pointers. ``target`` is where the kernel writes (`cuda_operands`), copied
-    into ``out`` when it is a stand-in."""
+    call only reads two pointers. A plan may add "then": launches that follow on the same stream
+    and take C only (dicts of "kernel", "grid", "block", "head", "tail": called with head + (C's
+    pointer,) + tail), e.g. a fixup pass over the first kernel's partial sums. ``target`` is where
+    the kernels write (`cuda_operands`), copied into ``out`` when it is a stand-in."""
     scratch = packed["scratch"]
     plan = scratch.get(key)
     if plan is None:
         plan = scratch[key] = make_plan()
     device, stream = cupy_stream(scratch, b.device)
-    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
+    c_ptr = np.uint64(target.data_ptr())
+    args = plan["head"] + (np.uint64(b.data_ptr()), c_ptr) + plan["tail"]
     with device, stream:
         plan["kernel"](plan["grid"], plan["block"], args, shared_mem=plan.get("smem", 0))
+        for then in plan.get("then", ()):
+            then["kernel"](then["grid"], then["block"], then["head"] + (c_ptr,) + then["tail"])
     if target is not out:
         out.copy_(target)
 

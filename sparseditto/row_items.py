@@ -46,11 +46,6 @@ class RowItems:
     def n_slots(self) -> int:
         return int(self.fix_ptr[-1])
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the kernels read besides the CSR values and column ids."""
-        return int(self.items.nbytes + self.fix_rows.nbytes + self.fix_ptr.nbytes)
-
     @classmethod
     def from_indptr(cls, indptr: np.ndarray, shape: tuple[int, int], chunk: int, order: str = "length") -> "RowItems":
         """Cut each row of a CSR row pointer into items of at most ``chunk`` nonzeros, ordered by ``order``."""

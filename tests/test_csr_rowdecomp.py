@@ -278,3 +278,39 @@ def test_planning_resolves_auto_chunk_as_prepare_does(mean):
     plan = get_template("csr_rowdecomp").planning()
     assert plan.chunk_for(SimpleNamespace(row_mean=mean), {}) == auto_chunk(mean)
     assert plan.chunk_for(SimpleNamespace(row_mean=mean), {"CHUNK": 64}) == 64
+
+
+def test_launch_runs_the_items_kernel_then_the_fixup_on_the_same_plan(tmp_path_factory, monkeypatch):
+    """runtime.launch_cuda with csr_rowdecomp's plan, kernels replaced by recorders (no GPU): the items
+    kernel gets B's and C's pointers between its fixed arguments, the fixup C's only, after it, sharing
+    the partial-row workspace; a second call reuses the plan."""
+    from contextlib import nullcontext
+
+    from sparseditto.kernel_templates import runtime as rt
+
+    module = _load({"CHUNK": 16}, tmp_path_factory)
+    packed = module.prepare(_hub_matrix(40, 300, seed=3), "float32", "cpu")
+    assert packed["n_fix"] > 0
+    calls = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            calls.append((self.name, grid, block, args))
+
+    packed["kernels"] = {name: Recorder(name) for name in module.reachable_kernels(torch.float32)}
+    monkeypatch.setattr(rt, "cupy_stream", lambda scratch, device: (nullcontext(), nullcontext()))
+    b, out = torch.zeros(300, 64), torch.zeros(40, 64)
+    for _ in range(2):
+        rt.launch_cuda(packed, ("key",), lambda: module._make_plan(packed, 64, b, out), b, out, out)
+    plan = packed["scratch"][("key",)]
+    (first, grid, block, args), (second, fgrid, _, fargs) = calls[:2]
+    assert calls[2:] == calls[:2], "the second call launches the same plan"
+    assert first == plan["name"] and second == plan["fix_name"]
+    assert grid == plan["grid"] and block == plan["block"] and fgrid == plan["fix_grid"]
+    b_ptr, c_ptr, p_ptr = (np.uint64(t.data_ptr()) for t in (b, out, plan["partials"]))
+    assert args[:6] == plan["head"] and args[6:8] == (b_ptr, c_ptr) and args[8:] == plan["tail"]
+    assert args[4] == p_ptr and fargs[3] == p_ptr and fargs[5] == c_ptr and len(fargs) == 9
+    assert plan["partials"].shape == (packed["n_slots"], plan["pstride"])

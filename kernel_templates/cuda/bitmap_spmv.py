@@ -93,14 +93,14 @@ def prepare(A, dtype, device) -> dict:
 def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     """Kernel name, grid, block and the vector-load flag for one call (pure Python)."""
     dtype = rt.torch_dtype(dtype)
-    esize = torch.empty((), dtype=dtype).element_size()
+    esize = rt.element_size(dtype)
     M = packed["shape"][0]
     nv, rows, split = nv_for(N), int(PARAMS["ROWS"]), int(PARAMS["SPLIT"])
     grid = (-(-M // rows), -(-N // nv), 1)
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit "
                          "of 65535; bitmap_spmv is a decode kernel (N <= 8), use a tensor-core template.")
-    vec_ok = int(b_ptr % (nv * esize) == 0 and ldb % nv == 0)
+    vec_ok = int(rt.vectors_fit(b_ptr, ldb, nv, esize))
     return {"name": f"bitmap_spmv<{rt.CUDA_VALUE_TAGS[dtype]}, {nv}, {rows}, {split}>", "grid": grid,
             "block": (split * 32, 1, 1), "vec_ok": vec_ok, "nv": nv}
 

@@ -51,14 +51,10 @@ SKEWED_CV = 1.0          # ORDER "auto": longest first above this coefficient of
 PARTIAL_ALIGN = 8        # floats between partial rows: a multiple of the widest VEC
 
 
-def _element_size(dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def vec_lanes(n: int, dtype) -> tuple[int, int]:
     """(VEC, LANES) for N columns: PARAMS, or the widest vector (16 bytes; two for N > 32 such
     vectors) and the fewest lanes that cover N in one strip, so that short rows share a warp."""
-    esize = _element_size(rt.torch_dtype(dtype))
+    esize = rt.element_size(dtype)
     vec = PARAMS["VEC"]
     if vec == "auto":
         per16 = 16 // esize
@@ -112,7 +108,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int, c_ptr: int, l
     """Kernel names, grids and the vector flags for one call (pure Python)."""
     dtype = rt.torch_dtype(dtype)
     tag = rt.CUDA_VALUE_TAGS[dtype]
-    esize = _element_size(dtype)
+    esize = rt.element_size(dtype)
     vec, lanes = vec_lanes(N, dtype)
     warps = int(PARAMS["WARPS_PER_BLOCK"])
     items_per_block = warps * 32 // lanes
@@ -120,7 +116,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int, c_ptr: int, l
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column strips of LANES x VEC = {lanes * vec}, more than CUDA's "
                          "grid.y limit of 65535; use a wider LANES or VEC.")
-    vec_ok = int(b_ptr % (vec * esize) == 0 and ldb % vec == 0) | 2 * int(c_ptr % (vec * esize) == 0 and ldc % vec == 0)
+    vec_ok = int(rt.vectors_fit(b_ptr, ldb, vec, esize)) | 2 * int(rt.vectors_fit(c_ptr, ldc, vec, esize))
     fix_grid = (-(-packed["n_fix"] // warps), -(-N // (32 * vec)), 1)
     return {"name": f"csr_rowdecomp_items<{tag}, {vec}, {lanes}, {int(PARAMS['UNROLL'])}>", "grid": grid,
             "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "vec": vec, "lanes": lanes,
@@ -135,24 +131,13 @@ def spmm(packed: dict, B, out) -> None:
     if N == 0 or M == 0:
         return
     key = (N, b.dtype, b.device, b.stride(0), target.stride(0), b.data_ptr() % 64, target.data_ptr() % 64)
-    scratch = packed["scratch"]
-    plan = scratch.get(key)
-    if plan is None:
-        plan = scratch[key] = _make_plan(packed, N, b, target)
-    device, stream = rt.cupy_stream(scratch, b.device)
-    b_ptr, c_ptr = np.uint64(b.data_ptr()), np.uint64(target.data_ptr())
-    with device, stream:
-        plan["kernel"](plan["grid"], plan["block"], plan["head"] + (b_ptr, c_ptr) + plan["tail"])
-        if plan["fix_kernel"] is not None:
-            plan["fix_kernel"](plan["fix_grid"], plan["block"], plan["fix_head"] + (c_ptr,) + plan["fix_tail"])
-    if target is not out:
-        out.copy_(target)
+    rt.launch_cuda(packed, key, lambda: _make_plan(packed, N, b, target), b, target, out)
 
 
 def _make_plan(packed: dict, N: int, b, target) -> dict:
-    """plan_launch plus the kernels and their fixed arguments (numpy scalars built once) and the
-    workspace of split rows' partial sums, made once per plan and reused by every call (the two
-    launches are ordered on one stream)."""
+    """plan_launch plus the kernels and their fixed arguments (numpy scalars built once, runtime.launch_cuda's
+    plan) and the workspace of split rows' partial sums, made once per plan and reused by every call
+    (the fixup launch follows the items launch on the same stream)."""
     plan = plan_launch(packed, N, b.dtype, b.data_ptr(), b.stride(0), target.data_ptr(), target.stride(0))
     plan["partials"] = torch.empty((max(1, packed["n_slots"]), plan["pstride"]), dtype=torch.float32, device=b.device)
     ptr = lambda t: np.uint64(t.data_ptr())  # noqa: E731
@@ -162,7 +147,9 @@ def _make_plan(packed: dict, N: int, b, target) -> dict:
     plan["head"] = (ptr(packed["items"]), np.int32(packed["n_items"]), ptr(packed["indices"]), ptr(packed["values"]),
                     partials, pstride)
     plan["tail"] = (np.int32(N), np.int64(b.stride(0)), ldc, vec_ok)
-    plan["fix_kernel"] = packed["kernels"][plan["fix_name"]] if plan["fix_name"] else None
-    plan["fix_head"] = (ptr(packed["fix_rows"]), ptr(packed["fix_ptr"]), np.int32(packed["n_fix"]), partials, pstride)
-    plan["fix_tail"] = (np.int32(N), ldc, vec_ok)
+    if plan["fix_name"]:
+        plan["then"] = [{"kernel": packed["kernels"][plan["fix_name"]], "grid": plan["fix_grid"], "block": plan["block"],
+                         "head": (ptr(packed["fix_rows"]), ptr(packed["fix_ptr"]), np.int32(packed["n_fix"]), partials,
+                                  pstride),
+                         "tail": (np.int32(N), ldc, vec_ok)}]
     return plan

@@ -55,17 +55,13 @@ _NNZ_LAYOUT_MAX_N = 16
 _MAX_TILE_BYTES = 32    # a lane's strip of a B row in the "nnz" layout: two 16-byte vectors
 
 
-def _element_size(dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 def reachable_kernels(dtype, group: int) -> tuple:
     """Every kernel instantiation plan_launch can pick for this dtype and group (one compile)."""
     tag = rt.CUDA_VALUE_TAGS[dtype]
-    max_vec = 16 // _element_size(dtype)  # one 16-byte vector per lane at most
+    max_vec = 16 // rt.element_size(dtype)  # one 16-byte vector per lane at most
     names = set()
     if PARAMS["LAYOUT"] in ("auto", "nnz"):
-        max_tile = _MAX_TILE_BYTES // _element_size(dtype)
+        max_tile = _MAX_TILE_BYTES // rt.element_size(dtype)
         tiles = tuple(t for t in (1, 2, 4, 8, 16) if t <= max_tile) if PARAMS["TILE_N"] == "auto" \
             else (int(PARAMS["TILE_N"]),)
         names.update(f"csr_vector_nnz<{tag}, {group}, {t}>" for t in tiles)
@@ -95,7 +91,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     """Kernel name expression, grid, block and the vector-load flag for one call (pure Python)."""
     dtype = rt.torch_dtype(dtype)
     tag = rt.CUDA_VALUE_TAGS[dtype]
-    esize = _element_size(dtype)
+    esize = rt.element_size(dtype)
     M = packed["shape"][0]
     warps = int(PARAMS["WARPS_PER_BLOCK"])
     layout = PARAMS["LAYOUT"]
@@ -118,7 +114,7 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int) -> dict:
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column tiles, more than CUDA's grid.y limit of 65535; "
                          "use a wider TILE_N/VEC or LAYOUT='cols'.")
-    vec_ok = int(b_ptr % (vec * esize) == 0 and ldb % vec == 0)
+    vec_ok = int(rt.vectors_fit(b_ptr, ldb, vec, esize))
     return {"name": name, "grid": grid, "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "layout": layout}
 
 

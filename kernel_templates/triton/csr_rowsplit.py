@@ -176,7 +176,7 @@ def prepare(A, dtype, device) -> dict:
     lengths = np.diff(csr.indptr.astype(np.int64))
     layout = PARAMS["LAYOUT"]
     if layout == "auto":
-        layout = choose_layout(lengths, bits // 8, torch.empty((), dtype=dtype).element_size())
+        layout = choose_layout(lengths, bits // 8, rt.element_size(dtype))
     if PARAMS["REORDER"] == "length":
         # Slot i of the launch computes row order[i] (longest rows first) and writes C[order[i]].
         order = row_permutation(A, method="length").astype(np.int32)
