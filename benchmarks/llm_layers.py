@@ -205,6 +205,7 @@ PRESETS = {
 TEMPLATE_VARIANTS = {
     "check": {"tc_dense": [{}, {"R": 1, "PIPE": 4, "SPLIT": 1}, {"WARPS": 4, "PIPE": 3}],
               "tc_lanemask": [{}, {"SPLIT": 1, "PIPE": 2}, {"WARPS": 4, "PIPE": 6, "SPLIT": 8}, {"WARPS": 16, "PIPE": 3}],
+              "tc_scatter": [{}, {"SPLIT": 1, "PIPE": 2}, {"WARPS": 4, "PIPE": 6, "SPLIT": 8}, {"WARPS": 16, "PIPE": 3}],
               "tc_bitmap": [{}, {"WARPS": 8, "RING_KB": 16}, {"SPLIT": 1, "RING_KB": 12}],
               "tc_sp24": [{}, {"R": 1, "PIPE": 4, "SPLIT": 1}, {"WARPS": 4, "PIPE": 3}]},
     "core": {"tc_dense": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}],
@@ -249,7 +250,7 @@ def packed_bytes(packed: dict) -> int:
 def applicable(template: str, style: str) -> bool:
     if template == "tc_sp24":
         return style in ("nm24", "nm12")
-    if template in ("tc_bitmap", "tc_lanemask"):
+    if template in ("tc_bitmap", "tc_lanemask", "tc_scatter"):
         return style != "dense"
     if template == "tc_dense":   # the dense stream's time does not depend on the pattern: time it once
         return style == "dense"

@@ -24,6 +24,7 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
+  tc_scatter    nnz*(vb+1) + tiles*chunks*16 (step counts, mean padding) + tiles*(chunks+1)*4
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
                 per row (sparseditto.delta_format; random-placement estimate of the fillers)
 An estimate adds B (K*N*vb unless the template reads less) and C (M*N*vb) to a template's bytes of
@@ -65,7 +66,7 @@ _FORMAT_ALIASES = {"csr": "csr", "bsr": "bsr", "nm": "nm", "nm_compressed": "nm"
                    "bitmap": "bitmap", "bitmap_tiles": "bitmap", "ell": "ell", "blocked_ell": "blocked_ell",
                    "compact": "compact", "compacted": "compact", "dense": "dense",
                    "tc_dense": "tc_dense", "tc_sp24": "tc_sp24", "tc_bitmap": "tc_bitmap",
-                   "tc_lanemask": "tc_lanemask", "delta_slices": "delta_slices"}
+                   "tc_lanemask": "tc_lanemask", "tc_scatter": "tc_scatter", "delta_slices": "delta_slices"}
 
 
 class CostEstimate(BaseModel):
@@ -452,6 +453,8 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
         return float(nnz * vb + tiles * chunks * (176 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
+    if fmt == "tc_scatter":
+        return float(nnz * (vb + 1) + tiles * chunks * (8 + 8) + tiles * (chunks + 1) * 4)
     raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 
 
@@ -530,7 +533,7 @@ def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | N
     if fmt == "bitmap":
         return bitmap_bytes(s.m, s.k, s.nnz, vb, int(param(params, "TILE_K", "tile_k", default=32)),
                             tile_offsets=params.get("OFFSETS", "stored") != "running")
-    if fmt in ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask"):
+    if fmt in ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask", "tc_scatter"):
         return tc_bytes(fmt, s.m, s.k, s.nnz, vb)
     if fmt == "delta_slices":
         return delta_packing(s, vb)[0]

@@ -1,4 +1,4 @@
-"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask): NVRTC compile
+"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask, tc_scatter): NVRTC compile
 through CuPy, launch geometry, the shared-memory budget and the cached one-launch spmm.
 
 Why one module: the three templates differ only in the arrays they pass and the kernel they name;
@@ -28,6 +28,8 @@ CHUNK_K = 64
 UNIT_CHUNKS = 4              # SD_UNIT: blobs per bulk copy in tc_bitmap
 SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
+SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regions (ScatterDecoder::REGION)
+BLOB_RING_KINDS = ("lanemask", "scatter")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
 WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
@@ -219,8 +221,8 @@ def b_row_bytes(nt: int) -> int:
     return 16 * nt
 
 
-def lanemask_offsets_stride(chunks_per_cta: int) -> int:
-    """u32 blob offsets staged per warp by tc_lanemask (chunks + 1, rounded up to 16 bytes)."""
+def blob_offsets_stride(chunks_per_cta: int) -> int:
+    """u32 blob offsets staged per warp by the blob ring kernels (chunks + 1, rounded up to 16 bytes)."""
     return (chunks_per_cta + 4) & ~3
 
 
@@ -262,8 +264,9 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
         total = max(total, partials) if kind in REGISTER_KINDS else total + partials
     if kind == "bitmap":
         total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
-    if kind == "lanemask":
-        total += LUT_BYTES + warps * lanemask_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
+    if kind in BLOB_RING_KINDS:   # blob_stream: the decoder's bytes, then each warp's offsets and ring
+        extra = LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
+        total += extra + warps * blob_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
     return total
 
 
@@ -326,7 +329,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     mma = mma_for(kind, params, n, cc)
     if mma == "wgmma" and warps % 4:
         raise ValueError(f"The wgmma kernel runs whole warpgroups: WARPS must be a multiple of 4, got {warps}.")
-    rows = 1 if kind in ("bitmap", "lanemask") else int(params.get("R", 1))
+    rows = 1 if kind in ("bitmap", *BLOB_RING_KINDS) else int(params.get("R", 1))
     if mma == "wgmma" and rows > 2:
         raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
@@ -381,8 +384,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "bitmap":
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
-    if kind == "lanemask":
-        return f"tc_lanemask<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
+    if kind in BLOB_RING_KINDS:
+        return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
         return (f"tc_sp24tma<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['minb']}, "
                 f"{geom.get('a_stages', 0)}, {geom.get('mcast', 1)}>")
@@ -546,7 +549,7 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     fmt = fmt_cls.from_matrix(A, dtype_name(dt))
     tiles, chunks, arrays = fmt.kernel_arrays()
     floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
-    slot = fmt.slot_bytes() if kind == "lanemask" else 0
+    slot = fmt.slot_bytes() if kind in BLOB_RING_KINDS else 0
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
                           ring_floor_kb=floor, slot_bytes=slot)
 
@@ -598,7 +601,7 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     bvec = int(b.stride(0) % 8 == 0 and b.data_ptr() % 16 == 0)
     tail = (np.int32(m), np.int32(n), np.int32(k), np.int32(packed["nchunks"] * CHUNK_K), np.int64(b.stride(0)),
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
-    if kind == "lanemask":
+    if kind in BLOB_RING_KINDS:
         tail += (np.int32(geom["slot_bytes"]),)
     # tc_sp24tma takes B's tensor map first (made per B buffer in launch)
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,

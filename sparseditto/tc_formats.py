@@ -20,6 +20,8 @@ a CPU round trip proves the layout, not just the numpy that built it.
   TCLaneMask  per (tile, chunk) a blob: lane L's u32 mask of its 32 elements (128 bytes) and the
             kept values in TCBitmap's order (step, lane, row half, column); 2 bytes per kept value +
             1 bit per element (+ 16-byte padding).
+  TCScatter per (tile, chunk) a blob: 4 step counts (8 bytes), the kept values and one position
+            byte per value (its half in the step's fragment region); 3 bytes per kept value.
 """
 from __future__ import annotations
 
@@ -495,5 +497,105 @@ class TCLaneMask(_BlobFormat):
                         for j, reg in enumerate((lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16)):
                             if reg:
                                 out[row, col + j] = bits_to_float(np.array([reg], dtype=np.uint16), self.dtype)[0]
+        m, k = self.shape
+        return out[:m, :k]
+
+
+# ---- value + position byte pairs (tc_scatter) ------------------------------------------------------
+
+SCATTER_HEADER = 8           # tc_scatter: 4 x u16, the kept values of each k16 step of the blob
+SCATTER_STEP_HALVES = 256    # a step's fragment region: 32 lanes x 4 registers x 2 halves
+
+
+def scatter_slots(rows: np.ndarray, cols: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(blob, step, position) of elements (row, col) in tc_scatter's layout: position = 8 * lane +
+    2 * reg + half, where lane (g, t) feeds register a<reg> of step s's m16n8k16 (a0 / a2: row g,
+    columns 16t + 4s + {0, 1} / {2, 3} of the chunk; a1 / a3: row g + 8, the same columns)."""
+    rows, cols = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+    h, g = (rows >> 3) & 1, rows & 7
+    t, s, j = (cols >> 4) & 3, (cols >> 2) & 3, cols & 3
+    reg = h | ((j >> 1) << 1)
+    pos = (((g << 2) | t) << 3) | (reg << 1) | (j & 1)
+    return (rows >> 4) * chunks + (cols >> 6), s, pos
+
+
+def _dense_rank(keys: np.ndarray, size: int) -> np.ndarray:
+    """Rank of each of `keys` (unique, in [0, size)) among all of them: a prefix count, no sort."""
+    present = np.zeros(size, dtype=np.int32)
+    present[keys] = 1
+    np.cumsum(present, out=present)
+    return present[keys].astype(np.int64) - 1
+
+
+@dataclass(frozen=True, eq=False)
+class TCScatter(_BlobFormat):
+    """Blobs per (tile, chunk): per-step counts, the kept values, one position byte per value
+    (module docstring of tc_stream.cu's tc_scatter).
+
+    Why this layout: 3 bytes per kept value and no per-element bits, so the bytes and the kernel's
+    work both fall with the sparsity (the bitmap costs 1 bit and a decode per element at any
+    sparsity). The order inside a step spreads each round of 32 stores over the 32 banks: each value's
+    32-bit word of the step region is ranked among the kept words of its bank (word modulo 32), and
+    the values are ordered by (rank, bank, half), so a round of 32 stores touches each bank's words
+    about once (two halves of one word are one access, not a conflict)."""
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCScatter":
+        A = _check(A)
+        mp, kp = padded_shape(A.shape)
+        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        nb = tiles * chunks
+        rows, cols = _coords(A)
+        blob, step, pos = scatter_slots(rows, cols, chunks)
+        bs = blob * 4 + step                                            # (blob, step), dense in [0, 4 nb)
+        bank = (pos >> 1) & 31                                          # 4 words per bank and step
+        word_key = (bs * 32 + bank) * 4 + (pos >> 6)                    # both halves of a word: one key
+        present = np.zeros(nb * 512 + 1, dtype=np.int32)
+        present[word_key + 1] = 1
+        np.cumsum(present, out=present)                                 # present words before each key
+        rank = present[word_key] - present[(bs * 32 + bank) * 4]         # 0..3 among its bank's words
+        del present
+        order = _dense_rank(((bs * 4 + rank) * 32 + bank) * 2 + (pos & 1), nb * 1024)   # blob, step, rank, bank, half
+        counts = np.bincount(bs, minlength=nb * 4).reshape(nb, 4)
+        nvals = counts.sum(axis=1)
+        sizes = (SCATTER_HEADER + 3 * nvals + 15) // 16                  # 16-byte units
+        starts = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        offsets = blob_offsets(starts, tiles, chunks)
+        first = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(nvals, out=first[1:])
+        idx = order - first[blob]                                        # index within the blob
+        buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
+        buf.view(np.uint16)[(starts[:-1, None] * 8 + np.arange(4)).ravel()] = counts.astype(np.uint16).ravel()
+        buf.view(np.uint16)[(starts[blob] * 16 + SCATTER_HEADER) // 2 + idx] = value_bits(A.data, dtype)
+        buf[starts[blob] * 16 + SCATTER_HEADER + 2 * nvals[blob] + idx] = pos.astype(np.uint8)
+        return cls(tuple(A.shape), buf, offsets, dtype)
+
+    def slot_bytes(self) -> int:
+        """Bytes of one ring slot: the largest blob (16-byte units, as the kernel copies them)."""
+        sizes = np.diff(self.offsets.astype(np.int64), axis=1)
+        return int(sizes.max(initial=1)) * 16
+
+    def to_dense(self) -> np.ndarray:
+        """Decode blob by blob the way tc_scatter's warps do: the header's step counts, each value
+        stored at its position in the step's fragment region, the region read back lane by lane as
+        registers a0..a3 (`scatter_slots` inverted)."""
+        out, blobs = self._walk()
+        for tile, c, base, _ in blobs:
+            counts = self.blobs[base:base + SCATTER_HEADER].view(np.uint16).astype(np.int64)
+            n = int(counts.sum())
+            vals = self.blobs[base + SCATTER_HEADER:base + SCATTER_HEADER + 2 * n].view(np.uint16)
+            pos = self.blobs[base + SCATTER_HEADER + 2 * n:base + SCATTER_HEADER + 3 * n].astype(np.int64)
+            first = 0
+            for s in range(4):
+                region = np.zeros(SCATTER_STEP_HALVES, dtype=np.uint16)
+                region[pos[first:first + counts[s]]] = vals[first:first + counts[s]]
+                first += int(counts[s])
+                p = np.arange(SCATTER_STEP_HALVES)
+                lane, reg, half = p >> 3, (p >> 1) & 3, p & 1
+                g, t = lane >> 2, lane & 3
+                row = tile * 16 + 8 * (reg & 1) + g
+                col = c * 64 + 16 * t + 4 * s + 2 * (reg >> 1) + half
+                out[row, col] = bits_to_float(region, self.dtype)
         m, k = self.shape
         return out[:m, :k]

@@ -1,4 +1,4 @@
-"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask): their shared source compiles for
+"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask, tc_scatter): their shared source compiles for
 sm_90 with every kernel instantiated, the candidates pass the static checks, the launch geometry
 respects the shared-memory budget for every shape and N class, prepare() works without a GPU, and
 (GPU) every template matches an fp64 reference through the harness's verification."""
@@ -18,7 +18,7 @@ from sparseditto.kernel_templates import tc_launch
 from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
 from sparseditto.matrix import SparseMatrix
 
-TEMPLATES = ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask")
+TEMPLATES = ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask", "tc_scatter")
 CU_FILE = TEMPLATE_ROOT / "cuda" / "tc_stream.cu"
 gpu = pytest.mark.gpu
 
@@ -54,7 +54,7 @@ def test_launch_tracing_knows_the_kernels_as_the_candidates_own():
     from sparseditto.harness.tracing import KernelTracer, own_kernel_names
 
     own = own_kernel_names(get_template("tc_sp24").instantiate({}).source)
-    assert {"tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask"} <= own and not any(n.startswith("__") for n in own)
+    assert {"tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask", "tc_scatter"} <= own and not any(n.startswith("__") for n in own)
     tracer = KernelTracer(own)
     assert tracer.is_own("void tc_sp24<0, 2, 1, 8, 8, 4, 0, 0>(unsigned short const*, unsigned int const*, "
                          "unsigned short const*, unsigned short*, int, int, int, int, long long, long long, int, int, int)")
@@ -73,6 +73,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
+    assert len([e for e in entries if "tc_scatter" in e]) == 4
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in the decode kernels"
 
@@ -85,6 +86,8 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     ("bitmap", {"WARPS": 8, "SPLIT": "auto", "RING_KB": 16}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
     ("lanemask", {"WARPS": 16, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 2192}),
+    ("scatter", {"WARPS": 8, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 1552}),
+    ("scatter", {"WARPS": 16, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 2208}),
 ])
 @pytest.mark.parametrize("m,k", [(11008, 4096), (4096, 11008), (14336, 4096), (37, 130), (16, 64)])
 def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
@@ -93,7 +96,7 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         g = tc_launch.plan_geometry(kind, tiles, nchunks, n, params, 132)
         assert g["smem"] <= tc_launch.SMEM_LIMIT
         gx, split, gz = g["grid"]
-        rows = 1 if kind in ("bitmap", "lanemask") else params["R"]
+        rows = 1 if kind in ("bitmap", "lanemask", "scatter") else params["R"]
         assert gx * params["WARPS"] * rows >= tiles
         assert split * g["chunks_per_cta"] >= nchunks and split in tc_launch.SPLIT_CHOICES
         assert gz * 8 * g["nt"] >= n
@@ -539,7 +542,7 @@ def test_explicit_split_that_cannot_fit_is_a_clear_error():
 
 
 @pytest.mark.parametrize("name,style", [("tc_dense", "0.3"), ("tc_bitmap", "0.3"), ("tc_sp24", "2:4"),
-                                        ("tc_lanemask", "0.3")])
+                                        ("tc_lanemask", "0.3"), ("tc_scatter", "0.3")])
 def test_prepare_on_cpu_packs_without_compiling(name, style, tmp_path):
     from sparseditto.harness.source_loader import load_module
 
@@ -570,6 +573,8 @@ def test_sp24_prepare_refuses_unstructured(tmp_path):
     ("tc_dense", "0.5", (300, 1000)), ("tc_bitmap", "0.5", (300, 1000)), ("tc_bitmap", "0.9", (4096, 4096)),
     ("tc_sp24", "2:4", (300, 1000)), ("tc_sp24", "2:4", (4096, 4096)), ("tc_dense", "0.3", (37, 130)),
     ("tc_lanemask", "0.5", (300, 1000)), ("tc_lanemask", "1.0", (100, 260)), ("tc_lanemask", "2:4", (4096, 4096)),
+    ("tc_scatter", "0.5", (300, 1000)), ("tc_scatter", "1.0", (100, 260)), ("tc_scatter", "0.1", (4096, 4096)),
+    ("tc_scatter", "0.0", (40, 130)),
 ])
 def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     from sparseditto.harness.verify import run_and_verify

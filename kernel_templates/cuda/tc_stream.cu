@@ -1362,11 +1362,17 @@ __device__ __forceinline__ void decode_quad_c(const unsigned char* v, uint2 L, u
     hi = prmt(g0, g1, L.y);
 }
 
-template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
-tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
-            u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
-            int tiles, int bvec, int slot_bytes) {
+// The blob ring both unstructured stream kernels share (tc_lanemask, tc_scatter): blob i of the warp's
+// K slice goes into ring slot i % PIPE (slots of slot_bytes, the host's largest blob and spare) with
+// 16-byte cp.async per lane, PIPE-1 blobs in flight; B's slice is staged once; the decoder turns each
+// landed blob into the chunk's four k16 steps of mma. Shared memory, in order: B's slice, the split-K
+// partials, the decoder's EXTRA bytes (a table, or fragment scratch per warp), each warp's blob
+// offsets, each warp's ring (tc_launch.smem_bytes has the same arithmetic).
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, class Decoder>
+__device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off,
+                                            const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
+                                            int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles,
+                                            int bvec, int slot_bytes) {
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
@@ -1374,13 +1380,12 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
     const int nc = ww.active(tiles) ? ww.c1 - c0 : 0;
     const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
-    uint2* lut = reinterpret_cast<uint2*>(cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes);
+    unsigned char* extra = cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes;
     const int offs_stride = (chunks_per_cta + 4) & ~3;                   // u32 per warp, 16-byte multiple
-    u32* my_offs = reinterpret_cast<u32*>(lut + 16) + warp * offs_stride;
-    unsigned char* my_ring = reinterpret_cast<unsigned char*>(reinterpret_cast<u32*>(lut + 16) + WARPS * offs_stride)
-                             + warp * PIPE * slot_bytes;
+    u32* my_offs = reinterpret_cast<u32*>(extra + Decoder::EXTRA) + warp * offs_stride;
+    unsigned char* my_ring = extra + Decoder::EXTRA + WARPS * offs_stride * 4 + warp * PIPE * slot_bytes;
     const u32 ring_addr = smem_addr(my_ring);
-    if (threadIdx.x < 16) lut[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
+    Decoder dec(extra, warp, lane);
     if (nc) {
         const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
         for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
@@ -1412,7 +1417,32 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
         cp_async_commit();
         cp_async_wait<PIPE - 1>();                               // blob i has landed (this lane's pieces)
         __syncwarp();                                            // ... and every lane's
-        const unsigned char* slot = my_ring + (i % PIPE) * slot_bytes;
+        dec.template chunk<BF16, NT>(my_ring + (i % PIPE) * slot_bytes, bs, i, acc);
+        __syncwarp();                                            // slot i % PIPE may be refilled next
+    }
+    cp_async_wait<0>();
+    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+}
+
+// One k16 step's mma for every n8 tile of the CTA's block.
+template <int BF16, int NT>
+__device__ __forceinline__ void step_mma(float (&acc)[1][NT][4], u32 bs, int row0, u32 a0, u32 a1, u32 a2, u32 a3) {
+    u32 b[NT][2];
+    load_b_step<NT>(bs, row0, b);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+}
+
+// tc_lanemask's decoder: the lane's mask word, a warp scan of its per-step counts, the quad table.
+struct LaneMaskDecoder {
+    static constexpr int EXTRA = 16 * 8;                         // the quad table (tc_launch.LUT_BYTES)
+    const uint2* lut;
+    int lane;
+    __device__ __forceinline__ LaneMaskDecoder(unsigned char* extra, int, int lane_) : lut(reinterpret_cast<const uint2*>(extra)), lane(lane_) {
+        if (threadIdx.x < 16) reinterpret_cast<uint2*>(extra)[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
+    }
+    template <int BF16, int NT>
+    __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
         const u32 w = reinterpret_cast<const u32*>(slot)[lane];
         const u32 x = w - ((w >> 1) & 0x55555555u);
         const u32 y = (x & 0x33333333u) + ((x >> 2) & 0x33333333u);       // kept values per nibble (0..4)
@@ -1440,15 +1470,77 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
             u32 a0, a1, a2, a3;
             decode_quad_c(vals + 2 * start, Lg, a0, a2);
             decode_quad_c(vals + 2 * start_h, Lh, a1, a3);
-            u32 b[NT][2];
-            load_b_step<NT>(bs, i * SD_CHUNK + 16 * s, b);
-#pragma unroll
-            for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+            step_mma<BF16, NT>(acc, bs, i * SD_CHUNK + 16 * s, a0, a1, a2, a3);
         }
-        __syncwarp();                                            // slot i % PIPE may be refilled next
     }
-    cp_async_wait<0>();
-    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+};
+
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+            u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+            int tiles, int bvec, int slot_bytes) {
+    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, LaneMaskDecoder>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                               chunks_per_cta, tiles, bvec, slot_bytes);
+}
+
+// ---- tc_scatter -----------------------------------------------------------------------------
+// Unstructured sparsity as (value, position byte) pairs, scattered into a dense fragment tile in
+// shared memory and read back as mma.sync fragments ("load as sparse, compute as dense"). Why: the
+// bitmap decode (tc_lanemask) costs ~300 warp instructions per 1024 elements whatever the sparsity;
+// a scatter costs a few instructions per kept value, so from ~60% sparsity it issues far fewer.
+// Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]:
+//   bytes 0..7: the kept values of steps 0..3 (u16 each);
+//   from byte 8: the values (u16), step by step; then one position byte per value, same order;
+//   zero padding to 16 bytes.
+// A position p = 8 * lane + 2 * reg + half addresses half `half` of fragment register a<reg> of
+// lane (g, t) at step s: a warp's step region is 512 bytes, lane L's 16 bytes at 16 L, so one
+// 16-byte load per lane reads back a0..a3. Within a step the host orders the values by their rank
+// among the values of the same shared-memory bank, then by bank: each round of 32 stores touches
+// every bank about once. Each lane zeroes the 16 bytes it read back, for the next blob.
+template <int WARPS>
+struct ScatterDecoder {
+    static constexpr int REGION = 4 * 512;                       // a warp's four step regions
+    static constexpr int EXTRA = WARPS * REGION;                 // tc_launch.SCATTER_REGION_BYTES per warp
+    unsigned char* frag;
+    int lane;
+    __device__ __forceinline__ ScatterDecoder(unsigned char* extra, int warp, int lane_) : frag(extra + warp * REGION), lane(lane_) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) reinterpret_cast<uint4*>(frag)[32 * s + lane] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    template <int BF16, int NT>
+    __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
+        const uint2 hdr = *reinterpret_cast<const uint2*>(slot);
+        const u16* vals = reinterpret_cast<const u16*>(slot + 8);
+        const u32 pairs = (hdr.x & 0xFFFFu) + (hdr.x >> 16) + (hdr.y & 0xFFFFu) + (hdr.y >> 16);
+        const unsigned char* pos = slot + 8 + 2 * pairs;
+        u16* f16 = reinterpret_cast<u16*>(frag);
+        int first = 0;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const int end = first + (int)(((s < 2 ? hdr.x : hdr.y) >> (16 * (s & 1))) & 0xFFFFu);
+#pragma unroll 2
+            for (int j = first + lane; j < end; j += 32) f16[256 * s + pos[j]] = vals[j];
+            first = end;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            uint4* mine = reinterpret_cast<uint4*>(frag) + 32 * s + lane;
+            const uint4 a = *mine;
+            *mine = make_uint4(0u, 0u, 0u, 0u);                  // only this lane reads these 16 bytes
+            step_mma<BF16, NT>(acc, bs, i * SD_CHUNK + 16 * s, a.x, a.y, a.z, a.w);
+        }
+    }
+};
+
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_scatter(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+           u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+           int tiles, int bvec, int slot_bytes) {
+    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, ScatterDecoder<WARPS>>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                                     chunks_per_cta, tiles, bvec, slot_bytes);
 }
 
 // Explicit instantiations for offline compiles (nvcc -DSPARSEDITTO_INSTANTIATE_ALL); CuPy's
@@ -1477,4 +1569,7 @@ SD_TMA(0, 4, 4, 2, 4, 0, 6, 2) SD_TMA(0, 8, 4, 3, 4, 0, 0, 1) SD_TMA(0, 8, 8, 6,
 #define SD_LM(BF, NT, W, S, P) template __global__ void tc_lanemask<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2, 2)
+#define SD_SC(BF, NT, W, S, P) template __global__ void tc_scatter<BF, NT, W, S, P>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2, 2)
 #endif

@@ -1,0 +1,46 @@
+"""Unstructured SpMM on tensor cores for decode widths: (value, position byte) pairs scattered into
+mma fragments in shared memory ("load as sparse, compute as dense").
+
+Why this template exists: at N = 8-16 the bitmap kernel (tc_lanemask) spends ~300 warp instructions
+per 1024 matrix elements on its decode whatever the sparsity, and stays below cuBLAS on the H200 at
+50-90% (0.74-0.90x); the per-nonzero CUDA-core kernels pay N multiply-adds and a B row per kept value.
+Here each kept value costs 3 bytes and a few instructions (a 16-bit and an 8-bit shared load, one
+16-bit store), every element's share of the fragment read-back is one 16-byte load per 8 elements,
+and the tensor cores make N up to 32 cost about the same as N = 1: the work falls with the sparsity.
+
+Layout (sparseditto.tc_formats.TCScatter): per (16-row tile, 64-column chunk) a blob of 4 step counts,
+the kept values and their position bytes (which half of which lane's fragment register), ordered so
+that each round of 32 stores spreads over the shared-memory banks. A warp streams its tile's blobs
+through tc_lanemask's cp.async ring (blob_stream in tc_stream.cu), scatters each blob into its four
+512-byte step regions, reads its own fragment back with one 16-byte load per step, zeroes it, and
+runs the step's mma.sync. Split-K over a thread-block cluster with the deterministic reduction in
+distributed shared memory.
+"""
+META = {
+    "name": "tc_scatter",
+    "backend": "cuda",
+    "format": "tc_scatter",
+    "description": "value + position byte per kept value, scattered into mma.sync fragments in shared memory",
+    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6]},
+    "defaults": {"WARPS": 8, "SPLIT": "auto", "PIPE": 3},
+    "grid": [{}, {"PIPE": 4}, {"SPLIT": 8}],
+    "patterns": ["unstructured"],
+    "cuda_source": "tc_stream.cu",
+    "dtypes": ["float16", "bfloat16"],
+}
+PARAMS = dict(META["defaults"])
+
+CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
+
+from sparseditto.kernel_templates.tc_launch import launch, prepare_format
+from sparseditto.tc_formats import TCScatter
+
+
+def prepare(A, dtype, device) -> dict:
+    """The scatter blobs and their offsets on `device`, and the compiled kernels."""
+    return prepare_format("scatter", TCScatter, A, dtype, device, PARAMS, CUDA_SRC)
+
+
+def spmm(packed: dict, B, out) -> None:
+    """out = A @ B: one launch (B [K, N] fp16/bf16 on the GPU)."""
+    launch(packed, B, out)
