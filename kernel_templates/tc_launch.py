@@ -35,6 +35,7 @@ NT_CHOICES = (1, 2, 4, 8)
 WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
 CLUSTER_MAX = 8               # CTAs per cluster without the non-portable opt-in
+STREAM_MIN_WARPS = 16         # blob-ring kernels: warps per SM an auto split keeps streaming (_auto_split)
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
 REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
 # An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
@@ -282,7 +283,7 @@ def resident_ctas(warps: int, smem: int, regs_per_thread: int) -> int:
 
 
 def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, regs: int | None,
-                long_slices: int = 0) -> tuple:
+                long_slices: int = 0, min_warps: int = 0) -> tuple:
     """The K split of an "auto" geometry: enough CTAs to keep every SM streaming, without a wave tail.
 
     Without a register count (planning on the CPU): total CTAs closest in ratio to
@@ -296,6 +297,12 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
     have that many chunks, the most CTAs; each CTA fills a pipeline of cp.async groups before its
     first wgmma, which short slices pay too often (H200, session 27, 4096x4096 2:4: split 8 (8 chunks)
     18.9 us at N = 64 and 26.3 at N = 128, split 4 (16 chunks) 16.3 and 22.0).
+    `min_warps` (the blob-ring kernels, STREAM_MIN_WARPS): with a register count, only the splits
+    that keep at least that many warps per SM streaming (or as many as any split does) are
+    considered. Why: their per-warp work is a chain of dependent shared-memory steps, so too few
+    warps leave the SM idle, and the one-wave rule alone chose split 1 for tc_scatter at
+    11008x4096, N = 16 (86 CTAs of 8 warps, one per SM by shared memory: 5.2 warps per SM, 66-79
+    us chained, where split 8 ran 35-48 us; H200, session 32).
     """
     useful = [f for f in feasible if f[0] == 1 or f[1] >= 2] or feasible   # no near-empty K slices
     if not regs:
@@ -303,6 +310,10 @@ def _auto_split(feasible: list, gx: int, gz: int, sm_count: int, warps: int, reg
         return min(useful, key=lambda f: (abs(math.log(gx * f[0] * gz / want)), f[0]))
     resident = {f[0]: max(1, resident_ctas(warps, f[2], regs)) for f in useful}
     total = {f[0]: gx * f[0] * gz for f in useful}
+    if min_warps:
+        streaming = {f[0]: min(total[f[0]], resident[f[0]] * sm_count) * warps / sm_count for f in useful}
+        floor = min(min_warps, max(streaming.values()))
+        useful = [f for f in useful if streaming[f[0]] >= floor]
     one_wave = [f for f in useful if total[f[0]] <= resident[f[0]] * sm_count]
     long = [f for f in one_wave if long_slices and f[1] >= long_slices]
     if long:
@@ -368,7 +379,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if split == "auto":   # tc_sp24tma keeps the closest-to-two-CTAs-per-SM rule (no long-slice preference)
         s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, cta_warps,
                                           (regs_by_nt or {}).get(regs_key(nt, mma, load)),
-                                          WG_LONG_SLICE_CHUNKS if load == "cp" and mma == "wgmma" and nt >= 8 else 0)
+                                          WG_LONG_SLICE_CHUNKS if load == "cp" and mma == "wgmma" and nt >= 8 else 0,
+                                          STREAM_MIN_WARPS if kind in BLOB_RING_KINDS else 0)
     else:
         s, cpc, smem, bring = feasible[0]
     if load == "tma":   # no cap by default: a cap that forces 3 CTAs per SM spills (72 registers, nvcc 13.0)

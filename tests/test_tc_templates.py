@@ -107,6 +107,30 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
 
 
+def test_blob_ring_auto_split_keeps_enough_warps_streaming():
+    """tc_scatter at 11008x4096, N = 16, WARPS=8 with the compiled kernel's 40 registers: the
+    one-wave rule alone picks split 1 (86 CTAs, one per SM by shared memory: 5.2 warps per SM,
+    measured 2x slower on the H200); the blob-ring guard keeps only splits with >= 16 warps per
+    SM streaming. Kernels outside the blob ring keep the plain rule."""
+    tiles, nchunks = 11008 // 16, 4096 // 64
+    params = {"WARPS": 8, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 1792}
+    regs = {tc_launch.regs_key(2, "sync"): 40}
+    g = tc_launch.plan_geometry("scatter", tiles, nchunks, 16, params, 132, regs)
+    resident = tc_launch.resident_ctas(8, g["smem"], 40)
+    ctas = g["grid"][0] * g["grid"][1] * g["grid"][2]
+    assert g["split"] >= 4
+    assert min(ctas, resident * 132) * 8 / 132 >= tc_launch.STREAM_MIN_WARPS
+    # without the guard the same inputs choose split 1: the case the guard exists for
+    feasible = []
+    for s in tc_launch.SPLIT_CHOICES:
+        cpc = -(-nchunks // s)
+        smem = tc_launch.smem_bytes("scatter", 2, 8, 1, s, cpc, 0, 3, 1792)
+        if smem <= tc_launch.SMEM_LIMIT:
+            feasible.append((s, cpc, smem, 0))
+    assert tc_launch._auto_split(feasible, g["grid"][0], 1, 132, 8, 40)[0] == 1
+    assert tc_launch._auto_split(feasible, g["grid"][0], 1, 132, 8, 40, min_warps=16)[0] == g["split"]
+
+
 def test_b_ring_holds_chunks_not_the_k_slice():
     """BRING > 0: shared memory holds that many 64-row chunks of B (never more than the slice has),
     so a wide-N CTA's footprint no longer grows with K / split, and "auto" rings only wide N."""

@@ -1512,16 +1512,31 @@ struct ScatterDecoder {
     __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
         const uint2 hdr = *reinterpret_cast<const uint2*>(slot);
         const u16* vals = reinterpret_cast<const u16*>(slot + 8);
-        const u32 pairs = (hdr.x & 0xFFFFu) + (hdr.x >> 16) + (hdr.y & 0xFFFFu) + (hdr.y >> 16);
+        const int e1 = (int)(hdr.x & 0xFFFFu), e2 = e1 + (int)(hdr.x >> 16), e3 = e2 + (int)(hdr.y & 0xFFFFu);
+        const int pairs = e3 + (int)(hdr.y >> 16);
         const unsigned char* pos = slot + 8 + 2 * pairs;
-        u16* f16 = reinterpret_cast<u16*>(frag);
-        int first = 0;
+        const u32 frag_addr = smem_addr(frag);
+        // One pass over the blob's values in batches of BATCH rounds: every load of a batch is issued
+        // before its first store (the stores may alias the loads as far as the compiler knows, so a
+        // store between two loads would serialise them: one shared-load latency per round, the
+        // stall that dominated the per-step loops, H200 ncu, session 32); the step of value j
+        // (its 512-byte region) comes from comparing j with the header's running counts.
+        constexpr int BATCH = 4;
+#pragma unroll 1
+        for (int j0 = lane; j0 < pairs; j0 += 32 * BATCH) {
+            u32 v[BATCH], a[BATCH];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            const int end = first + (int)(((s < 2 ? hdr.x : hdr.y) >> (16 * (s & 1))) & 0xFFFFu);
-#pragma unroll 2
-            for (int j = first + lane; j < end; j += 32) f16[256 * s + pos[j]] = vals[j];
-            first = end;
+            for (int r = 0; r < BATCH; ++r) {
+                const int j = j0 + 32 * r;
+                const bool live = j < pairs;
+                v[r] = live ? (u32)vals[j] : 0u;
+                const u32 p = live ? (u32)pos[j] : 0u;
+                const u32 step = (u32)(j >= e1) + (u32)(j >= e2) + (u32)(j >= e3);
+                a[r] = live ? frag_addr + 512u * step + 2u * p : 0xFFFFFFFFu;
+            }
+#pragma unroll
+            for (int r = 0; r < BATCH; ++r)
+                if (a[r] != 0xFFFFFFFFu) asm volatile("st.shared.u16 [%0], %1;" ::"r"(a[r]), "h"((unsigned short)v[r]) : "memory");
         }
         __syncwarp();
 #pragma unroll
