@@ -258,6 +258,15 @@ class _BlobFormat:
         return np.zeros((mp, kp), dtype=np.float64), blobs
 
 
+def blob_grid(A: SparseMatrix) -> tuple[SparseMatrix, int, int, np.ndarray, np.ndarray]:
+    """(the checked matrix, row tiles, K chunks, its rows and columns): where every blob format's
+    packing starts."""
+    A = _check(A)
+    mp, kp = padded_shape(A.shape)
+    rows, cols = _coords(A)
+    return A, mp // TILE_M, kp // CHUNK_K, rows, cols
+
+
 def blob_offsets(starts: np.ndarray, tiles: int, chunks: int) -> np.ndarray:
     """[tiles, chunks + 1] uint32 from the blobs' starts (16-byte units, one past the last at the
     end): entry chunks of a tile is the end of its last blob. ValueError past 32-bit offsets."""
@@ -275,10 +284,7 @@ class TCBitmap(_BlobFormat):
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCBitmap":
-        A = _check(A)
-        mp, kp = padded_shape(A.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
-        rows, cols = _coords(A)
+        A, tiles, chunks, rows, cols = blob_grid(A)
         key = fragment_key(rows, cols, chunks)
         order = np.argsort(key, kind="stable")
         key = key[order]
@@ -436,11 +442,8 @@ class TCLaneMask(_BlobFormat):
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCLaneMask":
-        A = _check(A)
-        mp, kp = padded_shape(A.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        A, tiles, chunks, rows, cols = blob_grid(A)
         nb = tiles * chunks
-        rows, cols = _coords(A)
         blob, lane, bit = lanemask_slots(rows, cols, chunks)
         # distinct powers of two up to 2^31 sum exactly in float64: the OR of each lane's bits
         words = np.bincount(blob * 32 + lane, weights=np.ldexp(1.0, bit), minlength=nb * 32).astype(np.uint32)
@@ -541,11 +544,8 @@ class TCScatter(_BlobFormat):
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCScatter":
-        A = _check(A)
-        mp, kp = padded_shape(A.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        A, tiles, chunks, rows, cols = blob_grid(A)
         nb = tiles * chunks
-        rows, cols = _coords(A)
         blob, step, pos = scatter_slots(rows, cols, chunks)
         bs = blob * 4 + step                                            # (blob, step), dense in [0, 4 nb)
         bank = (pos >> 1) & 31                                          # 4 words per bank and step
