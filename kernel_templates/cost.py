@@ -24,7 +24,8 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
-  tc_scatter    nnz*(vb+1) + tiles*chunks*16 (step counts, mean padding) + tiles*(chunks+1)*4
+  tc_scatter    (nnz + pads)*(vb+1) + tiles*chunks*20 (step counts, mean 16-byte padding) + tiles*(chunks+1)*4
+                pads = 3.5 per non-empty step (each step padded to whole groups of 8 values)
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
                 per row (sparseditto.delta_format; random-placement estimate of the fillers)
 An estimate adds B (K*N*vb unless the template reads less) and C (M*N*vb) to a template's bytes of
@@ -454,7 +455,9 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_scatter":
-        return float(nnz * (vb + 1) + tiles * chunks * (8 + 8) + tiles * (chunks + 1) * 4)
+        density = nnz / float(max(1, mp * kp))
+        pads = tiles * chunks * 4 * (1.0 - (1.0 - min(density, 1.0)) ** 256) * 3.5   # non-empty steps' mean padding
+        return float((nnz + pads) * (vb + 1) + tiles * chunks * (16 + 4) + tiles * (chunks + 1) * 4)
     raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 
 

@@ -506,8 +506,9 @@ class TCLaneMask(_BlobFormat):
 
 # ---- value + position byte pairs (tc_scatter) ------------------------------------------------------
 
-SCATTER_HEADER = 8           # tc_scatter: 4 x u16, the kept values of each k16 step of the blob
+SCATTER_HEADER = 16          # tc_scatter: 4 x u16 padded step counts, 8 zero bytes (the values start 16-aligned)
 SCATTER_STEP_HALVES = 256    # a step's fragment region: 32 lanes x 4 registers x 2 halves
+SCATTER_GROUP = 8            # a lane's load: 8 values (16 bytes) and their 8 position bytes; steps padded to it
 
 
 def scatter_slots(rows: np.ndarray, cols: np.ndarray, chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -520,6 +521,24 @@ def scatter_slots(rows: np.ndarray, cols: np.ndarray, chunks: int) -> tuple[np.n
     reg = h | ((j >> 1) << 1)
     pos = (((g << 2) | t) << 3) | (reg << 1) | (j & 1)
     return (rows >> 4) * chunks + (cols >> 6), s, pos
+
+
+def scatter_store_slots(step_start: np.ndarray, padded: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index in its blob of the t-th value of a step whose padded run starts at `step_start`
+    (multiples of SCATTER_GROUP): the kernel's lane L loads groups L, L + 32, ... of 8 values and
+    stores them with 8 instructions, the r-th storing value r of each lane's group; so the step's
+    sequence (bank-spread order) fills its slots ordered by (round of 32 groups, r, lane), and each
+    store instruction gets consecutive values of the sequence. A step of at most 256 values spans at
+    most two rounds."""
+    g0 = step_start // SCATTER_GROUP
+    gend = (step_start + padded) // SCATTER_GROUP
+    gs = np.minimum(gend, (g0 // 32 + 1) * 32)                      # where the step's second round starts
+    n_a, n_b = np.maximum(gs - g0, 1), np.maximum(gend - gs, 1)
+    in_a = t < SCATTER_GROUP * (gs - g0)
+    t_b = t - SCATTER_GROUP * (gs - g0)
+    r = np.where(in_a, t // n_a, t_b // n_b)
+    group = np.where(in_a, g0 + t % n_a, gs + t_b % n_b)
+    return group * SCATTER_GROUP + r
 
 
 def _dense_rank(keys: np.ndarray, size: int) -> np.ndarray:
@@ -555,20 +574,36 @@ class TCScatter(_BlobFormat):
         np.cumsum(present, out=present)                                 # present words before each key
         rank = present[word_key] - present[(bs * 32 + bank) * 4]         # 0..3 among its bank's words
         del present
-        order = _dense_rank(((bs * 4 + rank) * 32 + bank) * 2 + (pos & 1), nb * 1024)   # blob, step, rank, bank, half
-        counts = np.bincount(bs, minlength=nb * 4).reshape(nb, 4)
-        nvals = counts.sum(axis=1)
+        counts = np.bincount(bs, minlength=nb * 4)
+        padded = (counts + SCATTER_GROUP - 1) // SCATTER_GROUP * SCATTER_GROUP
+        step_start = (np.cumsum(padded.reshape(nb, 4), axis=1) - padded.reshape(nb, 4)).ravel()   # within its blob
+        # the step's banks in order from its first lane's (steps that share a store instruction sit
+        # in different lanes, so their values start in different banks)
+        turn = (bank - step_start[bs] // SCATTER_GROUP) & 31
+        seq = _dense_rank(((bs * 4 + rank) * 32 + turn) * 2 + (pos & 1), nb * 1024)   # blob, step, rank, bank, half
+        nvals = padded.reshape(nb, 4).sum(axis=1)
         sizes = (SCATTER_HEADER + 3 * nvals + 15) // 16                  # 16-byte units
         starts = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(sizes, out=starts[1:])
         offsets = blob_offsets(starts, tiles, chunks)
-        first = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(nvals, out=first[1:])
-        idx = order - first[blob]                                        # index within the blob
+        first = np.zeros(nb * 4 + 1, dtype=np.int64)
+        np.cumsum(counts, out=first[1:])
+        slot = scatter_store_slots(step_start[bs], padded[bs], seq - first[bs])      # index within the blob
         buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
-        buf.view(np.uint16)[(starts[:-1, None] * 8 + np.arange(4)).ravel()] = counts.astype(np.uint16).ravel()
-        buf.view(np.uint16)[(starts[blob] * 16 + SCATTER_HEADER) // 2 + idx] = value_bits(A.data, dtype)
-        buf[starts[blob] * 16 + SCATTER_HEADER + 2 * nvals[blob] + idx] = pos.astype(np.uint8)
+        buf.view(np.uint16)[(starts[:-1, None] * 8 + np.arange(4)).ravel()] = padded.astype(np.uint16)
+        values_at = starts[:-1] * 16 + SCATTER_HEADER                   # per blob: its values, then its positions
+        buf.view(np.uint16)[values_at[blob] // 2 + slot] = value_bits(A.data, dtype)
+        buf[values_at[blob] + 2 * nvals[blob] + slot] = pos.astype(np.uint8)
+        # padding: value 0 (already there) stored at a position no kept value of the step uses
+        occupied = np.zeros((nb * 4, SCATTER_STEP_HALVES), dtype=bool)
+        occupied[bs, pos] = True
+        empty = np.argmin(occupied, axis=1)                             # each step's first free position
+        del occupied
+        pads = padded - counts
+        pad_bs = np.repeat(np.arange(nb * 4), pads)
+        pad_t = counts[pad_bs] + np.arange(pad_bs.size) - np.repeat(np.cumsum(pads) - pads, pads)
+        pad_slot = scatter_store_slots(step_start[pad_bs], padded[pad_bs], pad_t)
+        buf[values_at[pad_bs // 4] + 2 * nvals[pad_bs // 4] + pad_slot] = empty[pad_bs].astype(np.uint8)
         return cls(tuple(A.shape), buf, offsets, dtype)
 
     def slot_bytes(self) -> int:
@@ -582,7 +617,7 @@ class TCScatter(_BlobFormat):
         registers a0..a3 (`scatter_slots` inverted)."""
         out, blobs = self._walk()
         for tile, c, base, _ in blobs:
-            counts = self.blobs[base:base + SCATTER_HEADER].view(np.uint16).astype(np.int64)
+            counts = self.blobs[base:base + 8].view(np.uint16).astype(np.int64)          # padded
             n = int(counts.sum())
             vals = self.blobs[base + SCATTER_HEADER:base + SCATTER_HEADER + 2 * n].view(np.uint16)
             pos = self.blobs[base + SCATTER_HEADER + 2 * n:base + SCATTER_HEADER + 3 * n].astype(np.int64)

@@ -4,17 +4,19 @@ mma fragments in shared memory ("load as sparse, compute as dense").
 Why this template exists: at N = 8-16 the bitmap kernel (tc_lanemask) spends ~300 warp instructions
 per 1024 matrix elements on its decode whatever the sparsity, and stays below cuBLAS on the H200 at
 50-90% (0.74-0.90x); the per-nonzero CUDA-core kernels pay N multiply-adds and a B row per kept value.
-Here each kept value costs 3 bytes and a few instructions (a 16-bit and an 8-bit shared load, one
-16-bit store), every element's share of the fragment read-back is one 16-byte load per 8 elements,
-and the tensor cores make N up to 32 cost about the same as N = 1: the work falls with the sparsity.
+Here each kept value costs ~3 bytes and a few instructions (a lane loads 8 values and their 8
+position bytes with two shared loads, then 8 16-bit stores), every element's share of the fragment
+read-back is one 16-byte load per 8 elements, and the tensor cores make N up to 32 cost about the
+same as N = 1. Measured (H200, session 32): below cuBLAS at 50-70% (0.64-0.98x chained), 0.96-1.15x
+at 90%; planning/tc_scatter.py has the figures and why.
 
-Layout (sparseditto.tc_formats.TCScatter): per (16-row tile, 64-column chunk) a blob of 4 step counts,
-the kept values and their position bytes (which half of which lane's fragment register), ordered so
-that each round of 32 stores spreads over the shared-memory banks. A warp streams its tile's blobs
-through tc_lanemask's cp.async ring (blob_stream in tc_stream.cu), scatters each blob into its four
-512-byte step regions, reads its own fragment back with one 16-byte load per step, zeroes it, and
-runs the step's mma.sync. Split-K over a thread-block cluster with the deterministic reduction in
-distributed shared memory.
+Layout (sparseditto.tc_formats.TCScatter): per (16-row tile, 64-column chunk) a blob of 4 step counts
+(each padded to a whole group of 8 values), the values and their position bytes (which half of which
+lane's fragment register), ordered so that each store instruction spreads over the shared-memory
+banks. A warp streams its tile's blobs through tc_lanemask's cp.async ring (blob_stream in
+tc_stream.cu), scatters each blob into its four 512-byte step regions, reads its own fragment back
+with one 16-byte load per step, zeroes it, and runs the step's mma.sync. Split-K over a thread-block
+cluster with the deterministic reduction in distributed shared memory.
 """
 META = {
     "name": "tc_scatter",

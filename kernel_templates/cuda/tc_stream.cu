@@ -1490,14 +1490,17 @@ tc_lanemask(const unsigned char* __restrict__ blobs, const u32* __restrict__ blo
 // bitmap decode (tc_lanemask) costs ~300 warp instructions per 1024 elements whatever the sparsity;
 // a scatter costs a few instructions per kept value, so from ~60% sparsity it issues far fewer.
 // Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]:
-//   bytes 0..7: the kept values of steps 0..3 (u16 each);
-//   from byte 8: the values (u16), step by step; then one position byte per value, same order;
-//   zero padding to 16 bytes.
+//   bytes 0..15: the value counts of steps 0..3 (u16 each), each padded to a whole group of 8; zeros;
+//   from byte 16: the values (u16), step by step, in groups of 8 (16 bytes); then one position byte
+//   per value, same order (8 bytes per group); zero padding to 16 bytes. A padding value is a 0
+//   stored at a position no kept value of its step uses.
 // A position p = 8 * lane + 2 * reg + half addresses half `half` of fragment register a<reg> of
 // lane (g, t) at step s: a warp's step region is 512 bytes, lane L's 16 bytes at 16 L, so one
-// 16-byte load per lane reads back a0..a3. Within a step the host orders the values by their rank
-// among the values of the same shared-memory bank, then by bank: each round of 32 stores touches
-// every bank about once. Each lane zeroes the 16 bytes it read back, for the next blob.
+// 16-byte load per lane reads back a0..a3. Lane L loads groups L, L + 32, ... and stores value r of
+// its group with its r-th store; the host orders each step's values by their word's rank among the
+// words of the same shared-memory bank, then by bank (counted from the step's first lane), so a store
+// instruction touches each bank about once (1.6 wavefronts on average at 30-70% density, tests/
+// test_tc_formats.py). Each lane zeroes the 16 bytes it read back, for the next blob.
 template <int WARPS>
 struct ScatterDecoder {
     static constexpr int REGION = 4 * 512;                       // a warp's four step regions
@@ -1508,35 +1511,43 @@ struct ScatterDecoder {
 #pragma unroll
         for (int s = 0; s < 4; ++s) reinterpret_cast<uint4*>(frag)[32 * s + lane] = make_uint4(0u, 0u, 0u, 0u);
     }
+    // Value r of a lane's group (bits 16 * (r & 1) of word r >> 1 of v) to the half its position
+    // byte (byte r of p) names in the group's step region at `base`.
+    __device__ __forceinline__ static void store8(u32 base, const uint4& v, const uint2& p) {
+        const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            const u32 b = ((r < 4 ? p.x : p.y) >> (8 * (r & 3))) & 0xFFu;
+            asm volatile("st.shared.u16 [%0], %1;" ::"r"(base + 2u * b), "h"((unsigned short)(w[r >> 1] >> (16 * (r & 1))))
+                         : "memory");
+        }
+    }
     template <int BF16, int NT>
     __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
+        // Header: the four steps' value counts, each padded to whole groups of 8 (tc_formats.TCScatter).
         const uint2 hdr = *reinterpret_cast<const uint2*>(slot);
-        const u16* vals = reinterpret_cast<const u16*>(slot + 8);
         const int e1 = (int)(hdr.x & 0xFFFFu), e2 = e1 + (int)(hdr.x >> 16), e3 = e2 + (int)(hdr.y & 0xFFFFu);
-        const int pairs = e3 + (int)(hdr.y >> 16);
-        const unsigned char* pos = slot + 8 + 2 * pairs;
+        const int groups = (e3 + (int)(hdr.y >> 16)) >> 3;
+        const uint4* vals = reinterpret_cast<const uint4*>(slot + 16);              // 8 values per group
+        const uint2* pos = reinterpret_cast<const uint2*>(slot + 16 + 16 * groups);   // 8 position bytes per group
         const u32 frag_addr = smem_addr(frag);
-        // One pass over the blob's values in batches of BATCH rounds: every load of a batch is issued
-        // before its first store (the stores may alias the loads as far as the compiler knows, so a
-        // store between two loads would serialise them: one shared-load latency per round, the
-        // stall that dominated the per-step loops, H200 ncu, session 32); the step of value j
-        // (its 512-byte region) comes from comparing j with the header's running counts.
-        constexpr int BATCH = 4;
+        // Lane L takes groups L, L + 32, ...: one 16-byte and one 8-byte load per 8 values (H200,
+        // session 32: one value per lane per round cost ~5 instructions and a shared-load latency
+        // each); a group never straddles two steps, so its step (512-byte region) is one compare chain.
 #pragma unroll 1
-        for (int j0 = lane; j0 < pairs; j0 += 32 * BATCH) {
-            u32 v[BATCH], a[BATCH];
-#pragma unroll
-            for (int r = 0; r < BATCH; ++r) {
-                const int j = j0 + 32 * r;
-                const bool live = j < pairs;
-                v[r] = live ? (u32)vals[j] : 0u;
-                const u32 p = live ? (u32)pos[j] : 0u;
-                const u32 step = (u32)(j >= e1) + (u32)(j >= e2) + (u32)(j >= e3);
-                a[r] = live ? frag_addr + 512u * step + 2u * p : 0xFFFFFFFFu;
+        for (int g = lane; g < groups; g += 64) {
+            const bool two = g + 32 < groups;
+            const uint4 v0 = vals[g];
+            const uint2 p0 = pos[g];
+            uint4 v1 = make_uint4(0u, 0u, 0u, 0u);
+            uint2 p1 = make_uint2(0u, 0u);
+            if (two) {
+                v1 = vals[g + 32];
+                p1 = pos[g + 32];
             }
-#pragma unroll
-            for (int r = 0; r < BATCH; ++r)
-                if (a[r] != 0xFFFFFFFFu) asm volatile("st.shared.u16 [%0], %1;" ::"r"(a[r]), "h"((unsigned short)v[r]) : "memory");
+            const int i0 = 8 * g, i1 = i0 + 256;
+            store8(frag_addr + 512u * ((u32)(i0 >= e1) + (u32)(i0 >= e2) + (u32)(i0 >= e3)), v0, p0);
+            if (two) store8(frag_addr + 512u * ((u32)(i1 >= e1) + (u32)(i1 >= e2) + (u32)(i1 >= e3)), v1, p1);
         }
         __syncwarp();
 #pragma unroll
