@@ -551,15 +551,17 @@ def _dense_rank(keys: np.ndarray, size: int) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class TCScatter(_BlobFormat):
-    """Blobs per (tile, chunk): per-step counts, the kept values, one position byte per value
-    (module docstring of tc_stream.cu's tc_scatter).
+    """Blobs per (tile, chunk): per-step counts padded to groups of 8, the values, one position byte
+    per value (module docstring of tc_stream.cu's tc_scatter).
 
-    Why this layout: 3 bytes per kept value and no per-element bits, so the bytes and the kernel's
+    Why this layout: ~3 bytes per kept value and no per-element bits, so the bytes and the kernel's
     work both fall with the sparsity (the bitmap costs 1 bit and a decode per element at any
-    sparsity). The order inside a step spreads each round of 32 stores over the 32 banks: each value's
-    32-bit word of the step region is ranked among the kept words of its bank (word modulo 32), and
-    the values are ordered by (rank, bank, half), so a round of 32 stores touches each bank's words
-    about once (two halves of one word are one access, not a conflict)."""
+    sparsity). Steps are padded to whole groups of 8 (a 0 at a position the step leaves free) so a
+    lane loads 8 values and their positions with two loads and never straddles two steps. Each
+    value's 32-bit word of the step region is ranked among the kept words of its bank, the step's
+    values are ordered by (rank, bank counted from the step's first lane, half), and
+    `scatter_store_slots` puts consecutive values of that order into one store instruction: each
+    touches each bank about once."""
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCScatter":
