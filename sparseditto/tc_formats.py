@@ -523,22 +523,23 @@ def scatter_slots(rows: np.ndarray, cols: np.ndarray, chunks: int) -> tuple[np.n
     return (rows >> 4) * chunks + (cols >> 6), s, pos
 
 
-def scatter_store_slots(step_start: np.ndarray, padded: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Index in its blob of the t-th value of a step whose padded run starts at `step_start`
-    (multiples of SCATTER_GROUP): the kernel's lane L loads groups L, L + 32, ... of 8 values and
-    stores them with 8 instructions, the r-th storing value r of each lane's group; so the step's
-    sequence (bank-spread order) fills its slots ordered by (round of 32 groups, r, lane), and each
-    store instruction gets consecutive values of the sequence. A step of at most 256 values spans at
-    most two rounds."""
+def scatter_store_slots(step_start: np.ndarray, padded: np.ndarray, steps: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index in its blob of value t of step `steps` (into the per-step arrays `step_start`, where the
+    step's padded run starts in its blob, a multiple of SCATTER_GROUP, and `padded`, its length): the
+    kernel's lane L loads groups L, L + 32, ... of 8 values and stores them with 8 instructions, the
+    r-th storing value r of each lane's group; so the step's sequence (bank-spread order) fills its
+    slots ordered by (round of 32 groups, r, lane), and each store instruction gets consecutive
+    values of the sequence. A step of at most 256 values spans at most two rounds."""
     g0 = step_start // SCATTER_GROUP
     gend = (step_start + padded) // SCATTER_GROUP
     gs = np.minimum(gend, (g0 // 32 + 1) * 32)                      # where the step's second round starts
-    n_a, n_b = np.maximum(gs - g0, 1), np.maximum(gend - gs, 1)
-    in_a = t < SCATTER_GROUP * (gs - g0)
-    t_b = t - SCATTER_GROUP * (gs - g0)
-    r = np.where(in_a, t // n_a, t_b // n_b)
-    group = np.where(in_a, g0 + t % n_a, gs + t_b % n_b)
-    return group * SCATTER_GROUP + r
+    first_len = (SCATTER_GROUP * (gs - g0)).astype(np.int32)          # values in the step's first round
+    n_a, n_b = np.maximum(gs - g0, 1).astype(np.int32), np.maximum(gend - gs, 1).astype(np.int32)
+    t = t.astype(np.int32)
+    second = t >= first_len[steps]
+    base = np.where(second, gs[steps], g0[steps])
+    r, lane = np.divmod(t - np.where(second, first_len[steps], 0), np.where(second, n_b[steps], n_a[steps]))
+    return (base + lane) * SCATTER_GROUP + r
 
 
 def _dense_rank(keys: np.ndarray, size: int) -> np.ndarray:
@@ -590,7 +591,7 @@ class TCScatter(_BlobFormat):
         offsets = blob_offsets(starts, tiles, chunks)
         first = np.zeros(nb * 4 + 1, dtype=np.int64)
         np.cumsum(counts, out=first[1:])
-        slot = scatter_store_slots(step_start[bs], padded[bs], seq - first[bs])      # index within the blob
+        slot = scatter_store_slots(step_start, padded, bs, seq - first[bs])         # index within the blob
         buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
         buf.view(np.uint16)[(starts[:-1, None] * 8 + np.arange(4)).ravel()] = padded.astype(np.uint16)
         values_at = starts[:-1] * 16 + SCATTER_HEADER                   # per blob: its values, then its positions
@@ -604,7 +605,7 @@ class TCScatter(_BlobFormat):
         pads = padded - counts
         pad_bs = np.repeat(np.arange(nb * 4), pads)
         pad_t = counts[pad_bs] + np.arange(pad_bs.size) - np.repeat(np.cumsum(pads) - pads, pads)
-        pad_slot = scatter_store_slots(step_start[pad_bs], padded[pad_bs], pad_t)
+        pad_slot = scatter_store_slots(step_start, padded, pad_bs, pad_t)
         buf[values_at[pad_bs // 4] + 2 * nvals[pad_bs // 4] + pad_slot] = empty[pad_bs].astype(np.uint8)
         return cls(tuple(A.shape), buf, offsets, dtype)
 
