@@ -212,6 +212,7 @@ TEMPLATE_VARIANTS = {
              "tc_bitmap": [{}, {"WARPS": 8}, {"SPLIT": 8}, {"SPLIT": 4, "RING_KB": 16}, {"SPLIT": 1}],
              "tc_sp24": [{}, {"R": 1, "PIPE": 4}, {"SPLIT": 4}, {"SPLIT": 2, "R": 1}, {"WARPS": 4}, {"PIPE": 4}]},
     "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}], "tc_lanemask": [{}],
+               "tc_scatter": [{}, {"WARPS": 8}],
                "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}], "delta_spmv": [{}, {"PIPE": 2}, {"WARPS": 4}]},
 }
 # Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
