@@ -22,7 +22,8 @@ META = {
     "description": "lane mask words + values per (16x64) blob, cp.async ring per warp, decoded into mma.sync fragments",
     "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6]},
     # H200 (2026-12-03, N = 8 / 16, 4096x4096 and 11008x4096 at 50-70%): PIPE 3 within 2% of 4 or
-    # faster (11008x4096 50% N = 16: 36.8 vs 41.2 us: a third CTA per SM fits); WARPS 4 and 16 slower
+    # faster (11008x4096 50% N = 16: 36.8 vs 41.2 us: a third CTA per SM fits); WARPS 16 slower; WARPS 4
+    # (split 8, PIPE 4; session 32) 4-9% faster on 4096x4096 but up to 15% slower on 11008x4096: kept at 8
     "defaults": {"WARPS": 8, "SPLIT": "auto", "PIPE": 3},
     "grid": [{}, {"PIPE": 4}, {"SPLIT": 8}],
     # a natural candidate only where no structure gives a cheaper index (measured 0.56-0.90x cuBLAS at
