@@ -332,3 +332,14 @@ def test_scatter_cost_bytes_match_the_packed_format(density):
     A, _ = _matrix(256, 1024, density, 9)
     packed = tf.TCScatter.from_matrix(A, "float16").nbytes()
     assert abs(tc_bytes("tc_scatter", 256, 1024, A.nnz, 2) / packed - 1.0) < 0.01
+
+
+@pytest.mark.parametrize("density", [0.0, 1.0])
+def test_scatter_empty_and_full_chunks_decode(density):
+    """Every element kept (256 values per step: no padding, no free position needed) or none (a
+    16-byte header per blob and nothing else) still round-trips."""
+    A, w = _matrix(40, 150, density, 2)
+    fmt = tf.TCScatter.from_matrix(A, "float16")
+    assert np.array_equal(fmt.to_dense(), _rounded(w, "float16"))
+    if density == 0.0:
+        assert fmt.slot_bytes() == 16 and not fmt.blobs.any()
