@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from sparseditto.benchmark import measure, metrics, ratios
-from sparseditto.benchmark.cases import Case, generated
+from sparseditto.benchmark.cases import Case, MatrixSpec, generated
 from sparseditto.benchmark.rows import BenchRow, ChosenKernel, PathTiming
 from sparseditto.benchmark.runner import Budget, _check_args, _sigterm_as_interrupt, sample_indices
 from sparseditto.benchmark.suites import select_cases
@@ -212,8 +212,42 @@ def test_budget_stops_before_a_case_that_would_not_fit():
     assert not budget.fits(a2, new_matrix=False)
     assert Budget(None, []).fits(a2, new_matrix=True)
     earlier = [row("old", timings((1, 1), (1, 1)))]
-    earlier[0].case_seconds = 12.0
+    earlier[0].case_seconds, earlier[0].nnz = 12.0, 16                 # b's expected nonzeros: no scaling
     assert Budget(50.0, earlier).estimate(b1, new_matrix=True) == 12.0  # a resumed run learns from the file
+
+
+def test_budget_scales_the_nearest_matrices_by_expected_nonzeros():
+    """Session 30's overrun: the graphs suite's files took ~9 s each (median), so R-MAT scale 16
+    (~10^6 nonzeros) was put at ~9 s and ran 163 s. A matrix not measured yet now gets the times of
+    the matrices nearest in size, scaled by (nonzeros ratio)^SIZE_EXPONENT; tiny ones (pure fixed
+    cost) do not blow the estimate up, and once measured a matrix's own time is its estimate."""
+    from sparseditto.benchmark.cases import expected_nnz
+    from sparseditto.benchmark.runner import SIZE_EXPONENT
+    from sparseditto.benchmark.suites import graph_generated
+
+    rmat, kron, mesh2, mesh3, band = graph_generated("core")
+    assert expected_nnz(rmat) == 2 ** 16 * 16 and expected_nnz(kron) == 2 ** 16 * 8
+    assert expected_nnz(mesh2) == 5 * 181 * 181 and expected_nnz(mesh3) == 7 * 32 ** 3
+    assert expected_nnz(band) == pytest.approx(32768 * (1 + 2 * 16 * 0.3))
+    assert expected_nnz(MatrixSpec(source="file", label="f", pattern="p", path="x.mtx")) is None
+
+    def case(label, nnz_target, n=128):
+        return Case(suite="graphs", n=n, dtype="float32",
+                    matrix=generated(label, "p", "unstructured", dict(m=1000, k=1000, sparsity=1 - nnz_target / 1e6)))
+
+    budget = Budget(1000.0, previous=[])
+    for label, nnz, seconds in (("karate", 156, 5.0), ("afiro", 102, 4.6), ("dnn", 32768, 8.0),
+                                ("bcsstk13", 83883, 17.0), ("pushpull", 196305, 46.0)):
+        budget.record(case(label, nnz), seconds, nnz=nnz)
+    big = Case(suite="graphs", matrix=rmat, n=128, dtype="float32")
+    near = [(8.0, 32768), (17.0, 83883), (46.0, 196305)]
+    expect = sorted(s * (2 ** 20 / z) ** SIZE_EXPONENT for s, z in near)[1]
+    assert budget.estimate(big, new_matrix=False) == pytest.approx(expect)
+    assert 100 < expect < 200                                         # measured: 163 s
+    budget.record(big, 163.0, nnz=2 ** 20)
+    assert budget.estimate(Case(suite="graphs", matrix=rmat, n=32, dtype="float32"), new_matrix=False) == 163.0
+    mesh = Case(suite="graphs", matrix=mesh2, n=32, dtype="float32")   # ~164k: pushpull, bcsstk13, R-MAT nearest
+    assert 25 < budget.estimate(mesh, new_matrix=False) < 60
 
 
 def test_bad_bench_arguments_raise_value_errors():

@@ -56,6 +56,36 @@ class MatrixSpec(BaseModel):
         return _digest(self.identity())
 
 
+def expected_nnz(spec: MatrixSpec) -> float | None:
+    """About how many nonzeros a generated matrix will have, from its generator's arguments alone
+    (None for files and generators this does not know): what the bench's budget scales its time
+    estimate of a matrix not yet built by (`runner.Budget`)."""
+    if spec.source != "generate":
+        return None
+    a = spec.args
+    try:
+        if spec.generator == "rmat":
+            return float(2 ** int(a["scale"]) * int(a.get("edge_factor", 16)))
+        if spec.generator == "laplacian_2d":
+            return 5.0 * int(a["nx"]) * int(a["ny"])
+        if spec.generator == "laplacian_3d":
+            return 7.0 * int(a["nx"]) * int(a["ny"]) * int(a["nz"])
+        m, k = int(a["m"]), int(a["k"])
+        if spec.generator == "banded":
+            return float(m) * (1 + 2 * int(a["bandwidth"]) * float(a.get("fill", 1.0)))
+        if spec.generator == "nm_magnitude_pruned":
+            return m * k * int(a.get("n", 2)) / float(a.get("m_group", 4))
+        if spec.generator == "block_sparse":
+            return m * k * float(a.get("block_density", 0.25)) * float(a.get("occupancy", 1.0))
+        if spec.generator in ("row_pruned", "column_pruned"):
+            return m * k * (1.0 - float(a["prune_fraction"])) * float(a.get("density", 1.0))
+        if "sparsity" in a:
+            return m * k * (1.0 - float(a["sparsity"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None
+
+
 class Case(BaseModel):
     """One (matrix, N, dtype) of a suite; ``case_id`` is what `--resume` skips on."""
 

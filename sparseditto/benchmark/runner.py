@@ -10,6 +10,7 @@ SIGTERM from a timeout), the summary and the HTML report are written from all th
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import statistics
@@ -19,7 +20,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from .cases import Case, build_matrix, default_matrix_cache
+from .cases import Case, build_matrix, default_matrix_cache, expected_nnz
 from .measure import Settings, measure_case, unbuilt_row
 from .metrics import summarize
 from .report_html import render_report_html
@@ -160,6 +161,16 @@ def sample_indices(count: int, k: int) -> set[int]:
     return {round(i * (count - 1) / (k - 1)) for i in range(k)}
 
 
+# How a case's seconds grow with its nonzeros when the estimate comes from other matrices: run_graph's
+# fixed costs (compiles, candidates) dominate small matrices and its per-nonzero work (packing, references,
+# dense baselines) large ones, so only the matrices nearest in size are scaled (SIZE_NEIGHBOURS of them).
+# H200, graphs suite, sessions 30-31: 6-46 s (median 9) for the SuiteSparse files (10^2-2x10^5 nonzeros),
+# 163 s for R-MAT scale 16 (~10^6), a case the plain median had put at ~10 s and that overran the budget
+# by 4 minutes; 46 -> 163 s over 5.3x the nonzeros is an exponent of 0.76.
+SIZE_NEIGHBOURS = 3
+SIZE_EXPONENT = 0.75
+
+
 class Budget:
     """Decides whether the next case fits in what is left of ``budget_s`` (None: no limit)."""
 
@@ -167,18 +178,30 @@ class Budget:
         self.budget_s = budget_s
         self.start = time.perf_counter() if start is None else start
         self.previous = previous
-        self.done: list[tuple[str, str, float]] = []   # (suite, matrix key, seconds)
+        self.done: list[tuple[str, str, float, float | None]] = []   # (suite, matrix key, seconds, nonzeros)
         self.builds: list[float] = []
 
-    def record(self, case: Case, seconds: float) -> None:
-        self.done.append((case.suite, case.matrix.key, seconds))
+    def record(self, case: Case, seconds: float, nnz: float | None = None) -> None:
+        self.done.append((case.suite, case.matrix.key, seconds, nnz))
 
     def estimate(self, case: Case, new_matrix: bool) -> float:
-        same = [s for suite, key, s in self.done if key == case.matrix.key]
-        suite = [s for st, _, s in self.done if st == case.suite]
-        earlier = [r.case_seconds for r in self.previous if r.suite == case.suite and r.case_seconds]
-        pool = same or suite or [s for _, _, s in self.done] or earlier
-        est = statistics.median(pool) if pool else 0.0
+        """The median seconds of the cases most like this one: its own matrix's; else, from its suite's
+        cases (else any this run measured, else the resumed file's), the SIZE_NEIGHBOURS matrices
+        nearest to its expected nonzeros, each time scaled by (nonzeros ratio)^SIZE_EXPONENT; the
+        plain median where sizes are unknown (files before they are built)."""
+        same = [s for _, key, s, _ in self.done if key == case.matrix.key]
+        suite = [(s, z) for st, _, s, z in self.done if st == case.suite]
+        earlier = [(r.case_seconds, r.nnz) for r in self.previous if r.suite == case.suite and r.case_seconds]
+        pool = suite or [(s, z) for _, _, s, z in self.done] or earlier
+        nnz = expected_nnz(case.matrix)
+        sized = [(s, z) for s, z in pool if z] if nnz else []
+        if same:
+            est = statistics.median(same)
+        elif sized:
+            near = sorted(sized, key=lambda p: abs(math.log(nnz / p[1])))[:SIZE_NEIGHBOURS]
+            est = statistics.median(s * (nnz / z) ** SIZE_EXPONENT for s, z in near)
+        else:
+            est = statistics.median(s for s, _ in pool) if pool else 0.0
         if new_matrix and self.builds:
             est += statistics.median(self.builds)
         return est
@@ -344,7 +367,7 @@ def _run_cases(pending: list[Case], settings: Settings, env: dict, cache: Path, 
                                        repeat_with_memory=i in sampled, env=env)
                 row.run_id, row.environment = env["run_id"], env
                 append_row(results, row)
-                budget.record(case, row.case_seconds)
+                budget.record(case, row.case_seconds, row.nnz)
                 finished += 1
                 bar.advance(task)
                 bar.console.print(_line(row), highlight=False)
