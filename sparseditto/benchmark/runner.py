@@ -186,7 +186,7 @@ class Budget:
 
     def estimate(self, case: Case, new_matrix: bool) -> float:
         """The median seconds of the cases most like this one: its own matrix's; else, from its suite's
-        cases (else any this run measured, else the resumed file's), the SIZE_NEIGHBOURS matrices
+        cases (else any this run measured, else the resumed file's), the SIZE_NEIGHBOURS cases
         nearest to its expected nonzeros, each time scaled by (nonzeros ratio)^SIZE_EXPONENT; the
         plain median where sizes are unknown (files before they are built)."""
         same = [s for _, key, s, _ in self.done if key == case.matrix.key]
