@@ -25,7 +25,7 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
   tc_scatter    (nnz + pads)*(vb+1) + tiles*chunks*20 (step counts, mean 16-byte padding) + tiles*(chunks+1)*4
-                pads = 3.5 per non-empty step (each step padded to whole groups of 8 values)
+                pads = each step's count rounded up to 8, in expectation (binomial count per step)
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
                 per row (sparseditto.delta_format; random-placement estimate of the fillers)
 An estimate adds B (K*N*vb unless the template reads less) and C (M*N*vb) to a template's bytes of
@@ -440,6 +440,20 @@ def tc_flops(m: int, k: int, n: int) -> float:
     return 2.0 * round_up(m, 16) * round_up(k, 64) * round_up(n, 8)
 
 
+def scatter_step_padding(density: float) -> float:
+    """Expected padding values of one tc_scatter step (256 elements, its count rounded up to a
+    multiple of 8), its kept count binomial at `density`: ~3.5 on dense steps, up to ~7 on steps of
+    one to three values (the mean alone undercounted 99%-sparse weights by 16%)."""
+    d = min(max(float(density), 0.0), 1.0)
+    if d in (0.0, 1.0):
+        return 0.0
+    pmf, total = (1.0 - d) ** 256, 0.0
+    for c in range(256):
+        total += pmf * ((-c) % 8)
+        pmf *= (256 - c) / (c + 1) * d / (1.0 - d)
+    return total
+
+
 def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     """Bytes of A in the tensor-core streaming formats (sparseditto.tc_formats), padded as packed
     (rows to 16-row tiles, K to 64-column chunks); the bitmap's blob padding to 16 bytes is counted
@@ -455,8 +469,7 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_scatter":
-        density = nnz / float(max(1, mp * kp))
-        pads = tiles * chunks * 4 * (1.0 - (1.0 - min(density, 1.0)) ** 256) * 3.5   # non-empty steps' mean padding
+        pads = tiles * chunks * 4 * scatter_step_padding(nnz / float(max(1, mp * kp)))
         return float((nnz + pads) * (vb + 1) + tiles * chunks * (16 + 4) + tiles * (chunks + 1) * 4)
     raise ValueError(f"Not a tensor-core streaming format: {fmt!r}.")
 

@@ -323,15 +323,16 @@ def test_scatter_store_instructions_spread_over_the_banks(density, bound):
     assert np.mean(waves) <= bound < np.mean(shuffled)
 
 
-@pytest.mark.parametrize("density", [0.5, 0.3, 0.1])
-def test_scatter_cost_bytes_match_the_packed_format(density):
-    """The planner's byte count (cost.tc_bytes) for tc_scatter, step padding at its mean, is within
-    1% of what the format packs on 50-90% sparse weights."""
+@pytest.mark.parametrize("density,within", [(0.5, 0.01), (0.3, 0.01), (0.1, 0.01), (0.01, 0.03)])
+def test_scatter_cost_bytes_match_the_packed_format(density, within):
+    """The planner's byte count (cost.tc_bytes) for tc_scatter, each step's padding in expectation,
+    is within 1% of what the format packs on 50-90% sparse random weights, 3% at 99% (where the
+    blobs' rounding to 16 bytes, counted at its mean, weighs more)."""
     from sparseditto.kernel_templates.cost import tc_bytes
 
     A, _ = _matrix(256, 1024, density, 9)
     packed = tf.TCScatter.from_matrix(A, "float16").nbytes()
-    assert abs(tc_bytes("tc_scatter", 256, 1024, A.nnz, 2) / packed - 1.0) < 0.01
+    assert abs(tc_bytes("tc_scatter", 256, 1024, A.nnz, 2) / packed - 1.0) < within
 
 
 @pytest.mark.parametrize("density", [0.0, 1.0])
