@@ -54,6 +54,7 @@ from pydantic import BaseModel
 from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE
 from sparseditto.delta_format import lanes_floor as delta_lanes_floor  # noqa: F401 - delta_spmv's planning
 from sparseditto.delta_format import packing_score as delta_packing_score
+from sparseditto.tc_formats import SCATTER_GROUP, SCATTER_STEP_HALVES
 
 VALUE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 LAUNCH_S = 2.5e-6            # one kernel launch, eager (DESIGN: ~2-4 us)
@@ -447,10 +448,10 @@ def scatter_step_padding(density: float) -> float:
     d = min(max(float(density), 0.0), 1.0)
     if d in (0.0, 1.0):
         return 0.0
-    pmf, total = (1.0 - d) ** 256, 0.0
-    for c in range(256):
-        total += pmf * ((-c) % 8)
-        pmf *= (256 - c) / (c + 1) * d / (1.0 - d)
+    pmf, total = (1.0 - d) ** SCATTER_STEP_HALVES, 0.0
+    for c in range(SCATTER_STEP_HALVES):
+        total += pmf * ((-c) % SCATTER_GROUP)
+        pmf *= (SCATTER_STEP_HALVES - c) / (c + 1) * d / (1.0 - d)
     return total
 
 

@@ -595,8 +595,9 @@ class TCScatter(_BlobFormat):
         buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
         buf.view(np.uint16)[(starts[:-1, None] * 8 + np.arange(4)).ravel()] = padded.astype(np.uint16)
         values_at = starts[:-1] * 16 + SCATTER_HEADER                   # per blob: its values, then its positions
+        positions_at = values_at + 2 * nvals
         buf.view(np.uint16)[values_at[blob] // 2 + slot] = value_bits(A.data, dtype)
-        buf[values_at[blob] + 2 * nvals[blob] + slot] = pos.astype(np.uint8)
+        buf[positions_at[blob] + slot] = pos.astype(np.uint8)
         # padding: value 0 (already there) stored at a position no kept value of the step uses
         occupied = np.zeros((nb * 4, SCATTER_STEP_HALVES), dtype=bool)
         occupied[bs, pos] = True
@@ -606,7 +607,7 @@ class TCScatter(_BlobFormat):
         pad_bs = np.repeat(np.arange(nb * 4), pads)
         pad_t = counts[pad_bs] + np.arange(pad_bs.size) - np.repeat(np.cumsum(pads) - pads, pads)
         pad_slot = scatter_store_slots(step_start, padded, pad_bs, pad_t)
-        buf[values_at[pad_bs // 4] + 2 * nvals[pad_bs // 4] + pad_slot] = empty[pad_bs].astype(np.uint8)
+        buf[positions_at[pad_bs // 4] + pad_slot] = empty[pad_bs].astype(np.uint8)
         return cls(tuple(A.shape), buf, offsets, dtype)
 
     def slot_bytes(self) -> int:

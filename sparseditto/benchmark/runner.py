@@ -189,22 +189,19 @@ class Budget:
         cases (else any this run measured, else the resumed file's), the SIZE_NEIGHBOURS cases
         nearest to its expected nonzeros, each time scaled by (nonzeros ratio)^SIZE_EXPONENT; the
         plain median where sizes are unknown (files before they are built)."""
+        build = statistics.median(self.builds) if new_matrix and self.builds else 0.0
         same = [s for _, key, s, _ in self.done if key == case.matrix.key]
+        if same:
+            return statistics.median(same) + build
         suite = [(s, z) for st, _, s, z in self.done if st == case.suite]
         earlier = [(r.case_seconds, r.nnz) for r in self.previous if r.suite == case.suite and r.case_seconds]
         pool = suite or [(s, z) for _, _, s, z in self.done] or earlier
         nnz = expected_nnz(case.matrix)
         sized = [(s, z) for s, z in pool if z] if nnz else []
-        if same:
-            est = statistics.median(same)
-        elif sized:
+        if sized:
             near = sorted(sized, key=lambda p: abs(math.log(nnz / p[1])))[:SIZE_NEIGHBOURS]
-            est = statistics.median(s * (nnz / z) ** SIZE_EXPONENT for s, z in near)
-        else:
-            est = statistics.median(s for s, _ in pool) if pool else 0.0
-        if new_matrix and self.builds:
-            est += statistics.median(self.builds)
-        return est
+            return statistics.median(s * (nnz / z) ** SIZE_EXPONENT for s, z in near) + build
+        return (statistics.median(s for s, _ in pool) if pool else 0.0) + build
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
