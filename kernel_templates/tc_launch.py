@@ -30,6 +30,10 @@ SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
 SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regions (ScatterDecoder::REGION)
 BLOB_RING_KINDS = ("lanemask", "scatter")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
+STREAM_KINDS = ("scatter",)   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
+SCHED_CHOICES = ("cluster", "stream")
+STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
+STREAM_FLAG_BYTES = 16        # blob_stream_sk's "this CTA sums the group" flag, after the rings
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
 NT_CHOICES = (1, 2, 4, 8)
 WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
@@ -227,6 +231,66 @@ def blob_offsets_stride(chunks_per_cta: int) -> int:
     return (chunks_per_cta + 4) & ~3
 
 
+def stream_smem_bytes(kind: str, nt: int, warps: int, span: int, nchunks: int, pipe: int, slot_bytes: int) -> int:
+    """Dynamic shared memory of a stream-K CTA (blob_stream_sk): the B chunks of its item range (at
+    most nchunks), the decoder's bytes, each warp's blob offsets (start and end per item), each
+    warp's ring, the flag."""
+    extra = LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
+    return (min(span, nchunks) * CHUNK_K * b_row_bytes(nt) + extra + warps * 2 * blob_offsets_stride(span) * 4
+            + warps * pipe * slot_bytes + STREAM_FLAG_BYTES)
+
+
+def stream_kmax(span: int, nchunks: int) -> int:
+    """Row-tile groups one stream-K range of `span` items can touch (its partial slots in the workspace)."""
+    return -(-span // nchunks) + 1
+
+
+def stream_schedule(groups: int, nchunks: int, ctas: int) -> np.ndarray:
+    """blob_stream_sk's int32 schedule: CTA i owns items [s_i, s_{i+1}) with s_i = i T // P (T = groups
+    x nchunks items, P = ctas), then each CTA's first group, then per group the first and last CTA
+    holding part of it (a CTA owns item x when s_i <= x < s_{i+1}, i.e. i = ((x + 1) P - 1) // T)."""
+    total = groups * nchunks
+    if not 0 < ctas <= total:
+        raise ValueError(f"A stream-K grid needs 1..{total} CTAs (one item each at least), got {ctas}.")
+    if total >= 2 ** 31:
+        raise ValueError(f"{total} stream-K items do not fit the kernel's int32 schedule; use SCHED='cluster'.")
+    starts = np.arange(ctas + 1, dtype=np.int64) * total // ctas
+    first_item = np.arange(groups, dtype=np.int64) * nchunks
+
+    def owner(x):
+        return ((x + 1) * ctas - 1) // total
+    owners = np.stack([owner(first_item), owner(first_item + nchunks - 1)], axis=1).ravel()
+    return np.concatenate([starts, starts[:-1] // nchunks, owners]).astype(np.int32)
+
+
+def _stream_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_count: int,
+                     regs_by_nt: dict | None) -> dict:
+    """One wave of CTAs, as many per SM as registers and shared memory allow (each CTA's B slice
+    shrinks as the grid grows, so the count is searched from the most down), the items cut evenly."""
+    if kind not in STREAM_KINDS:
+        raise ValueError(f"SCHED='stream' is implemented for {', '.join(STREAM_KINDS)}, not {kind}.")
+    warps, pipe, slot = int(params["WARPS"]), int(params.get("PIPE", 0)), int(params.get("SLOT_BYTES", 0))
+    groups = -(-tiles // warps)
+    items = groups * nchunks
+    nt = n_tiles_for(n)
+    while True:
+        regs = (regs_by_nt or {}).get(regs_key(nt, "sync", "cp")) or STREAM_ASSUMED_REGS
+        for per_sm in range(SM_THREADS // (warps * 32), 0, -1):
+            ctas = min(items, per_sm * sm_count)
+            span = -(-items // ctas)
+            smem = stream_smem_bytes(kind, nt, warps, span, nchunks, pipe, slot)
+            if smem <= SMEM_LIMIT and resident_ctas(warps, smem, regs) * sm_count >= ctas:
+                gz = -(-n // (8 * nt))
+                return {"nt": nt, "split": 1, "chunks_per_cta": span, "smem": smem, "grid": (ctas, 1, gz),
+                        "block": (warps * 32, 1, 1), "warps": warps, "rows": 1, "ring_kb": 0, "pipe": pipe,
+                        "bring": 0, "minb": 0, "slot_bytes": slot, "mma": "sync", "load": "cp", "a_stages": 0,
+                        "mcast": 1, "sched": "stream", "groups": groups, "kmax": stream_kmax(span, nchunks)}
+        if nt == 1:
+            raise ValueError(f"{kind}: no stream-K grid fits {SMEM_LIMIT} bytes of shared memory at N = {n} "
+                             f"(WARPS={warps}, PIPE={pipe}, ring slots of {slot} bytes): use fewer warps or PIPE.")
+        nt //= 2
+
+
 def tma_stage_bytes(nt: int, warps: int) -> int:
     """One stage of tc_sp24tma with A inside its stages (TmaLayout, ASTAGES 0): B's chunk and every
     warp's A slot, rounded up to 1024."""
@@ -336,6 +400,11 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     lets the auto split count resident CTAs instead of assuming CTAS_PER_SM_TARGET of them; `cc`
     (the device's compute capability) decides whether tc_sp24 may take its wgmma kernel, `b_tma`
     (tensor_map.tma_ready of this call's B) whether that kernel may be tc_sp24tma (load_for)."""
+    sched = params.get("SCHED", "cluster")
+    if sched not in SCHED_CHOICES:
+        raise ValueError(f"SCHED must be one of {SCHED_CHOICES}, got {sched!r}.")
+    if sched == "stream":
+        return _stream_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt)
     warps = int(params["WARPS"])
     mma = mma_for(kind, params, n, cc)
     if mma == "wgmma" and warps % 4:
@@ -396,6 +465,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "bitmap":
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
+    if geom.get("sched") == "stream":
+        return f"tc_{kind}_sk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['pipe']}>"
     if kind in BLOB_RING_KINDS:
         return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
@@ -427,7 +498,7 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
             geom = plan_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt, cc, b_tma)
         except ValueError:
             return None   # that N class does not fit these params; spmm raises the clear error if asked
-        seen.setdefault((geom["nt"], geom["split"], geom["smem"], geom["mma"], geom["load"]), geom)
+        seen.setdefault((geom["nt"], geom["split"], geom["smem"], geom["mma"], geom["load"], geom.get("sched")), geom)
         return geom
 
     for nt in NT_CHOICES:
@@ -615,10 +686,25 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
     if kind in BLOB_RING_KINDS:
         tail += (np.int32(geom["slot_bytes"]),)
+    keep = {}
+    if geom.get("sched") == "stream":
+        keep = _stream_buffers(geom, packed["nchunks"], b.device)
+        tail += tuple(np.uint64(keep[key].data_ptr()) for key in ("workspace", "counts", "schedule"))
     # tc_sp24tma takes B's tensor map first (made per B buffer in launch)
     return {"fn": fn, "grid": geom["grid"], "block": geom["block"], "smem": geom["smem"], "head": head,
             "tail": tail, "geom": geom, "b_map": b_map if fallback is None else None, "maps": maps,
-            "tma_fallback": fallback}
+            "tma_fallback": fallback, **keep}
+
+
+def _stream_buffers(geom: dict, nchunks: int, device: torch.device) -> dict:
+    """A stream-K plan's device buffers, kept in the plan (packed['scratch'], which the verifier resets
+    before every call): the fp32 partial tiles (per n block, CTA and touched group), the per-group
+    arrival counters (zero; the kernel leaves them zero) and the schedule."""
+    ctas, _, gz = geom["grid"]
+    part = geom["warps"] * TILE_M * geom["nt"] * 8
+    return {"workspace": torch.empty(gz * ctas * geom["kmax"] * part, dtype=torch.float32, device=device),
+            "counts": torch.zeros(gz * geom["groups"], dtype=torch.int32, device=device),
+            "schedule": torch.from_numpy(stream_schedule(geom["groups"], nchunks, ctas)).to(device)}
 
 
 B_MAPS_KEPT = 8    # tensor maps kept per plan (one per B buffer seen; a decode loop reuses a few)

@@ -73,7 +73,8 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
-    assert len([e for e in entries if "tc_scatter" in e]) == 4
+    assert len([e for e in entries if "tc_scatter" in e and "tc_scatter_sk" not in e]) == 4
+    assert len([e for e in entries if "tc_scatter_sk" in e]) == 3
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in the decode kernels"
 
@@ -560,6 +561,50 @@ def test_prepare_compiles_every_kernel_the_register_aware_plan_launches():
         assert tc_launch.kernel_name("sp24", 0, g) in reachable, (n, g["grid"])
 
 
+@pytest.mark.parametrize("groups,nchunks,ctas", [(172, 64, 792), (64, 64, 1056), (5, 16, 80), (64, 172, 792),
+                                                 (3, 7, 2), (1, 1, 1), (86, 64, 396), (11, 3, 32)])
+def test_stream_schedule_owners_match_the_ranges(groups, nchunks, ctas):
+    """blob_stream_sk trusts the schedule: CTA i's items are [s_i, s_i+1), its first group s_i // nchunks,
+    and each group's first and last owner are the CTAs whose ranges hold its first and last item; the
+    groups a range touches fit the workspace's kmax slots."""
+    total = groups * nchunks
+    sched = tc_launch.stream_schedule(groups, nchunks, min(ctas, total)).astype(np.int64)
+    p = min(ctas, total)
+    starts, first_group, owners = sched[:p + 1], sched[p + 1:2 * p + 1], sched[2 * p + 1:].reshape(groups, 2)
+    assert starts[0] == 0 and starts[-1] == total and np.all(np.diff(starts) >= 1)
+    assert np.diff(starts).max() - np.diff(starts).min() <= 1                # even cut
+    owner = np.repeat(np.arange(p), np.diff(starts))                          # item -> CTA, brute force
+    assert np.array_equal(first_group, starts[:-1] // nchunks)
+    assert np.array_equal(owners[:, 0], owner[np.arange(groups) * nchunks])
+    assert np.array_equal(owners[:, 1], owner[np.arange(groups) * nchunks + nchunks - 1])
+    kmax = tc_launch.stream_kmax(int(np.diff(starts).max()), nchunks)
+    touched = (starts[1:] - 1) // nchunks - starts[:-1] // nchunks + 1
+    assert touched.max() <= kmax
+
+
+def test_stream_geometry_is_one_wave_that_fits():
+    """SCHED="stream": one wave of CTAs (as many per SM as registers and shared memory allow), each
+    range's B slice inside the CTA's shared memory, a wide N in n blocks; other kinds refuse it."""
+    for tiles, nchunks, slot in ((688, 64, 1200), (256, 64, 1792), (19, 16, 528), (256, 172, 1200)):
+        for n in (1, 8, 16, 17, 64, 129, 2048):
+            for warps in (4, 8):
+                params = {"WARPS": warps, "PIPE": 3, "SLOT_BYTES": slot, "SCHED": "stream"}
+                regs = {tc_launch.regs_key(tc_launch.n_tiles_for(n), "sync", "cp"): 63}
+                g = tc_launch.plan_geometry("scatter", tiles, nchunks, n, params, 132, regs)
+                ctas, one, gz = g["grid"]
+                groups = -(-tiles // warps)
+                assert one == 1 and g["split"] == 1 and ctas <= groups * nchunks
+                assert g["chunks_per_cta"] == -(-groups * nchunks // ctas)
+                assert g["smem"] <= tc_launch.SMEM_LIMIT
+                assert tc_launch.resident_ctas(warps, g["smem"], 63) * 132 >= ctas
+                assert gz * 8 * g["nt"] >= n
+                assert tc_launch.kernel_name("scatter", 1, g) == f"tc_scatter_sk<1, {g['nt']}, {warps}, 3>"
+    with pytest.raises(ValueError, match="SCHED='stream' is implemented for scatter"):
+        tc_launch.plan_geometry("lanemask", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "SLOT_BYTES": 1200, "SCHED": "stream"}, 132)
+    with pytest.raises(ValueError, match="SCHED must be one of"):
+        tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "SCHED": "persistent"}, 132)
+
+
 def test_explicit_split_that_cannot_fit_is_a_clear_error():
     with pytest.raises(ValueError, match="no split of K"):
         tc_launch.plan_geometry("bitmap", 688, 172, 64, {"WARPS": 8, "SPLIT": 1, "RING_KB": 16}, 132)
@@ -607,6 +652,28 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
         pytest.skip("needs a CUDA GPU")
     A = _pruned(*shape, style)
     result = run_and_verify(get_template(name).instantiate({}), A, n_values=(1, 3, 16, 17, 64, 129),
+                            dtype=dtype, backend="cuda", timeout=600)
+    assert result.ok, result.message
+
+
+@gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("params,style,shape", [
+    ({"SCHED": "stream"}, "0.5", (300, 1000)), ({"SCHED": "stream"}, "1.0", (100, 260)),
+    ({"SCHED": "stream"}, "0.1", (4096, 4096)), ({"SCHED": "stream"}, "0.0", (40, 130)),
+    ({"SCHED": "stream", "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
+    ({"SCHED": "stream", "WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
+])
+def test_gpu_stream_k_scatter_verifies_against_fp64(params, style, shape, dtype):
+    """tc_scatter's stream-K schedule: groups split between many CTAs (a 40x130 matrix has 3 chunks
+    and gets a CTA per item), rows past the last tile, K not a multiple of the chunk, wide N in n
+    blocks (N = 129: three), the counters left at zero for the next call (the verifier calls again)."""
+    from sparseditto.harness.verify import run_and_verify
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    A = _pruned(*shape, style)
+    result = run_and_verify(get_template("tc_scatter").instantiate(params), A, n_values=(1, 3, 16, 17, 64, 129),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
 

@@ -23,10 +23,13 @@ META = {
     "backend": "cuda",
     "format": "tc_scatter",
     "description": "value + position byte per kept value, scattered into mma.sync fragments in shared memory",
-    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6]},
+    # SCHED: "cluster" = a K split over a thread-block cluster, partials summed in distributed shared
+    # memory; "stream" = one wave of CTAs over evenly cut (row-tile group, chunk) ranges, partials
+    # summed by the last CTA to finish a group (blob_stream_sk in tc_stream.cu; SPLIT is unused)
+    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "SCHED": ["cluster", "stream"]},
     # WARPS=4: 6-12% faster than 8 on 4096x4096 (256 row tiles: twice the CTAs), within 7% of it on
     # 11008x4096 (H200, session 32; planning/tc_scatter.py has the figures)
-    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3},
+    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "SCHED": "cluster"},
     "grid": [{}, {"WARPS": 8}],
     "patterns": ["unstructured"],
     "cuda_source": "tc_stream.cu",

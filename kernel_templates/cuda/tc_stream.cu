@@ -1569,6 +1569,163 @@ tc_scatter(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob
                                                                      chunks_per_cta, tiles, bvec, slot_bytes);
 }
 
+// ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
+// Why: with the cluster split (blob_stream) a CTA streams only 8-16 blobs per warp, and on the H200
+// (session 33, ncu, tc_scatter 11008x4096 70% N = 8, split 8) a quarter of the stall samples sat on the
+// split-K cluster barrier while the 1376 CTAs ran in 2.08 waves ("a partial wave of 584 blocks").
+// Here the grid is one wave of CTAs (as many as the SMs hold), and the work items (row-tile group g of
+// WARPS tiles, chunk c), numbered g * nchunks + c, are cut into gridDim.x contiguous ranges that differ
+// by at most one item: CTA i owns [i T / P, (i + 1) T / P). Its warps walk the range together (warp w
+// takes tile g * WARPS + w), so they share one B slice: the range's chunks, at most nchunks of them,
+// staged once in range order (slot (c - first chunk) mod nchunks). A range covers the tail of one
+// group and the head of the next (or more): where a group's K range is split between CTAs, each
+// writes its partial tile to a global fp32 workspace and bumps the group's counter; the CTA that
+// arrives last sums every partial in CTA order (deterministic whoever is last), stores C and resets
+// the counter to 0 for the next launch. No CTA waits for another: no cluster, no co-residency needed.
+// The host computes the schedule (tc_launch.stream_schedule, int32): sched[i] = the first item of CTA
+// i (i <= P, sched[P] = T), sched[P + 1 + i] = its first group, sched[2P + 1 + 2g .. + 1] = the first
+// and last CTA holding part of group g (64-bit divisions here cost ~40 registers: nvcc 13, sm_90a).
+__device__ __forceinline__ float4 ld_cg_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+template <int BF16, int NT, int WARPS, int PIPE, class Decoder>
+__device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off,
+                                               const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
+                                               int Kp, long long ldb, long long ldc, int span_max, int tiles,
+                                               int bvec, int slot_bytes, float* __restrict__ ws,
+                                               int* __restrict__ counts, const int* __restrict__ sched) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int W = NT * 8;
+    constexpr int PART = WARPS * 16 * W;                       // floats of one partial (a group's rows)
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nchunks = Kp / SD_CHUNK;
+    const int groups = (tiles + WARPS - 1) / WARPS;
+    const int P = gridDim.x, cta = blockIdx.x;
+    const int s0 = sched[cta], span = sched[cta + 1] - s0, gfirst = sched[P + 1 + cta];
+    const int cfirst = s0 - gfirst * nchunks;
+    const int staged = min(span, nchunks);
+    const int kmax = (span_max + nchunks - 1) / nchunks + 1;   // groups a range can touch (tc_launch.stream_kmax)
+    const int n0 = blockIdx.z * W;
+    const int b_bytes = min(span_max, nchunks) * SD_CHUNK * BStride<NT>::bytes;
+    unsigned char* extra = smem + b_bytes;
+    const int offs_stride = (span_max + 4) & ~3;
+    u32* my_lo = reinterpret_cast<u32*>(extra + Decoder::EXTRA) + warp * 2 * offs_stride;
+    u32* my_hi = my_lo + offs_stride;
+    unsigned char* rings = extra + Decoder::EXTRA + WARPS * 2 * offs_stride * 4;
+    unsigned char* my_ring = rings + warp * PIPE * slot_bytes;
+    volatile int* last_flag = reinterpret_cast<volatile int*>(rings + WARPS * PIPE * slot_bytes);
+    const u32 ring_addr = smem_addr(my_ring);
+    Decoder dec(extra, warp, lane);
+    for (int j = lane; j < span; j += 32) {                    // the warp's blobs: item s0 + j
+        const int x = cfirst + j, g = gfirst + x / nchunks, c = x % nchunks;
+        const int tile = g * WARPS + warp;
+        u32 lo = 0u, hi = 0u;
+        if (tile < tiles) {
+            const u32* o = blob_off + (long long)tile * (nchunks + 1) + c;
+            lo = o[0];
+            hi = o[1];
+        }
+        my_lo[j] = lo;
+        my_hi[j] = hi;                                         // a tile past M: no bytes, no decode
+    }
+    __syncwarp();
+    auto issue = [&](int i) {
+        const u32 lo = my_lo[i], units = my_hi[i] - lo;
+        const unsigned char* src = blobs + ((unsigned long long)lo + lane) * 16u;
+        u32 dst = ring_addr + (u32)((i % PIPE) * slot_bytes) + 16u * lane;
+#pragma unroll 1
+        for (u32 u = lane; u < units; u += 32, src += 512, dst += 512) cp_async16(dst, src, 16u);
+    };
+    const int run1 = min(staged, nchunks - cfirst);            // chunks cfirst.., then 0.. if the range wraps
+    stage_b<NT, 0>(smem, B, cfirst * SD_CHUNK, run1 * SD_CHUNK, K, n0, N, ldb, bvec);
+    if (staged > run1)
+        stage_b<NT, 0>(smem + run1 * SD_CHUNK * BStride<NT>::bytes, B, 0, (staged - run1) * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_commit();
+#pragma unroll
+    for (int p = 0; p + 1 < PIPE; ++p) {
+        if (p < span) issue(p);
+        cp_async_commit();
+    }
+    cp_async_wait<PIPE - 1>();
+    __syncthreads();
+    const u32 bs = smem_addr(smem);
+    const int g8 = lane >> 2, t4 = lane & 3;
+    float acc[1][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    int g = gfirst, c = cfirst;
+    for (int i = 0; i < span; ++i) {
+        if (i + PIPE - 1 < span) issue(i + PIPE - 1);
+        cp_async_commit();
+        cp_async_wait<PIPE - 1>();
+        __syncwarp();
+        const int bslot = c >= cfirst ? c - cfirst : c + nchunks - cfirst;
+        if (my_hi[i] != my_lo[i]) dec.template chunk<BF16, NT>(my_ring + (i % PIPE) * slot_bytes, bs, bslot, acc);
+        __syncwarp();
+        if (c == nchunks - 1 || i == span - 1) {               // this CTA's part of group g ends here
+            const int q0 = sched[2 * P + 1 + 2 * g], q1 = sched[2 * P + 2 + 2 * g];
+            const int tile0 = g * WARPS;
+            if (q0 == q1) {                                    // the whole K range was ours: store C
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int row = (tile0 + warp) * 16 + g8, col = n0 + 8 * j + 2 * t4;
+                    store_pair<BF16>(C, ldc, row, col, M, N, acc[0][j][0], acc[0][j][1]);
+                    store_pair<BF16>(C, ldc, row + 8, col, M, N, acc[0][j][2], acc[0][j][3]);
+                }
+            } else {
+                float* part = ws + (((long long)blockIdx.z * P + cta) * kmax + (g - gfirst)) * PART;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const int lr = warp * 16 + g8, col = 8 * j + 2 * t4;
+                    *reinterpret_cast<float2*>(part + lr * W + col) = make_float2(acc[0][j][0], acc[0][j][1]);
+                    *reinterpret_cast<float2*>(part + (lr + 8) * W + col) = make_float2(acc[0][j][2], acc[0][j][3]);
+                }
+                __threadfence();                               // our partial before our arrival
+                __syncthreads();
+                int* count = counts + (long long)blockIdx.z * groups + g;
+                if (threadIdx.x == 0) *last_flag = atomicAdd(count, 1) == q1 - q0;
+                __syncthreads();
+                if (*last_flag) {                              // every other part has arrived: sum in CTA order
+                    __threadfence();
+                    for (int e = threadIdx.x; e < PART / 4; e += blockDim.x) {
+                        const int lr = e / (W / 4), col = 4 * (e % (W / 4));
+                        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+                        for (int q = q0; q <= q1; ++q) {
+                            const int kq = g - sched[P + 1 + q];
+                            const float4 v = ld_cg_f4(ws + (((long long)blockIdx.z * P + q) * kmax + kq) * PART + lr * W + col);
+                            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+                        }
+                        const int row = tile0 * 16 + lr;
+                        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
+                        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
+                    }
+                    if (threadIdx.x == 0) *count = 0;          // ready for the next launch
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        }
+        if (++c == nchunks) {
+            c = 0;
+            ++g;
+        }
+    }
+    cp_async_wait<0>();
+}
+
+template <int BF16, int NT, int WARPS, int PIPE>
+__global__ void __launch_bounds__(WARPS * 32)
+tc_scatter_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int span_max,
+              int tiles, int bvec, int slot_bytes, float* __restrict__ ws, int* __restrict__ counts,
+              const int* __restrict__ sched) {
+    blob_stream_sk<BF16, NT, WARPS, PIPE, ScatterDecoder<WARPS>>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc, span_max,
+                                                                  tiles, bvec, slot_bytes, ws, counts, sched);
+}
+
 // Explicit instantiations for offline compiles (nvcc -DSPARSEDITTO_INSTANTIATE_ALL); CuPy's
 // name_expressions instantiate only what a launch plan can reach.
 #ifdef SPARSEDITTO_INSTANTIATE_ALL
@@ -1598,4 +1755,7 @@ SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2
 #define SD_SC(BF, NT, W, S, P) template __global__ void tc_scatter<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2, 2)
+#define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
+SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)
 #endif
