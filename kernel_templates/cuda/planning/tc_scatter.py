@@ -14,6 +14,11 @@ tc_lanemask's). Against cuBLAS in the same run (chained): 0.64-0.81x at 50%, 0.7
 16x64 blob at 70% (ncu, 11008x4096, N = 16), as many as tc_lanemask's bitmap decode, at 16 warps
 per SM (shared memory); the grouped one ran 6-15% faster at 50-70% and up to 8% slower at 90% (its
 padding). docs/kernels.md "Sessions 31-32" has the tables.
+
+SCHED="stream" (session 33, a stream-K grid of one wave, partial tiles summed in global memory by
+the last CTA of a row-tile group) is correct and 2-8% faster only on 11008x4096 at N = 8 (50-70%),
+up to 1.6x slower on 4096x4096 and 1.9x at N = 16 (docs/kernels.md "Session 33"), so the grid below does
+not try it and the cost model (fitted on the cluster schedule) does not describe it.
 """
 from __future__ import annotations
 
