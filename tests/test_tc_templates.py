@@ -663,11 +663,15 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ({"SCHED": "stream"}, "0.1", (4096, 4096)), ({"SCHED": "stream"}, "0.0", (40, 130)),
     ({"SCHED": "stream", "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
     ({"SCHED": "stream", "WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
+    ({"SCHED": "stream"}, "0.3", (80000, 128)),
 ])
 def test_gpu_stream_k_scatter_verifies_against_fp64(params, style, shape, dtype):
     """tc_scatter's stream-K schedule: groups split between many CTAs (a 40x130 matrix has 3 chunks
     and gets a CTA per item), rows past the last tile, K not a multiple of the chunk, wide N in n
-    blocks (N = 129: three), the counters left at zero for the next call (the verifier calls again)."""
+    blocks (N = 129: three), the counters left at zero for the next call (the verifier calls again).
+    80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the H200) gives ranges longer than
+    K, so a CTA stages all of B and touches three groups (added in session 33 after the GPU runs;
+    its first GPU run is the next session's)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
