@@ -32,6 +32,7 @@ SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regio
 BLOB_RING_KINDS = ("lanemask", "scatter")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
 STREAM_KINDS = ("scatter",)   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
 SCHED_CHOICES = ("cluster", "stream")
+SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
 STREAM_FLAG_BYTES = 16        # blob_stream_sk's "this CTA sums the group" flag, after the rings
 BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
@@ -403,7 +404,12 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     sched = params.get("SCHED", "cluster")
     if sched not in SCHED_CHOICES:
         raise ValueError(f"SCHED must be one of {SCHED_CHOICES}, got {sched!r}.")
+    scatter_load = params.get("LOAD", "ring") if kind == "scatter" else "ring"
+    if scatter_load not in SCATTER_LOAD_CHOICES:
+        raise ValueError(f"LOAD must be one of {SCATTER_LOAD_CHOICES}, got {scatter_load!r}.")
     if sched == "stream":
+        if scatter_load == "reg":
+            raise ValueError("LOAD='reg' runs with SCHED='cluster' only (tc_scatter_rg has no stream-K schedule).")
         return _stream_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt)
     warps = int(params["WARPS"])
     mma = mma_for(kind, params, n, cc)
@@ -422,6 +428,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         warps = tma_warps(params) if load == "tma" else int(params["WARPS"])
         pipe = (tma_stages(params, nt) if load == "tma" else
                 int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0)))
+        if scatter_load == "reg":   # no ring: blobs go from global memory to registers
+            load, pipe = "reg", 0
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
         mcast = tma_multicast(params) if load == "tma" else 1
         if split != "auto" and int(split) * mcast > CLUSTER_MAX:
@@ -467,6 +475,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if geom.get("sched") == "stream":
         return f"tc_{kind}_sk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['pipe']}>"
+    if geom.get("load") == "reg":
+        return f"tc_{kind}_rg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}>"
     if kind in BLOB_RING_KINDS:
         return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":

@@ -73,8 +73,9 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
-    assert len([e for e in entries if "tc_scatter" in e and "tc_scatter_sk" not in e]) == 4
+    assert len([e for e in entries if "tc_scatterI" in e]) == 4
     assert len([e for e in entries if "tc_scatter_sk" in e]) == 3
+    assert len([e for e in entries if "tc_scatter_rg" in e]) == 3
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in the decode kernels"
 
@@ -605,6 +606,26 @@ def test_stream_geometry_is_one_wave_that_fits():
         tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "SCHED": "persistent"}, 132)
 
 
+def test_scatter_register_load_geometry_has_no_ring():
+    """LOAD="reg" (tc_scatter_rg): the cluster split as LOAD="ring" plans it, minus the ring's bytes per
+    warp (PIPE x the slot), so at least as many CTAs fit; other kinds ignore LOAD, stream-K refuses it."""
+    for tiles, nchunks, slot in ((688, 64, 1200), (256, 64, 1792), (19, 16, 528)):
+        for n in (1, 8, 16, 64, 129):
+            ring = {"WARPS": 4, "SPLIT": 8, "PIPE": 3, "SLOT_BYTES": slot}
+            g_ring = tc_launch.plan_geometry("scatter", tiles, nchunks, n, ring, 132)
+            g_reg = tc_launch.plan_geometry("scatter", tiles, nchunks, n, {**ring, "LOAD": "reg"}, 132)
+            assert g_reg["load"] == "reg" and g_reg["pipe"] == 0 and g_reg["grid"] == g_ring["grid"]
+            assert g_ring["smem"] - g_reg["smem"] == 4 * 3 * slot
+            assert tc_launch.kernel_name("scatter", 0, g_reg) == f"tc_scatter_rg<0, {g_reg['nt']}, 4, 8>"
+    lm = tc_launch.plan_geometry("lanemask", 688, 64, 8, {"WARPS": 4, "SPLIT": 8, "PIPE": 3, "SLOT_BYTES": 1200,
+                                                          "LOAD": "reg"}, 132)
+    assert lm["load"] == "cp" and tc_launch.kernel_name("lanemask", 0, lm).startswith("tc_lanemask<")
+    with pytest.raises(ValueError, match="LOAD='reg' runs with SCHED='cluster' only"):
+        tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "LOAD": "reg", "SCHED": "stream"}, 132)
+    with pytest.raises(ValueError, match="LOAD must be one of"):
+        tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "LOAD": "tma"}, 132)
+
+
 def test_explicit_split_that_cannot_fit_is_a_clear_error():
     with pytest.raises(ValueError, match="no split of K"):
         tc_launch.plan_geometry("bitmap", 688, 172, 64, {"WARPS": 8, "SPLIT": 1, "RING_KB": 16}, 132)
@@ -664,9 +685,13 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ({"SCHED": "stream", "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
     ({"SCHED": "stream", "WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
     ({"SCHED": "stream"}, "0.3", (80000, 128)),
+    ({"LOAD": "reg"}, "0.5", (300, 1000)), ({"LOAD": "reg"}, "1.0", (100, 260)),
+    ({"LOAD": "reg"}, "0.1", (4096, 4096)), ({"LOAD": "reg"}, "0.0", (40, 130)),
+    ({"LOAD": "reg", "WARPS": 8, "SPLIT": 2}, "0.3", (1100, 4160)),
 ])
-def test_gpu_stream_k_scatter_verifies_against_fp64(params, style, shape, dtype):
-    """tc_scatter's stream-K schedule: groups split between many CTAs (a 40x130 matrix has 3 chunks
+def test_gpu_scatter_schedules_and_loads_verify_against_fp64(params, style, shape, dtype):
+    """tc_scatter's stream-K schedule and its register-load kernel (LOAD="reg", added with the 80000x128
+    case after session 33's device time: their first GPU run is the next session's). Stream-K: groups split between many CTAs (a 40x130 matrix has 3 chunks
     and gets a CTA per item), rows past the last tile, K not a multiple of the chunk, wide N in n
     blocks (N = 129: three), the counters left at zero for the next call (the verifier calls again).
     80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the H200) gives ranges longer than

@@ -26,10 +26,14 @@ META = {
     # SCHED: "cluster" = a K split over a thread-block cluster, partials summed in distributed shared
     # memory; "stream" = one wave of CTAs over evenly cut (row-tile group, chunk) ranges, partials
     # summed by the last CTA to finish a group (blob_stream_sk in tc_stream.cu; SPLIT is unused)
-    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "SCHED": ["cluster", "stream"]},
+    # LOAD: "ring" = blobs through a per-warp cp.async ring in shared memory (PIPE slots); "reg" = each
+    # lane loads its groups straight into registers one blob ahead (tc_scatter_rg; PIPE unused;
+    # written in session 33 after the device time was spent: not yet measured)
+    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "SCHED": ["cluster", "stream"],
+               "LOAD": ["ring", "reg"]},
     # WARPS=4: 6-12% faster than 8 on 4096x4096 (256 row tiles: twice the CTAs), within 7% of it on
     # 11008x4096 (H200, session 32; planning/tc_scatter.py has the figures)
-    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "SCHED": "cluster"},
+    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "SCHED": "cluster", "LOAD": "ring"},
     "grid": [{}, {"WARPS": 8}],
     "patterns": ["unstructured"],
     "cuda_source": "tc_stream.cu",

@@ -1569,6 +1569,121 @@ tc_scatter(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob
                                                                      chunks_per_cta, tiles, bvec, slot_bytes);
 }
 
+// ---- tc_scatter with LOAD=reg: blobs straight into registers (no cp.async ring) -------------------
+// Why (session 33, ncu on the ring kernel, 11008x4096 70% N = 8): ~111 shared-memory wavefronts per
+// blob with the shared pipe ~63% busy and ~2 instructions issued per SM cycle. The ring costs a blob's
+// bytes twice in shared memory (the cp.async write, then the value / position loads) and a per-blob
+// issue loop. Here lane L loads groups L, L + 32, L + 64, L + 96 of the blob with 16- and 8-byte global
+// loads into registers, one blob ahead of the one it scatters (two register sets, the loop unrolled by
+// two so they never move), and asks L2 to prefetch the blob after that. The group count comes from the
+// blob's size in the offsets (16 + 24 groups bytes, padded to 16: groups = (16 units - 16) / 24), so
+// the loads do not wait for the header; the header (step counts) is read with them and used at the
+// scatter. Everything after the loads (steps, stores, read-back, mma, split-K) is the ring kernel's.
+// Written in session 33 after the device time was spent: compiled with nvcc for sm_90, not yet run.
+struct ScatterRegs {
+    uint2 hdr;
+    uint4 v[4];
+    uint2 p[4];
+    int groups;
+};
+
+__device__ __forceinline__ void scatter_regs_load(const unsigned char* __restrict__ blobs, const u32* offs, int i,
+                                                  int lane, ScatterRegs& r) {
+    const u32 lo = offs[i], units = offs[i + 1] - lo;
+    const int groups = (int)((16u * units - 16u) / 24u);
+    const unsigned char* base = blobs + (unsigned long long)lo * 16u;
+    r.groups = groups;
+    r.hdr = ldg_stream8(base);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        r.v[k] = make_uint4(0u, 0u, 0u, 0u);
+        r.p[k] = make_uint2(0u, 0u);
+        const int g = lane + 32 * k;
+        if (32 * k < groups && g < groups) {
+            r.v[k] = ldg_stream16(base + 16 + 16 * g);
+            r.p[k] = ldg_stream8(base + 16 + 16 * groups + 8 * g);
+        }
+    }
+}
+
+__device__ __forceinline__ void scatter_regs_prefetch(const unsigned char* __restrict__ blobs, const u32* offs, int i,
+                                                      int lane) {
+    const u32 lo = offs[i], bytes = 16u * (offs[i + 1] - lo);
+    for (u32 b = 128u * lane; b < bytes; b += 4096u)
+        asm volatile("prefetch.global.L2 [%0];" :: "l"(blobs + (unsigned long long)lo * 16u + b));
+}
+
+// Scatter one loaded blob into the warp's zeroed step regions at `frag`, then each step's read-back,
+// zeroing and mma (the ring decoder's second half, ScatterDecoder::chunk).
+template <int BF16, int NT>
+__device__ __forceinline__ void scatter_regs_decode(const ScatterRegs& r, u32 frag, int lane, u32 bs, int i,
+                                                    float (&acc)[1][NT][4]) {
+    const int e1 = (int)(r.hdr.x & 0xFFFFu), e2 = e1 + (int)(r.hdr.x >> 16), e3 = e2 + (int)(r.hdr.y & 0xFFFFu);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int g = lane + 32 * k, i0 = 8 * g;
+        if (32 * k < r.groups && g < r.groups)
+            ScatterDecoder<1>::store8(frag + 512u * ((u32)(i0 >= e1) + (u32)(i0 >= e2) + (u32)(i0 >= e3)), r.v[k], r.p[k]);
+    }
+    __syncwarp();
+    const u32 mine0 = frag + 16u * lane;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        uint4 a;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
+                     : "r"(mine0 + 512u * s) : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(mine0 + 512u * s), "r"(0u) : "memory");
+        step_mma<BF16, NT>(acc, bs, i * SD_CHUNK + 16 * s, a.x, a.y, a.z, a.w);
+    }
+    __syncwarp();                                                // the regions are zero again
+}
+
+template <int BF16, int NT, int WARPS, int SPLIT>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+              int tiles, int bvec, int) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
+    const int nc = ww.active(tiles) ? ww.c1 - c0 : 0;
+    const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    unsigned char* cpart_p = smem + b_bytes;
+    unsigned char* extra = cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes;
+    const int offs_stride = (chunks_per_cta + 4) & ~3;
+    u32* my_offs = reinterpret_cast<u32*>(extra + ScatterDecoder<WARPS>::EXTRA) + warp * offs_stride;
+    const u32 frag = smem_addr(extra + warp * ScatterDecoder<WARPS>::REGION);
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(frag + 512u * s + 16u * lane), "r"(0u) : "memory");
+    if (nc) {
+        const u32* off = blob_off + (long long)ww.tile * (nchunks + 1) + c0;
+        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
+    }
+    __syncwarp();
+    ScatterRegs ra, rb;
+    if (nc) scatter_regs_load(blobs, my_offs, 0, lane, ra);      // the first blob's loads overlap B's staging
+    if (nc > 1) scatter_regs_prefetch(blobs, my_offs, 1, lane);
+    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_wait_all();
+    __syncthreads();
+    const u32 bs = smem_addr(smem);
+    float acc[1][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    for (int i = 0; i < nc; i += 2) {                            // ra holds blob i, rb blob i + 1
+        if (i + 1 < nc) scatter_regs_load(blobs, my_offs, i + 1, lane, rb);
+        if (i + 2 < nc) scatter_regs_prefetch(blobs, my_offs, i + 2, lane);
+        scatter_regs_decode<BF16, NT>(ra, frag, lane, bs, i, acc);
+        if (i + 1 < nc) {
+            if (i + 2 < nc) scatter_regs_load(blobs, my_offs, i + 2, lane, ra);
+            if (i + 3 < nc) scatter_regs_prefetch(blobs, my_offs, i + 3, lane);
+            scatter_regs_decode<BF16, NT>(rb, frag, lane, bs, i + 1, acc);
+        }
+    }
+    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+}
+
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
 // Why: with the cluster split (blob_stream) a CTA streams only 8-16 blobs per warp, and on the H200
 // (session 33, ncu, tc_scatter 11008x4096 70% N = 8, split 8) a quarter of the stall samples sat on the
@@ -1758,4 +1873,7 @@ SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)
+#define SD_RG(BF, NT, W, S) template __global__ void tc_scatter_rg<BF, NT, W, S>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_RG(0, 1, 4, 8) SD_RG(1, 2, 8, 4) SD_RG(0, 8, 4, 2)
 #endif
