@@ -626,6 +626,50 @@ def test_scatter_register_load_geometry_has_no_ring():
         tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "LOAD": "tma"}, 132)
 
 
+@pytest.mark.parametrize("style,shape", [("0.5", (300, 1000)), ("1.0", (100, 260)), ("0.0", (40, 130)),
+                                         ("0.05", (64, 4100)), ("0.3", (1100, 4160))])
+def test_scatter_register_loader_reads_the_format_as_packed(style, shape):
+    """What tc_scatter_rg assumes about the TCScatter bytes, replayed in numpy: a blob's group count
+    from its size in the offsets alone ((16 units - 16) // 24, before its header arrives) equals the
+    header's padded step counts / 8; lane L's groups L, L + 32, L + 64, L + 96 cover them all (at most
+    128); the values and positions it loads at 16 + 16 g and 16 + 16 groups + 8 g, scattered into
+    the step regions the compare chain names, give back the matrix (the ring decoder's to_dense)."""
+    from sparseditto.tc_formats import SCATTER_HEADER, TCScatter
+
+    A = _pruned(*shape, style)
+    fmt = TCScatter.from_matrix(A, "float16")
+    offs = fmt.offsets.astype(np.int64)
+    tiles, chunks = offs.shape[0], offs.shape[1] - 1
+    out = np.zeros((tiles * 16, chunks * 64), dtype=np.float32)
+    p = np.arange(256)                                                   # halves of a 512-byte step region
+    lane_of, reg, half = p >> 3, (p >> 1) & 3, p & 1
+    g8, t4 = lane_of >> 2, lane_of & 3
+    for tile in range(tiles):
+        for c in range(chunks):
+            lo, units = int(offs[tile, c]), int(offs[tile, c + 1] - offs[tile, c])
+            groups = (16 * units - 16) // 24
+            base = lo * 16
+            counts = fmt.blobs[base:base + 8].view(np.uint16).astype(np.int64)
+            assert groups * 8 == counts.sum() and groups <= 128
+            e1, e2, e3 = np.cumsum(counts)[:3]
+            regions = np.zeros((4, 256), dtype=np.uint16)
+            for lane in range(32):
+                for k in range(4):
+                    g = lane + 32 * k
+                    if g >= groups:
+                        continue
+                    vals = fmt.blobs[base + SCATTER_HEADER + 16 * g:base + SCATTER_HEADER + 16 * g + 16].view(np.uint16)
+                    pos = fmt.blobs[base + SCATTER_HEADER + 16 * groups + 8 * g:base + SCATTER_HEADER + 16 * groups + 8 * g + 8]
+                    step = int(8 * g >= e1) + int(8 * g >= e2) + int(8 * g >= e3)
+                    regions[step, pos] = vals
+            for s_ in range(4):
+                rows = tile * 16 + 8 * (reg & 1) + g8
+                cols = c * 64 + 16 * t4 + 4 * s_ + 2 * (reg >> 1) + half
+                out[rows, cols] = regions[s_].view(np.float16).astype(np.float32)
+    m, k = shape
+    np.testing.assert_array_equal(out[:m, :k], fmt.to_dense())
+
+
 def test_explicit_split_that_cannot_fit_is_a_clear_error():
     with pytest.raises(ValueError, match="no split of K"):
         tc_launch.plan_geometry("bitmap", 688, 172, 64, {"WARPS": 8, "SPLIT": 1, "RING_KB": 16}, 132)
