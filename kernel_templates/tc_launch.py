@@ -232,12 +232,18 @@ def blob_offsets_stride(chunks_per_cta: int) -> int:
     return (chunks_per_cta + 4) & ~3
 
 
+def blob_decoder_bytes(kind: str, warps: int) -> int:
+    """A blob-ring kernel's decoder bytes (Decoder::EXTRA): tc_lanemask's quad table, or tc_scatter's
+    step fragment regions per warp."""
+    return LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
+
+
 def stream_smem_bytes(kind: str, nt: int, warps: int, span: int, nchunks: int, pipe: int, slot_bytes: int) -> int:
     """Dynamic shared memory of a stream-K CTA (blob_stream_sk): the B chunks of its item range (at
     most nchunks), the decoder's bytes, each warp's blob offsets (start and end per item), each
     warp's ring, the flag."""
-    extra = LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
-    return (min(span, nchunks) * CHUNK_K * b_row_bytes(nt) + extra + warps * 2 * blob_offsets_stride(span) * 4
+    return (min(span, nchunks) * CHUNK_K * b_row_bytes(nt) + blob_decoder_bytes(kind, warps)
+            + warps * 2 * blob_offsets_stride(span) * 4
             + warps * pipe * slot_bytes + STREAM_FLAG_BYTES)
 
 
@@ -331,8 +337,7 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     if kind == "bitmap":
         total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
     if kind in BLOB_RING_KINDS:   # blob_stream: the decoder's bytes, then each warp's offsets and ring
-        extra = LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
-        total += extra + warps * blob_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
+        total += blob_decoder_bytes(kind, warps) + warps * blob_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
     return total
 
 

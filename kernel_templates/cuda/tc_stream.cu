@@ -1362,6 +1362,29 @@ __device__ __forceinline__ void decode_quad_c(const unsigned char* v, uint2 L, u
     hi = prmt(g0, g1, L.y);
 }
 
+// A warp's u32 blob offsets per K slice in shared memory: chunks + 1, rounded up to 16 bytes
+// (tc_launch.blob_offsets_stride).
+__device__ __forceinline__ int blob_offsets_stride(int chunks) { return (chunks + 4) & ~3; }
+
+// Stage the offsets of tile `tile`'s blobs c0 .. c0 + nc (nc + 1 words: each blob's end is the next
+// one's start) into the warp's `offs`.
+__device__ __forceinline__ void stage_blob_offsets(u32* offs, const u32* __restrict__ blob_off, int tile, int nchunks,
+                                                   int c0, int nc, int lane) {
+    if (nc) {
+        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
+        for (int i = lane; i <= nc; i += 32) offs[i] = off[i];
+    }
+}
+
+// One blob (`units` 16-byte pieces from piece `lo` of `blobs`) into the ring slot at shared address
+// `dst`: 16-byte cp.async per lane, 32 pieces per round.
+__device__ __forceinline__ void issue_blob(u32 slot, const unsigned char* __restrict__ blobs, u32 lo, u32 units, int lane) {
+    const unsigned char* src = blobs + ((unsigned long long)lo + lane) * 16u;
+    u32 dst = slot + 16u * lane;
+#pragma unroll 1
+    for (u32 u = lane; u < units; u += 32, src += 512, dst += 512) cp_async16(dst, src, 16u);
+}
+
 // The blob ring both unstructured stream kernels share (tc_lanemask, tc_scatter): blob i of the warp's
 // K slice goes into ring slot i % PIPE (slots of slot_bytes, the host's largest blob and spare) with
 // 16-byte cp.async per lane, PIPE-1 blobs in flight; B's slice is staged once; the decoder turns each
@@ -1381,23 +1404,16 @@ __device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ bl
     const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
     unsigned char* extra = cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes;
-    const int offs_stride = (chunks_per_cta + 4) & ~3;                   // u32 per warp, 16-byte multiple
-    u32* my_offs = reinterpret_cast<u32*>(extra + Decoder::EXTRA) + warp * offs_stride;
-    unsigned char* my_ring = extra + Decoder::EXTRA + WARPS * offs_stride * 4 + warp * PIPE * slot_bytes;
+    u32* my_offs = reinterpret_cast<u32*>(extra + Decoder::EXTRA) + warp * blob_offsets_stride(chunks_per_cta);
+    unsigned char* my_ring = extra + Decoder::EXTRA + WARPS * blob_offsets_stride(chunks_per_cta) * 4 + warp * PIPE * slot_bytes;
     const u32 ring_addr = smem_addr(my_ring);
     Decoder dec(extra, warp, lane);
-    if (nc) {
-        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
-        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
-    }
+    stage_blob_offsets(my_offs, blob_off, tile, nchunks, c0, nc, lane);
     __syncwarp();
-    // Blob i of this warp's K slice into ring slot i % PIPE: 16-byte pieces, 32 per round.
+    // Blob i of this warp's K slice into ring slot i % PIPE.
     auto issue = [&](int i) {
-        const u32 lo = my_offs[i], units = my_offs[i + 1] - lo;
-        const unsigned char* src = blobs + ((unsigned long long)lo + lane) * 16u;
-        u32 dst = ring_addr + (u32)((i % PIPE) * slot_bytes) + 16u * lane;
-#pragma unroll 1
-        for (u32 u = lane; u < units; u += 32, src += 512, dst += 512) cp_async16(dst, src, 16u);
+        const u32 lo = my_offs[i];
+        issue_blob(ring_addr + (u32)((i % PIPE) * slot_bytes), blobs, lo, my_offs[i + 1] - lo, lane);
     };
     stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
     cp_async_commit();                                           // group: B's slice
@@ -1550,6 +1566,11 @@ struct ScatterDecoder {
             if (two) store8(frag_addr + 512u * ((u32)(i1 >= e1) + (u32)(i1 >= e2) + (u32)(i1 >= e3)), v1, p1);
         }
         __syncwarp();
+        steps<BF16, NT>(bs, i, acc);
+    }
+    // Each step's fragment read back (one 16-byte load per lane), zeroed for the next blob, and its mma.
+    template <int BF16, int NT>
+    __device__ __forceinline__ void steps(u32 bs, int i, float (&acc)[1][NT][4]) const {
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
             uint4* mine = reinterpret_cast<uint4*>(frag) + 32 * s + lane;
@@ -1613,28 +1634,20 @@ __device__ __forceinline__ void scatter_regs_prefetch(const unsigned char* __res
         asm volatile("prefetch.global.L2 [%0];" :: "l"(blobs + (unsigned long long)lo * 16u + b));
 }
 
-// Scatter one loaded blob into the warp's zeroed step regions at `frag`, then each step's read-back,
-// zeroing and mma (the ring decoder's second half, ScatterDecoder::chunk).
-template <int BF16, int NT>
-__device__ __forceinline__ void scatter_regs_decode(const ScatterRegs& r, u32 frag, int lane, u32 bs, int i,
-                                                    float (&acc)[1][NT][4]) {
+// Scatter one loaded blob into the warp's zeroed step regions (at shared address `frag`), then the
+// ring decoder's read-back, zeroing and mma (ScatterDecoder::steps).
+template <int BF16, int NT, int WARPS>
+__device__ __forceinline__ void scatter_regs_decode(const ScatterRegs& r, const ScatterDecoder<WARPS>& dec, u32 frag,
+                                                    u32 bs, int i, float (&acc)[1][NT][4]) {
     const int e1 = (int)(r.hdr.x & 0xFFFFu), e2 = e1 + (int)(r.hdr.x >> 16), e3 = e2 + (int)(r.hdr.y & 0xFFFFu);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        const int g = lane + 32 * k, i0 = 8 * g;
+        const int g = dec.lane + 32 * k, i0 = 8 * g;
         if (32 * k < r.groups && g < r.groups)
-            ScatterDecoder<1>::store8(frag + 512u * ((u32)(i0 >= e1) + (u32)(i0 >= e2) + (u32)(i0 >= e3)), r.v[k], r.p[k]);
+            dec.store8(frag + 512u * ((u32)(i0 >= e1) + (u32)(i0 >= e2) + (u32)(i0 >= e3)), r.v[k], r.p[k]);
     }
     __syncwarp();
-    const u32 mine0 = frag + 16u * lane;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        uint4 a;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w)
-                     : "r"(mine0 + 512u * s) : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(mine0 + 512u * s), "r"(0u) : "memory");
-        step_mma<BF16, NT>(acc, bs, i * SD_CHUNK + 16 * s, a.x, a.y, a.z, a.w);
-    }
+    dec.template steps<BF16, NT>(bs, i, acc);
     __syncwarp();                                                // the regions are zero again
 }
 
@@ -1650,16 +1663,10 @@ tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
     const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
     unsigned char* extra = cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes;
-    const int offs_stride = (chunks_per_cta + 4) & ~3;
-    u32* my_offs = reinterpret_cast<u32*>(extra + ScatterDecoder<WARPS>::EXTRA) + warp * offs_stride;
-    const u32 frag = smem_addr(extra + warp * ScatterDecoder<WARPS>::REGION);
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" :: "r"(frag + 512u * s + 16u * lane), "r"(0u) : "memory");
-    if (nc) {
-        const u32* off = blob_off + (long long)ww.tile * (nchunks + 1) + c0;
-        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
-    }
+    u32* my_offs = reinterpret_cast<u32*>(extra + ScatterDecoder<WARPS>::EXTRA) + warp * blob_offsets_stride(chunks_per_cta);
+    const ScatterDecoder<WARPS> dec(extra, warp, lane);         // zeroes the warp's step regions
+    const u32 frag = smem_addr(dec.frag);
+    stage_blob_offsets(my_offs, blob_off, ww.tile, nchunks, c0, nc, lane);
     __syncwarp();
     ScatterRegs ra, rb;
     if (nc) scatter_regs_load(blobs, my_offs, 0, lane, ra);      // the first blob's loads overlap B's staging
@@ -1674,11 +1681,11 @@ tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
     for (int i = 0; i < nc; i += 2) {                            // ra holds blob i, rb blob i + 1
         if (i + 1 < nc) scatter_regs_load(blobs, my_offs, i + 1, lane, rb);
         if (i + 2 < nc) scatter_regs_prefetch(blobs, my_offs, i + 2, lane);
-        scatter_regs_decode<BF16, NT>(ra, frag, lane, bs, i, acc);
+        scatter_regs_decode<BF16, NT>(ra, dec, frag, bs, i, acc);
         if (i + 1 < nc) {
             if (i + 2 < nc) scatter_regs_load(blobs, my_offs, i + 2, lane, ra);
             if (i + 3 < nc) scatter_regs_prefetch(blobs, my_offs, i + 3, lane);
-            scatter_regs_decode<BF16, NT>(rb, frag, lane, bs, i + 1, acc);
+            scatter_regs_decode<BF16, NT>(rb, dec, frag, bs, i + 1, acc);
         }
     }
     epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
@@ -1726,7 +1733,7 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
     const int n0 = blockIdx.z * W;
     const int b_bytes = min(span_max, nchunks) * SD_CHUNK * BStride<NT>::bytes;
     unsigned char* extra = smem + b_bytes;
-    const int offs_stride = (span_max + 4) & ~3;
+    const int offs_stride = blob_offsets_stride(span_max);
     u32* my_lo = reinterpret_cast<u32*>(extra + Decoder::EXTRA) + warp * 2 * offs_stride;
     u32* my_hi = my_lo + offs_stride;
     unsigned char* rings = extra + Decoder::EXTRA + WARPS * 2 * offs_stride * 4;
@@ -1748,11 +1755,8 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
     }
     __syncwarp();
     auto issue = [&](int i) {
-        const u32 lo = my_lo[i], units = my_hi[i] - lo;
-        const unsigned char* src = blobs + ((unsigned long long)lo + lane) * 16u;
-        u32 dst = ring_addr + (u32)((i % PIPE) * slot_bytes) + 16u * lane;
-#pragma unroll 1
-        for (u32 u = lane; u < units; u += 32, src += 512, dst += 512) cp_async16(dst, src, 16u);
+        const u32 lo = my_lo[i];
+        issue_blob(ring_addr + (u32)((i % PIPE) * slot_bytes), blobs, lo, my_hi[i] - lo, lane);
     };
     const int run1 = min(staged, nchunks - cfirst);            // chunks cfirst.., then 0.. if the range wraps
     stage_b<NT, 0>(smem, B, cfirst * SD_CHUNK, run1 * SD_CHUNK, K, n0, N, ldb, bvec);
@@ -1784,12 +1788,7 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
             const int q0 = sched[2 * P + 1 + 2 * g], q1 = sched[2 * P + 2 + 2 * g];
             const int tile0 = g * WARPS;
             if (q0 == q1) {                                    // the whole K range was ours: store C
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-                    const int row = (tile0 + warp) * 16 + g8, col = n0 + 8 * j + 2 * t4;
-                    store_pair<BF16>(C, ldc, row, col, M, N, acc[0][j][0], acc[0][j][1]);
-                    store_pair<BF16>(C, ldc, row + 8, col, M, N, acc[0][j][2], acc[0][j][3]);
-                }
+                epilogue<BF16, NT, 1, WARPS, 1>(acc, nullptr, C, ldc, M, N, n0, tile0);
             } else {
                 float* part = ws + (((long long)blockIdx.z * P + cta) * kmax + (g - gfirst)) * PART;
 #pragma unroll
