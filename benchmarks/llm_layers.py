@@ -251,7 +251,7 @@ def packed_bytes(packed: dict) -> int:
 def applicable(template: str, style: str) -> bool:
     if template == "tc_sp24":
         return style in ("nm24", "nm12")
-    if template in ("tc_bitmap", "tc_lanemask", "tc_scatter"):
+    if template in ("tc_bitmap", "tc_lanemask", "tc_scatter", "tc_words"):
         return style != "dense"
     if template == "tc_dense":   # the dense stream's time does not depend on the pattern: time it once
         return style == "dense"

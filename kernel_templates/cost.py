@@ -24,6 +24,8 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
+  tc_words      4*words + tiles*chunks*64 (lane masks) + tiles*(chunks+1)*4, words = kept fragment words
+                (two neighbouring values of a row): Mp*Kp/2*(1-(1-d)^2) if the values were placed at random
   tc_scatter    (nnz + pads)*(vb+1) + tiles*chunks*20 (step counts, mean 16-byte padding) + tiles*(chunks+1)*4
                 pads = each step's count rounded up to 8, in expectation (binomial count per step)
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
@@ -68,7 +70,8 @@ _FORMAT_ALIASES = {"csr": "csr", "bsr": "bsr", "nm": "nm", "nm_compressed": "nm"
                    "bitmap": "bitmap", "bitmap_tiles": "bitmap", "ell": "ell", "blocked_ell": "blocked_ell",
                    "compact": "compact", "compacted": "compact", "dense": "dense",
                    "tc_dense": "tc_dense", "tc_sp24": "tc_sp24", "tc_bitmap": "tc_bitmap",
-                   "tc_lanemask": "tc_lanemask", "tc_scatter": "tc_scatter", "delta_slices": "delta_slices"}
+                   "tc_lanemask": "tc_lanemask", "tc_scatter": "tc_scatter", "tc_words": "tc_words",
+                   "delta_slices": "delta_slices"}
 
 
 class CostEstimate(BaseModel):
@@ -455,6 +458,15 @@ def scatter_step_padding(density: float) -> float:
     return total
 
 
+def kept_words(m: int, k: int, nnz: int) -> float:
+    """Expected 32-bit fragment words (pairs of neighbouring columns of one row) holding a kept value,
+    padded as tc_words packs them, if the kept values sat at random: Mp*Kp/2 * (1 - (1-d)^2). Patterns
+    that keep neighbours together (2:4 pairs, blocks) keep fewer words; the packed bytes are exact."""
+    mp, kp = round_up(m, 16), round_up(k, 64)
+    d = min(1.0, nnz / float(max(1, m * k)))
+    return mp * kp / 2.0 * (1.0 - (1.0 - d) ** 2)
+
+
 def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     """Bytes of A in the tensor-core streaming formats (sparseditto.tc_formats), padded as packed
     (rows to 16-row tiles, K to 64-column chunks); the bitmap's blob padding to 16 bytes is counted
@@ -469,6 +481,8 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
         return float(nnz * vb + tiles * chunks * (176 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
+    if fmt == "tc_words":
+        return float(4 * kept_words(m, k, nnz) + tiles * chunks * 64 + tiles * (chunks + 1) * 4)
     if fmt == "tc_scatter":
         pads = tiles * chunks * 4 * scatter_step_padding(nnz / float(max(1, mp * kp)))
         return float((nnz + pads) * (vb + 1) + tiles * chunks * (16 + 4) + tiles * (chunks + 1) * 4)
@@ -550,7 +564,7 @@ def format_bytes(fmt: str, report: Any, dtype: Any = "float16", params: dict | N
     if fmt == "bitmap":
         return bitmap_bytes(s.m, s.k, s.nnz, vb, int(param(params, "TILE_K", "tile_k", default=32)),
                             tile_offsets=params.get("OFFSETS", "stored") != "running")
-    if fmt in ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask", "tc_scatter"):
+    if fmt in ("tc_dense", "tc_sp24", "tc_words", "tc_bitmap", "tc_lanemask", "tc_scatter"):
         return tc_bytes(fmt, s.m, s.k, s.nnz, vb)
     if fmt == "delta_slices":
         return delta_packing(s, vb)[0]

@@ -1,4 +1,4 @@
-"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask, tc_scatter): NVRTC compile
+"""Host side of the tensor-core streaming templates (tc_dense, tc_sp24, tc_words, tc_bitmap, tc_lanemask, tc_scatter): NVRTC compile
 through CuPy, launch geometry, the shared-memory budget and the cached one-launch spmm.
 
 Why one module: the three templates differ only in the arrays they pass and the kernel they name;
@@ -42,7 +42,7 @@ SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
 CLUSTER_MAX = 8               # CTAs per cluster without the non-portable opt-in
 STREAM_MIN_WARPS = 16         # blob-ring kernels: warps per SM an auto split keeps streaming (_auto_split)
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
-REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
+REGISTER_KINDS = ("dense", "sp24", "words")   # stream_registers kernels: partials alias the B slice
 # An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
 # CTAs of a kernel are resident at once, so how many waves a grid takes.
 SM_REGISTERS = 65536

@@ -638,3 +638,80 @@ class TCScatter(_BlobFormat):
                 out[row, col] = bits_to_float(region, self.dtype)
         m, k = self.shape
         return out[:m, :k]
+
+
+# ---- kept fragment words (tc_words) ---------------------------------------------------------------
+
+WORDS_PER_LANE = 16          # tc_words: a lane's fragment registers per (tile, chunk), as tc_dense's
+
+
+def fragment_words(frag: np.ndarray) -> np.ndarray:
+    """TCDense's fragment array [tiles, chunks, 4, 32, 8] (uint16) -> [tiles, chunks, 16, 32] uint32:
+    register j = 4 * piece + word of lane L, the 32-bit word tc_dense's lane holds in x[j]."""
+    tiles, chunks = frag.shape[:2]
+    w = np.ascontiguousarray(frag).view(np.uint32).reshape(tiles, chunks, 4, 32, 4)
+    return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 3)).reshape(tiles, chunks, WORDS_PER_LANE, 32)
+
+
+@dataclass(frozen=True, eq=False)
+class TCWords:
+    """tc_dense's fragment words with the all-zero ones left out (module docstring of tc_stream.cu's
+    tc_words): per (tile, chunk) a u16 mask per lane and the kept words in register-major order.
+
+    Why this layout: a word (two neighbouring values of one row) is the unit a lane feeds the tensor
+    cores, so keeping or dropping whole words needs no expansion inside a register, and storing the
+    kept words register-major makes the warp's load of one register a contiguous run of memory. It
+    costs 4 bytes per kept word: at 50% unstructured sparsity 3 of 4 words survive (1.28x fewer
+    bytes than dense), at 70% half (1.84x), at 90% a fifth (4.5x)."""
+
+    shape: tuple[int, int]
+    words: np.ndarray         # uint32, the kept words of all blocks back to back (+ one zero word)
+    masks: np.ndarray         # uint16 [tiles, chunks, 32]: bit j = lane's register j kept
+    offsets: np.ndarray       # uint32 [tiles, chunks + 1]: each block's first word in `words`
+    dtype: str
+
+    @classmethod
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCWords":
+        dense = TCDense.from_matrix(A, dtype)
+        regs = fragment_words(dense.frag)                               # [tiles, chunks, 16, 32]
+        tiles, chunks = regs.shape[:2]
+        kept = regs != 0
+        masks = (kept.astype(np.uint16) << np.arange(WORDS_PER_LANE, dtype=np.uint16)[:, None]).sum(
+            axis=2, dtype=np.uint16)
+        counts = kept.sum(axis=(2, 3), dtype=np.int64).ravel()
+        starts = np.zeros(tiles * chunks + 1, dtype=np.int64)
+        np.cumsum(counts, out=starts[1:])
+        if starts[-1] >= 2 ** 32:
+            raise ValueError("tc_words holds at most 2^32 kept words (16 GiB); this matrix has more.")
+        offsets = np.empty((tiles, chunks + 1), dtype=np.int64)
+        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
+        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
+        words = np.zeros(int(starts[-1]) + 1, dtype=np.uint32)        # a spare zero: never an empty array
+        words[:-1] = regs[kept]                                         # C order: block, register, lane
+        return cls(tuple(A.shape), words, masks, offsets.astype(np.uint32), dtype)
+
+    def nbytes(self) -> int:
+        return int(self.words.nbytes + self.masks.nbytes + self.offsets.nbytes)
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        """(row tiles, K chunks, the arrays tc_words reads, flat, in its argument order)."""
+        tiles, chunks1 = self.offsets.shape
+        return tiles, chunks1 - 1, {"words": self.words.view("int32"), "masks": self.masks.reshape(-1).view("int16"),
+                                    "offsets": self.offsets.reshape(-1).view("int32")}
+
+    def to_dense(self) -> np.ndarray:
+        """Decode the way tc_words's lanes do, for every block at once: register j's ballot (the lanes
+        whose mask has bit j), the block's start plus the words of registers < j plus the lanes below
+        keeping word j, a zero where the bit is clear; then tc_dense's fragment order inverted."""
+        tiles, chunks = self.masks.shape[:2]
+        bits = ((self.masks[:, :, None, :].astype(np.uint32) >> np.arange(WORDS_PER_LANE)[:, None]) & 1).astype(bool)
+        per_reg = bits.sum(axis=3)                                      # [tiles, chunks, 16]: popc(ballot)
+        before_reg = np.cumsum(per_reg, axis=2) - per_reg
+        below = np.cumsum(bits, axis=3) - bits                          # popc(ballot & lanes below)
+        start = self.offsets[:, :chunks].astype(np.int64)
+        at = start[:, :, None, None] + before_reg[..., None] + below
+        regs = np.where(bits, self.words[np.minimum(at, self.words.size - 1)], 0).astype(np.uint32)
+        frag = regs.reshape(tiles, chunks, 4, 4, 32).transpose(0, 1, 2, 4, 3)
+        frag = np.ascontiguousarray(frag).view(np.uint16).reshape(tiles, chunks, 4, 32, 8)
+        m, k = self.shape
+        return bits_to_float(_natural_order(frag, CHUNK_K), self.dtype)[:m, :k]

@@ -1,4 +1,4 @@
-"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_bitmap, tc_lanemask, tc_scatter): their shared source compiles for
+"""The decode-tier CUDA templates (tc_dense, tc_sp24, tc_words, tc_bitmap, tc_lanemask, tc_scatter): their shared source compiles for
 sm_90 with every kernel instantiated, the candidates pass the static checks, the launch geometry
 respects the shared-memory budget for every shape and N class, prepare() works without a GPU, and
 (GPU) every template matches an fp64 reference through the harness's verification."""
@@ -18,7 +18,7 @@ from sparseditto.kernel_templates import tc_launch
 from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
 from sparseditto.matrix import SparseMatrix
 
-TEMPLATES = ("tc_dense", "tc_sp24", "tc_bitmap", "tc_lanemask", "tc_scatter")
+TEMPLATES = ("tc_dense", "tc_sp24", "tc_words", "tc_bitmap", "tc_lanemask", "tc_scatter")
 CU_FILE = TEMPLATE_ROOT / "cuda" / "tc_stream.cu"
 gpu = pytest.mark.gpu
 
@@ -72,6 +72,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
+    assert len([e for e in entries if "tc_words" in e]) == 3
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
     assert len([e for e in entries if "tc_scatter_sk" in e]) == 3
@@ -84,6 +85,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
+    ("words", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("bitmap", {"WARPS": 8, "SPLIT": "auto", "RING_KB": 16}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
@@ -468,6 +470,7 @@ def _assemble_sm90a(tmp_path, kernel: str, tail: str, instances: list) -> list:
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}),
+    ("words", {"WARPS": 4, "R": 1, "SPLIT": "auto", "PIPE": 3, "BRING": "auto"}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])
@@ -676,7 +679,7 @@ def test_explicit_split_that_cannot_fit_is_a_clear_error():
 
 
 @pytest.mark.parametrize("name,style", [("tc_dense", "0.3"), ("tc_bitmap", "0.3"), ("tc_sp24", "2:4"),
-                                        ("tc_lanemask", "0.3"), ("tc_scatter", "0.3")])
+                                        ("tc_lanemask", "0.3"), ("tc_scatter", "0.3"), ("tc_words", "0.3")])
 def test_prepare_on_cpu_packs_without_compiling(name, style, tmp_path):
     from sparseditto.harness.source_loader import load_module
 
@@ -709,6 +712,8 @@ def test_sp24_prepare_refuses_unstructured(tmp_path):
     ("tc_lanemask", "0.5", (300, 1000)), ("tc_lanemask", "1.0", (100, 260)), ("tc_lanemask", "2:4", (4096, 4096)),
     ("tc_scatter", "0.5", (300, 1000)), ("tc_scatter", "1.0", (100, 260)), ("tc_scatter", "0.1", (4096, 4096)),
     ("tc_scatter", "0.0", (40, 130)),
+    ("tc_words", "0.5", (300, 1000)), ("tc_words", "1.0", (100, 260)), ("tc_words", "0.1", (4096, 4096)),
+    ("tc_words", "0.0", (40, 130)), ("tc_words", "2:4", (1100, 4160)),
 ])
 def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     from sparseditto.harness.verify import run_and_verify
