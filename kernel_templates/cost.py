@@ -24,8 +24,8 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
-  tc_words      4*words + tiles*chunks*64 (lane masks) + tiles*(chunks+1)*4, words = kept fragment words
-                (two neighbouring values of a row): Mp*Kp/2*(1-(1-d)^2) if the values were placed at random
+  tc_words      4*words + tiles*chunks*(64 + 8) (lane masks, mean padding) + tiles*(chunks+1)*4, words = kept
+                fragment words (two neighbouring values of a row): Mp*Kp/2*(1-(1-d)^2) at random placement
   tc_scatter    (nnz + pads)*(vb+1) + tiles*chunks*20 (step counts, mean 16-byte padding) + tiles*(chunks+1)*4
                 pads = each step's count rounded up to 8, in expectation (binomial count per step)
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
@@ -482,7 +482,7 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_words":
-        return float(4 * kept_words(m, k, nnz) + tiles * chunks * 64 + tiles * (chunks + 1) * 4)
+        return float(4 * kept_words(m, k, nnz) + tiles * chunks * (64 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_scatter":
         pads = tiles * chunks * 4 * scatter_step_padding(nnz / float(max(1, mp * kp)))
         return float((nnz + pads) * (vb + 1) + tiles * chunks * (16 + 4) + tiles * (chunks + 1) * 4)

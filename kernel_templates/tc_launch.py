@@ -29,7 +29,7 @@ UNIT_CHUNKS = 4              # SD_UNIT: blobs per bulk copy in tc_bitmap
 SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
 SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regions (ScatterDecoder::REGION)
-BLOB_RING_KINDS = ("lanemask", "scatter")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
+BLOB_RING_KINDS = ("lanemask", "scatter", "words")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
 STREAM_KINDS = ("scatter",)   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
 SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
@@ -42,7 +42,7 @@ SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
 CLUSTER_MAX = 8               # CTAs per cluster without the non-portable opt-in
 STREAM_MIN_WARPS = 16         # blob-ring kernels: warps per SM an auto split keeps streaming (_auto_split)
 CTAS_PER_SM_TARGET = 2        # auto split without a register count: total CTAs closest to this many per SM
-REGISTER_KINDS = ("dense", "sp24", "words")   # stream_registers kernels: partials alias the B slice
+REGISTER_KINDS = ("dense", "sp24")   # stream_registers kernels: partials alias the B slice
 # An SM's resources (sm_90; the same on sm_80/86/89 except shared memory): what decides how many
 # CTAs of a kernel are resident at once, so how many waves a grid takes.
 SM_REGISTERS = 65536
@@ -233,9 +233,9 @@ def blob_offsets_stride(chunks_per_cta: int) -> int:
 
 
 def blob_decoder_bytes(kind: str, warps: int) -> int:
-    """A blob-ring kernel's decoder bytes (Decoder::EXTRA): tc_lanemask's quad table, or tc_scatter's
-    step fragment regions per warp."""
-    return LUT_BYTES if kind == "lanemask" else warps * SCATTER_REGION_BYTES
+    """A blob-ring kernel's decoder bytes (Decoder::EXTRA): tc_lanemask's quad table, tc_scatter's
+    step fragment regions per warp, none for tc_words."""
+    return {"lanemask": LUT_BYTES, "scatter": warps * SCATTER_REGION_BYTES}.get(kind, 0)
 
 
 def stream_smem_bytes(kind: str, nt: int, warps: int, span: int, nchunks: int, pipe: int, slot_bytes: int) -> int:

@@ -242,6 +242,11 @@ class _BlobFormat:
     def nbytes(self) -> int:
         return int(self.blobs.nbytes + self.offsets.nbytes)
 
+    def slot_bytes(self) -> int:
+        """Bytes of one ring slot: the largest blob (16-byte units, as the kernel copies them)."""
+        sizes = np.diff(self.offsets.astype(np.int64), axis=1)
+        return int(sizes.max(initial=1)) * 16
+
     def kernel_arrays(self) -> tuple[int, int, dict]:
         """(row tiles, K chunks, the arrays the kernel reads, flat, in its argument order)."""
         tiles, chunks1 = self.offsets.shape
@@ -610,11 +615,6 @@ class TCScatter(_BlobFormat):
         buf[positions_at[pad_bs // 4] + pad_slot] = empty[pad_bs].astype(np.uint8)
         return cls(tuple(A.shape), buf, offsets, dtype)
 
-    def slot_bytes(self) -> int:
-        """Bytes of one ring slot: the largest blob (16-byte units, as the kernel copies them)."""
-        sizes = np.diff(self.offsets.astype(np.int64), axis=1)
-        return int(sizes.max(initial=1)) * 16
-
     def to_dense(self) -> np.ndarray:
         """Decode blob by blob the way tc_scatter's warps do: the header's step counts, each value
         stored at its position in the step's fragment region, the region read back lane by lane as
@@ -643,6 +643,7 @@ class TCScatter(_BlobFormat):
 # ---- kept fragment words (tc_words) ---------------------------------------------------------------
 
 WORDS_PER_LANE = 16          # tc_words: a lane's fragment registers per (tile, chunk), as tc_dense's
+WORDS_HEADER = 64            # tc_words: 16 u32 lane masks per blob
 
 
 def fragment_words(frag: np.ndarray) -> np.ndarray:
@@ -653,65 +654,55 @@ def fragment_words(frag: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 3)).reshape(tiles, chunks, WORDS_PER_LANE, 32)
 
 
-@dataclass(frozen=True, eq=False)
-class TCWords:
-    """tc_dense's fragment words with the all-zero ones left out (module docstring of tc_stream.cu's
-    tc_words): per (tile, chunk) a u16 mask per lane and the kept words in register-major order.
+class TCWords(_BlobFormat):
+    """Blobs per (tile, chunk): the 16 lane masks P_j of tc_dense's fragment registers (bit L: lane L
+    keeps register j), then the kept words register-major (module docstring of tc_stream.cu's tc_words).
 
     Why this layout: a word (two neighbouring values of one row) is the unit a lane feeds the tensor
     cores, so keeping or dropping whole words needs no expansion inside a register, and storing the
-    kept words register-major makes the warp's load of one register a contiguous run of memory. It
-    costs 4 bytes per kept word: at 50% unstructured sparsity 3 of 4 words survive (1.28x fewer
-    bytes than dense), at 70% half (1.84x), at 90% a fifth (4.5x)."""
-
-    shape: tuple[int, int]
-    words: np.ndarray         # uint32, the kept words of all blocks back to back (+ one zero word)
-    masks: np.ndarray         # uint16 [tiles, chunks, 32]: bit j = lane's register j kept
-    offsets: np.ndarray       # uint32 [tiles, chunks + 1]: each block's first word in `words`
-    dtype: str
+    kept words register-major makes the warp's read of one register a contiguous run. It costs 4 bytes
+    per kept word + 64 per blob: at 50% unstructured sparsity 3 of 4 words survive (1.28x fewer bytes
+    than dense), at 70% half (1.84x), at 90% a fifth (4.5x)."""
 
     @classmethod
     def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCWords":
-        dense = TCDense.from_matrix(A, dtype)
-        regs = fragment_words(dense.frag)                               # [tiles, chunks, 16, 32]
+        regs = fragment_words(TCDense.from_matrix(A, dtype).frag)      # [tiles, chunks, 16, 32]
         tiles, chunks = regs.shape[:2]
+        nb = tiles * chunks
         kept = regs != 0
-        masks = (kept.astype(np.uint16) << np.arange(WORDS_PER_LANE, dtype=np.uint16)[:, None]).sum(
-            axis=2, dtype=np.uint16)
+        lane_masks = (kept.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=3, dtype=np.uint64)
         counts = kept.sum(axis=(2, 3), dtype=np.int64).ravel()
-        starts = np.zeros(tiles * chunks + 1, dtype=np.int64)
-        np.cumsum(counts, out=starts[1:])
-        if starts[-1] >= 2 ** 32:
-            raise ValueError("tc_words holds at most 2^32 kept words (16 GiB); this matrix has more.")
-        offsets = np.empty((tiles, chunks + 1), dtype=np.int64)
-        offsets[:, :chunks] = starts[:-1].reshape(tiles, chunks)
-        offsets[:, chunks] = starts[1:].reshape(tiles, chunks)[:, -1]
-        words = np.zeros(int(starts[-1]) + 1, dtype=np.uint32)        # a spare zero: never an empty array
-        words[:-1] = regs[kept]                                         # C order: block, register, lane
-        return cls(tuple(A.shape), words, masks, offsets.astype(np.uint32), dtype)
-
-    def nbytes(self) -> int:
-        return int(self.words.nbytes + self.masks.nbytes + self.offsets.nbytes)
-
-    def kernel_arrays(self) -> tuple[int, int, dict]:
-        """(row tiles, K chunks, the arrays tc_words reads, flat, in its argument order)."""
-        tiles, chunks1 = self.offsets.shape
-        return tiles, chunks1 - 1, {"words": self.words.view("int32"), "masks": self.masks.reshape(-1).view("int16"),
-                                    "offsets": self.offsets.reshape(-1).view("int32")}
+        sizes = (WORDS_HEADER + 4 * counts + 15) // 16                  # 16-byte units
+        starts = np.zeros(nb + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
+        as_words = buf.view(np.uint32)
+        as_words[(starts[:-1, None] * 4 + np.arange(WORDS_PER_LANE)).ravel()] = lane_masks.reshape(-1).astype(np.uint32)
+        flat = kept.reshape(nb, -1)
+        first = np.cumsum(counts) - counts                              # kept words before each blob
+        within = np.flatnonzero(flat)                                   # positions in [nb, 512], C order
+        blob = within // (WORDS_PER_LANE * 32)
+        rank = np.arange(within.size) - first[blob]                      # register-major rank in its blob
+        as_words[starts[blob] * 4 + WORDS_HEADER // 4 + rank] = regs.reshape(-1)[within]
+        return cls(tuple(A.shape), buf, blob_offsets(starts, tiles, chunks), dtype)
 
     def to_dense(self) -> np.ndarray:
-        """Decode the way tc_words's lanes do, for every block at once: register j's ballot (the lanes
-        whose mask has bit j), the block's start plus the words of registers < j plus the lanes below
-        keeping word j, a zero where the bit is clear; then tc_dense's fragment order inverted."""
-        tiles, chunks = self.masks.shape[:2]
-        bits = ((self.masks[:, :, None, :].astype(np.uint32) >> np.arange(WORDS_PER_LANE)[:, None]) & 1).astype(bool)
-        per_reg = bits.sum(axis=3)                                      # [tiles, chunks, 16]: popc(ballot)
-        before_reg = np.cumsum(per_reg, axis=2) - per_reg
-        below = np.cumsum(bits, axis=3) - bits                          # popc(ballot & lanes below)
-        start = self.offsets[:, :chunks].astype(np.int64)
-        at = start[:, :, None, None] + before_reg[..., None] + below
-        regs = np.where(bits, self.words[np.minimum(at, self.words.size - 1)], 0).astype(np.uint32)
-        frag = regs.reshape(tiles, chunks, 4, 4, 32).transpose(0, 1, 2, 4, 3)
-        frag = np.ascontiguousarray(frag).view(np.uint16).reshape(tiles, chunks, 4, 32, 8)
+        """Decode blob by blob the way tc_words's lanes do: register j of lane L is kept when bit L of
+        mask P_j is set, and is the word at (words of registers < j) + popc(P_j & lanes below L)."""
+        out, blobs = self._walk()
+        lanes = np.arange(32, dtype=np.int64)
+        frag = np.zeros((WORDS_PER_LANE, 32), dtype=np.uint32)
+        for tile, c, base, _ in blobs:
+            masks = self.blobs[base:base + WORDS_HEADER].view(np.uint32).astype(np.int64)
+            words = self.blobs[base + WORDS_HEADER:].view(np.uint32)
+            start = 0
+            for j in range(WORDS_PER_LANE):
+                keep = (masks[j] >> lanes) & 1 == 1
+                below = np.array([bin(int(masks[j]) & ((1 << L) - 1)).count("1") for L in range(32)])
+                frag[j] = np.where(keep, words[np.where(keep, start + below, 0)], 0)
+                start += int(keep.sum())
+            pieces = frag.reshape(4, 4, 32).transpose(0, 2, 1)            # [piece, lane, word]
+            block = np.ascontiguousarray(pieces).view(np.uint16).reshape(1, 1, 4, 32, 8)
+            out[tile * 16:(tile + 1) * 16, c * 64:(c + 1) * 64] = bits_to_float(_natural_order(block, CHUNK_K), self.dtype)
         m, k = self.shape
-        return bits_to_float(_natural_order(frag, CHUNK_K), self.dtype)[:m, :k]
+        return out[:m, :k]

@@ -352,30 +352,33 @@ def test_scatter_empty_and_full_chunks_decode(density):
 @pytest.mark.parametrize("m,k,density,nm", [(37, 130, 0.5, None), (300, 1000, 0.3, None), (16, 64, 1.0, None),
                                             (129, 4160, 0.1, None), (64, 200, 0.5, (2, 4)), (33, 70, 0.02, None)])
 def test_words_round_trip_through_the_kernels_addressing(m, k, density, nm, dtype):
-    """TCWords decoded as tc_words's lanes address it (ballot of each register's mask bit, the block's
-    start + words of earlier registers + lanes below) gives back the matrix exactly, odd shapes included."""
+    """TCWords decoded as tc_words's lanes address it (mask P_j's bit L, the words of earlier registers
+    plus popc(P_j & lanes below)) gives back the matrix exactly, odd shapes included."""
     A, w = _matrix(m, k, density, 3, dtype, nm)
     fmt = tf.TCWords.from_matrix(A, dtype)
     np.testing.assert_array_equal(fmt.to_dense(), _rounded(w, dtype))
-    tiles, chunks = fmt.masks.shape[:2]
-    assert fmt.offsets.shape == (tiles, chunks + 1) and fmt.words.size == int(fmt.offsets[-1, -1]) + 1
+    tiles, chunks = -(-m // 16), -(-k // 64)
+    assert fmt.offsets.shape == (tiles, chunks + 1) and fmt.blobs.size == int(fmt.offsets[-1, -1]) * 16
 
 
-def test_words_keep_exactly_the_nonzero_fragment_words_in_register_major_order():
-    """Only words with a nonzero half are stored; inside a block they come register by register, lanes
-    ascending, so a warp's load of one register reads one contiguous run."""
+def test_words_blob_holds_lane_masks_then_the_nonzero_words_register_major():
+    """Only words with a nonzero half are stored; inside a blob, after the 16 masks, they come register
+    by register, lanes ascending, so a warp's read of one register is one contiguous run."""
     A, _ = _matrix(16, 64, 0.3, 5)
     fmt = tf.TCWords.from_matrix(A, "float16")
     regs = tf.fragment_words(tf.TCDense.from_matrix(A, "float16").frag)[0, 0]     # [16 registers, 32 lanes]
     expect = [int(regs[j, lane]) for j in range(16) for lane in range(32) if regs[j, lane]]
-    assert fmt.words[:-1].tolist() == expect and all(expect)
-    for lane in range(32):
-        assert int(fmt.masks[0, 0, lane]) == sum(1 << j for j in range(16) if regs[j, lane])
+    words = fmt.blobs.view(np.uint32)
+    assert words[16:16 + len(expect)].tolist() == expect and all(expect)
+    assert not words[16 + len(expect):].any() and fmt.blobs.size == -(-(64 + 4 * len(expect)) // 16) * 16
+    for j in range(16):
+        assert int(words[j]) == sum(1 << lane for lane in range(32) if regs[j, lane])
 
 
 @pytest.mark.parametrize("density,within", [(0.5, 0.01), (0.3, 0.01), (0.1, 0.02)])
 def test_words_cost_bytes_match_the_packed_format(density, within):
-    """cost.tc_bytes for tc_words (kept words at random placement) is within 1-2% of what the format packs."""
+    """cost.tc_bytes for tc_words (kept words at random placement, mean blob padding) is within 1-2% of
+    what the format packs."""
     from sparseditto.kernel_templates.cost import tc_bytes
 
     A, _ = _matrix(256, 1024, density, 9)

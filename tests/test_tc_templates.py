@@ -85,7 +85,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     ("dense", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
-    ("words", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
+    ("words", {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "SLOT_BYTES": 1616}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("bitmap", {"WARPS": 8, "SPLIT": "auto", "RING_KB": 16}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
@@ -100,7 +100,7 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         g = tc_launch.plan_geometry(kind, tiles, nchunks, n, params, 132)
         assert g["smem"] <= tc_launch.SMEM_LIMIT
         gx, split, gz = g["grid"]
-        rows = 1 if kind in ("bitmap", "lanemask", "scatter") else params["R"]
+        rows = 1 if kind in ("bitmap", "lanemask", "scatter", "words") else params["R"]
         assert gx * params["WARPS"] * rows >= tiles
         assert split * g["chunks_per_cta"] >= nchunks and split in tc_launch.SPLIT_CHOICES
         assert gz * 8 * g["nt"] >= n
@@ -470,7 +470,7 @@ def _assemble_sm90a(tmp_path, kernel: str, tail: str, instances: list) -> list:
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}),
-    ("words", {"WARPS": 4, "R": 1, "SPLIT": "auto", "PIPE": 3, "BRING": "auto"}),
+    ("words", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 2112}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])

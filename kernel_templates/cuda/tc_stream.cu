@@ -14,6 +14,9 @@
 //   tc_bitmap  unstructured sparsity: one bit per element plus the kept values, decoded in
 //              registers into mma.sync fragments (a popc rank per 8 elements, a 16-entry lookup
 //              table per 4, PRMT byte selects); 2 bytes per kept value + 1.25 bits per element.
+//   tc_words   unstructured sparsity kept per 32-bit fragment word (two neighbouring values of a row):
+//              the nonzero words register-major and a u16 mask per lane, streamed through a cp.async
+//              ring, each register one ballot, two popcounts and a predicated shared load.
 //   tc_sp24wg / tc_sp24tma  tc_sp24's format on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a)
 //              for N >= 32: B read by the tensor cores from shared memory; staged by every thread
 //              with cp.async (wg) or by the copy engine through a tensor map, A by per-warp bulk
@@ -519,16 +522,12 @@ __device__ __forceinline__ void sp_compute(const u32 (&x)[R][10], u32 bs, int cc
 // c + p computes from buffer p while the loads of chunk c + p + PIPE - 1 are in flight (every buffer
 // index is a compile-time constant).
 
-// A format of stream_registers: WORDS registers per lane and (tile, chunk); SP = B staged in the
-// mma.sp row order; HEAD = words of a per-chunk head loaded one pipeline step before the chunk's body
-// (0: none; load() gets them as h), for formats whose body addresses depend on loaded data.
 struct DenseFmt {
     static constexpr int WORDS = 16;
     static constexpr int SP = 0;
-    static constexpr int HEAD = 0;
     const u16* A;
     const u32* meta;
-    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, const u32 (&h)[1], u32 (&x)[16]) const {
+    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[16]) const {
         dense_load(A, nchunks, tile, c, lane, x);
     }
     template <int BF16, int NT, int R>
@@ -540,65 +539,14 @@ struct DenseFmt {
 struct Sp24Fmt {
     static constexpr int WORDS = 10;
     static constexpr int SP = 1;
-    static constexpr int HEAD = 0;
     const u16* A;
     const u32* meta;
-    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, const u32 (&h)[1], u32 (&x)[10]) const {
+    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, u32 (&x)[10]) const {
         sp_load(A, meta, nchunks, tile, c, lane, x);
     }
     template <int BF16, int NT, int R>
     __device__ __forceinline__ void compute(const u32 (&x)[R][10], u32 bs, int cc, float (&acc)[R][NT][4]) const {
         sp_compute<BF16, NT, R>(x, bs, cc, acc);
-    }
-};
-
-// ---- tc_words: the kept 32-bit fragment words -----------------------------------------------------
-// tc_dense's fragment registers x[0..15] of lane L in block (tile, chunk), with every word whose two
-// values are both zero left out. Per block: a u16 mask per lane (bit j: word j kept) in
-// masks[(tile * nchunks + chunk) * 32 + L], and the kept words from word offsets[tile * (nchunks + 1) +
-// chunk] on, in register-major order: word 0 of every lane that keeps it (lanes ascending), then word 1,
-// ... So the warp's load of register j reads one contiguous run of words (coalesced), and lane L finds
-// its word at start + (words kept in registers < j) + (lanes < L keeping word j): a ballot and two
-// popcounts per register, no shared memory, no scatter. 4 bytes per kept word + 2 bytes per lane and
-// block: at 50 / 70 / 90% unstructured sparsity ~75 / 51 / 19% of the words are kept (1.28 / 1.84 /
-// 4.5x fewer bytes than tc_dense), and the expansion is ~10 instructions per register whatever the
-// sparsity. The head (mask and start) is loaded one pipeline step ahead of the words (HEAD = 2).
-// The word at p when bit `bit` of mask is set, else 0 (a predicated load: no wait for the data here).
-// The bit test is inside the asm (ptxas makes it one LOP3 into a predicate).
-__device__ __forceinline__ u32 ldg_kept_word(const u32* p, u32 mask, u32 bit) {
-    u32 v;
-    asm volatile("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\tand.b32 t, %2, %3;\n\tsetp.ne.u32 q, t, 0;\n\t"
-                 "mov.u32 %0, 0;\n\t@q ld.global.nc.L1::no_allocate.u32 %0, [%1];\n\t}"
-                 : "=r"(v) : "l"(p), "r"(mask), "r"(bit));
-    return v;
-}
-
-struct WordsFmt {
-    static constexpr int WORDS = 16;
-    static constexpr int SP = 0;
-    static constexpr int HEAD = 2;
-    const u32* words;
-    const u16* masks;
-    const u32* offsets;
-    __device__ __forceinline__ void head(int nchunks, int tile, int c, int lane, u32 (&h)[HEAD]) const {
-        h[0] = masks[((long long)tile * nchunks + c) * 32 + lane];
-        h[1] = offsets[(long long)tile * (nchunks + 1) + c];
-    }
-    __device__ __forceinline__ void load(int nchunks, int tile, int c, int lane, const u32 (&h)[HEAD],
-                                         u32 (&x)[16]) const {
-        const u32 mask = h[0], below = (1u << lane) - 1u;
-        u32 start = h[1];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            const u32 lanes = __ballot_sync(0xffffffffu, mask & (1u << j));
-            const u32 at = start + __popc(lanes & below);   // 32-bit: one wide multiply-add per address
-            x[j] = ldg_kept_word(words + at, mask, 1u << j);
-            start += __popc(lanes);
-        }
-    }
-    template <int BF16, int NT, int R>
-    __device__ __forceinline__ void compute(const u32 (&x)[R][16], u32 bs, int cc, float (&acc)[R][NT][4]) const {
-        dense_compute<BF16, NT, R>(x, bs, cc, acc);
     }
 };
 
@@ -620,21 +568,12 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
     const int lane = ww.lane, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0, tile0 = ww.tile0, tile = ww.tile;
     const bool active = ww.active(tiles);
     u32 x[PIPE][R][F::WORDS];
-    // heads (F::HEAD > 0): chunk c's in slot (c - c0) % PIPE, loaded one pipeline step before its body
-    u32 h[PIPE][R][F::HEAD > 0 ? F::HEAD : 1];
     if (active) {
-        if constexpr (F::HEAD > 0) {
-#pragma unroll
-            for (int p = 0; p < PIPE; ++p)
-#pragma unroll
-                for (int rt = 0; rt < R; ++rt)
-                    if (c0 + p < c1 && tile + rt < tiles) fmt.head(nchunks, tile + rt, c0 + p, lane, h[p][rt]);
-        }
 #pragma unroll
         for (int p = 0; p + 1 < PIPE; ++p)
 #pragma unroll
             for (int rt = 0; rt < R; ++rt)
-                if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, h[p][rt], x[p][rt]);
+                if (c0 + p < c1 && tile + rt < tiles) fmt.load(nchunks, tile + rt, c0 + p, lane, x[p][rt]);
     }
     const int nc = c1 - c0;   // the same for every warp of the CTA
     constexpr int SLOT_BYTES = SD_CHUNK * BStride<NT>::bytes;   // one ring slot: a 64-row chunk of B
@@ -680,13 +619,7 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
 #pragma unroll
                         for (int rt = 0; rt < R; ++rt)
                             if (c + p + PIPE - 1 < c1 && tile + rt < tiles)
-                                fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, h[q][rt], x[q][rt]);
-                        if constexpr (F::HEAD > 0) {
-#pragma unroll
-                            for (int rt = 0; rt < R; ++rt)   // slot p held chunk c + p's head, whose body is loaded
-                                if (c + p + PIPE < c1 && tile + rt < tiles)
-                                    fmt.head(nchunks, tile + rt, c + p + PIPE, lane, h[p][rt]);
-                        }
+                                fmt.load(nchunks, tile + rt, c + p + PIPE - 1, lane, x[q][rt]);
                         fmt.template compute<BF16, NT, R>(x[p], bs, cc, acc);
                     }
                 }
@@ -719,16 +652,6 @@ tc_sp24(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __re
     const Sp24Fmt fmt{V, meta};
     stream_registers<Sp24Fmt, BF16, NT, R, WARPS, SPLIT, PIPE, BR>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
                                                                tiles, bvec);
-}
-
-template <int BF16, int NT, int R, int WARPS, int SPLIT, int PIPE, int BR, int MINB>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32, MINB)
-tc_words(const u32* __restrict__ words, const u16* __restrict__ masks, const u32* __restrict__ offsets,
-         const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc,
-         int chunks_per_cta, int tiles, int bvec) {
-    const WordsFmt fmt{words, masks, offsets};
-    stream_registers<WordsFmt, BF16, NT, R, WARPS, SPLIT, PIPE, BR>(fmt, B, C, M, N, K, Kp, ldb, ldc, chunks_per_cta,
-                                                                tiles, bvec);
 }
 
 // ---- tc_sp24 on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a only) -----------------------
@@ -1771,6 +1694,68 @@ tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
     epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
 }
 
+// ---- tc_words --------------------------------------------------------------------------------
+// Unstructured sparsity kept at the granularity of a fragment word: tc_dense's 16 registers per lane
+// and (tile, chunk), each two neighbouring values of one row, with the all-zero words left out. Why:
+// the bitmap and scatter decoders build fragments value by value in shared memory (300-450 warp
+// instructions per 16x64 block on the H200) and stay below cuBLAS at 50-70%; a word is the unit a lane
+// feeds the tensor cores, so keeping or dropping whole words needs no expansion inside a register.
+// Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]:
+//   bytes 0..63: 16 u32 lane masks, P_j's bit L = lane L keeps its register j;
+//   from byte 64: the kept words in register-major order: register 0 of every lane that keeps it
+//   (lanes ascending), then register 1, ...; zero padding to 16 bytes.
+// The warp streams its tile's blobs through blob_stream's cp.async ring; a lane reads the 16 masks
+// (four broadcast 16-byte loads) and for register j reads (a predicated 32-bit shared load) the word
+// at (words of registers < j) + popc(P_j & lanes below it): the warp's load of one register is one
+// contiguous run of shared memory (no bank conflicts beyond its length), and no fragment is scattered,
+// zeroed or read back. Then tc_dense's mma (dense_compute). Masks per register, not per lane: a
+// per-lane u16 mask needed a warp ballot per register, whose predicate ptxas built with a shift, an
+// AND and a compare (~13 instructions per register against ~8 here; nvcc 13.0, SASS counted). 4 bytes per kept word + 64 per blob: at 50 /
+// 70 / 90% random sparsity 3/4, 1/2, 1/5 of the words are kept (1.28 / 1.84 / 4.5x fewer bytes than dense).
+#define SD_WORDS_MASK_BYTES 64
+
+// The shared word at `addr` when bit `bit` of mask is set, else 0 (predicated: a word past the blob,
+// which a clear bit may point at, is never read). The bit test inside the asm is one LOP3 (ptxas).
+__device__ __forceinline__ u32 lds_kept_word(u32 addr, u32 mask, u32 bit) {
+    u32 v;
+    asm volatile("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\tand.b32 t, %2, %3;\n\tsetp.ne.u32 q, t, 0;\n\t"
+                 "mov.u32 %0, 0;\n\t@q ld.shared.u32 %0, [%1];\n\t}" : "=r"(v) : "r"(addr), "r"(mask), "r"(bit));
+    return v;
+}
+
+struct WordsDecoder {
+    static constexpr int EXTRA = 0;
+    u32 bit, below;   // this lane's bit, the lanes below it
+    __device__ __forceinline__ WordsDecoder(unsigned char*, int, int lane) : bit(1u << lane), below((1u << lane) - 1u) {}
+    template <int BF16, int NT>
+    __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
+        u32 lanes[16];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const uint4 m = reinterpret_cast<const uint4*>(slot)[q];
+            lanes[4 * q] = m.x; lanes[4 * q + 1] = m.y; lanes[4 * q + 2] = m.z; lanes[4 * q + 3] = m.w;
+        }
+        const u32 words = smem_addr(slot) + SD_WORDS_MASK_BYTES;
+        u32 x[1][16];
+        u32 start = 0;   // words of the registers before j
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            x[0][j] = lds_kept_word(words + 4u * (start + __popc(lanes[j] & below)), lanes[j], bit);
+            start += __popc(lanes[j]);
+        }
+        dense_compute<BF16, NT, 1>(x, bs, i, acc);
+    }
+};
+
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_words(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+         u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+         int tiles, int bvec, int slot_bytes) {
+    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, WordsDecoder>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                            chunks_per_cta, tiles, bvec, slot_bytes);
+}
+
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
 // Why: with the cluster split (blob_stream) a CTA streams only 8-16 blobs per warp, and on the H200
 // (session 33, ncu, tc_scatter 11008x4096 70% N = 8, split 8) a quarter of the stall samples sat on the
@@ -1928,9 +1913,6 @@ tc_scatter_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
     const u16*, const u16*, u16*, SD_TAIL);
 #define SD_SP(BF, NT, R, W, S, P, BR) template __global__ void tc_sp24<BF, NT, R, W, S, P, BR, 0>( \
     const u16*, const u32*, const u16*, u16*, SD_TAIL);
-#define SD_WD(BF, NT, R, W, S, P, BR) template __global__ void tc_words<BF, NT, R, W, S, P, BR, 0>( \
-    const u32*, const u16*, const u32*, const u16*, u16*, SD_TAIL);
-SD_WD(0, 1, 1, 8, 8, 2, 0) SD_WD(1, 2, 1, 8, 4, 3, 0) SD_WD(0, 8, 2, 4, 1, 2, 4)
 #define SD_BM(BF, NT, W, S, RK) template __global__ void tc_bitmap<BF, NT, W, S, RK>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_DENSE(0, 2, 2, 8, 4, 2, 0) SD_DENSE(1, 1, 1, 8, 1, 4, 3) SD_DENSE(0, 8, 1, 4, 8, 3, 0)
@@ -1952,6 +1934,9 @@ SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2
 #define SD_SC(BF, NT, W, S, P) template __global__ void tc_scatter<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2, 2)
+#define SD_WD(BF, NT, W, S, P) template __global__ void tc_words<BF, NT, W, S, P>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_WD(0, 1, 8, 8, 3) SD_WD(1, 2, 4, 4, 4) SD_WD(0, 8, 8, 2, 2)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

@@ -1,34 +1,36 @@
 """Unstructured SpMM at decode widths that keeps or drops whole tensor-core fragment words.
 
 Why this template exists: the bitmap and scatter kernels (tc_lanemask, tc_scatter) expand kept
-values into mma fragments through shared memory and spend 300-450 warp instructions per 16x64 block
-doing it, so on the H200 they stay below cuBLAS at 50-70% sparsity (0.64-0.98x at N = 8-16) however
-few bytes they read. A lane's A fragment is 16 32-bit words (tc_dense's registers), each holding two
-neighbouring values of one row; at 70% unstructured sparsity half of those words are all zero. This
-format stores only the nonzero words, register-major (word j of every lane that keeps it, lanes in
-order), with a 16-bit mask per lane, so a warp fills register j with one coalesced, predicated load
-at an address from a ballot and two popcounts: no shared memory, no scatter, no zeroing, ~12
-instructions per register whatever the sparsity. Bytes: 4 per kept word, 1.28 / 1.84 / 4.5x fewer
-than dense at 50 / 70 / 90% random sparsity (cost.kept_words); per-row magnitude pruning keeps
-words like random placement does.
+values into mma fragments value by value in shared memory and spend 300-450 warp instructions per
+16x64 block doing it, so on the H200 they stay below cuBLAS at 50-70% sparsity (0.64-0.98x at N =
+8-16) however few bytes they read. A lane's A fragment is 16 32-bit words (tc_dense's registers),
+each two neighbouring values of one row; at 70% unstructured sparsity half of those words are all
+zero. This format stores only the nonzero words, register-major (word j of every lane that keeps
+it, lanes in order) behind 16 lane masks, so a lane fills register j with one predicated shared
+load at (words of earlier registers) + popc(mask_j & lanes below): ~9 instructions per register
+whatever the sparsity, no scatter, no zeroing, no read-back. Bytes: 4 per kept word + 64 per block,
+1.28 / 1.84 / 4.5x fewer than dense at 50 / 70 / 90% random sparsity (cost.kept_words); per-row
+magnitude pruning keeps words as random placement does.
 
-Layout (sparseditto.tc_formats.TCWords) and the kernel (tc_words in tc_stream.cu): tc_dense's
-skeleton (stream_registers: a warp per 16-row tile and K slice, PIPE - 1 chunks of registers in
-flight, B's K slice staged in shared memory, split-K over a thread-block cluster with the
-deterministic DSMEM reduction), with a per-chunk head (the lane's mask and the block's first word)
-loaded one pipeline step ahead of the words.
+Layout (sparseditto.tc_formats.TCWords) and the kernel (tc_words in tc_stream.cu): tc_lanemask's and
+tc_scatter's blob ring (blob_stream: a warp per 16-row tile and K slice, its blobs copied into a
+per-warp cp.async ring PIPE - 1 ahead, B's K slice staged in shared memory, split-K over a
+thread-block cluster with the deterministic DSMEM reduction), a decoder of ~160 instructions per
+block, then tc_dense's mma.
+A first version loaded the kept words straight from global memory into registers (stream_registers,
+a per-lane mask and a ballot per register): correct on the H200, but one chunk in flight per warp
+made it latency-bound at ~40 us on 11008x4096 whatever the sparsity (0.6x cuBLAS; docs/kernels.md).
 """
 META = {
     "name": "tc_words",
     "backend": "cuda",
     "format": "tc_words",
-    "description": "kept 32-bit fragment words loaded straight into mma.sync registers (ballot + popc addressing), "
+    "description": "kept 32-bit fragment words through a cp.async ring into mma.sync registers (popc addressing), "
                    "split-K over a CTA cluster",
-    "params": {"WARPS": [4, 8, 16], "R": [1, 2], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4],
-               "BRING": ["auto", 0, 2, 3, 4], "MINB": [0, 2, 3, 4]},
-    # tc_dense's defaults (the same skeleton); not yet tuned on a GPU
-    "defaults": {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto", "MINB": 0},
-    "grid": [{}, {"PIPE": 3}, {"WARPS": 4}],
+    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6]},
+    # tc_scatter's defaults (the same ring); not yet tuned on a GPU
+    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3},
+    "grid": [{}, {"WARPS": 8}, {"PIPE": 4}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
     "dtypes": ["float16", "bfloat16"],
@@ -42,7 +44,7 @@ from sparseditto.tc_formats import TCWords
 
 
 def prepare(A, dtype, device) -> dict:
-    """The kept fragment words, lane masks and block offsets on `device`, and the compiled kernels."""
+    """The packed blobs (lane masks + kept words) and their offsets on `device`, and the compiled kernels."""
     return prepare_format("words", TCWords, A, dtype, device, PARAMS, CUDA_SRC)
 
 

@@ -1,10 +1,10 @@
 """tc_words's planning knowledge: any pattern with zero fragment words, at decode widths; its bytes
-are 4 per kept word (two neighbouring values of a row), its work ~12 instructions per fragment
-register whatever the sparsity.
+are 4 per kept word (two neighbouring values of a row) + 64 per block, its work ~9 instructions per
+fragment register whatever the sparsity.
 
-Not yet measured on a GPU: the decode floor below is tc_dense's measured stream floor (the same
-skeleton, the same registers and mma per block) and the estimate is otherwise the byte roofline, as
-for every template; the measured time decides.
+Not yet measured on a GPU in this form (the blob ring): the decode floor below is tc_dense's measured
+stream floor (the same registers and mma per block) and the estimate is otherwise the byte roofline,
+as for every template; the measured time decides.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, kept_word
                                                tc_n_blocks, tc_stream_floor_s)
 
 APPLICABILITY = "any pattern with some all-zero pairs of neighbouring values; fp16/bf16"
-COST_MODEL = ("bytes = 4*kept words + tiles*chunks*64 + offsets + B + C per block of 64 columns of N "
+COST_MODEL = ("bytes = 4*kept words + tiles*chunks*72 + offsets + B + C per block of 64 columns of N "
               "(kept words = Mp*Kp/2*(1-(1-d)^2) at random placement); floor = tc_dense's stream floor")
 
 
@@ -25,11 +25,11 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"PIPE": 3}, {"WARPS": 4}]
+    return [{}, {"WARPS": 8}, {"PIPE": 4}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     return CostTerms(a_bytes=tc_n_blocks(n) * tc_bytes("tc_words", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
                      flops=tc_flops(stats.m, stats.k, n), unit="tensor",
                      decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
-                     notes=["kept fragment words, register-major; lane masks; ballot + popc addressing"])
+                     notes=["kept fragment words, register-major, behind 16 lane masks per block; popc addressing"])
