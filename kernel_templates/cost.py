@@ -24,8 +24,9 @@ Bytes of A per format (value bytes vb = 2 for fp16/bf16, 4 for fp32; identical t
   tc_sp24       Mp*Kp/2*vb + tiles*chunks*128 (mma.sp metadata)            sparseditto.tc_formats)
   tc_bitmap     nnz*vb + tiles*chunks*184 (headers, mean padding) + tiles*(chunks+1)*4
   tc_lanemask   nnz*vb + tiles*chunks*136 (lane words, mean padding) + tiles*(chunks+1)*4
-  tc_words      4*words + tiles*chunks*(64 + 8) (lane masks, mean padding) + tiles*(chunks+1)*4, words = kept
-                fragment words (two neighbouring values of a row): Mp*Kp/2*(1-(1-d)^2) at random placement
+  tc_words      4*U*units + tiles*chunks*(head + 8) + tiles*(chunks+1)*4, units = kept fragment units of U
+                registers (2U neighbouring values of a row): Mp*Kp/(2U)*(1-(1-d)^(2U)) at random placement,
+                head = 16/U masks and bases rounded to 16 bytes (96 at U = 1, 48 at U = 2)
   tc_scatter    (nnz + pads)*(vb+1) + tiles*chunks*20 (step counts, mean 16-byte padding) + tiles*(chunks+1)*4
                 pads = each step's count rounded up to 8, in expectation (binomial count per step)
   delta_slices  slots*(vb + bits/8) + M*L*4 + (M+1)*4   slots = nonzeros + gap fillers, padded to 8*L
@@ -56,7 +57,7 @@ from pydantic import BaseModel
 from sparseditto.delta_format import LANE_CHOICES as DELTA_LANES, LANE_WASTE as DELTA_LANE_WASTE
 from sparseditto.delta_format import lanes_floor as delta_lanes_floor  # noqa: F401 - delta_spmv's planning
 from sparseditto.delta_format import packing_score as delta_packing_score
-from sparseditto.tc_formats import SCATTER_GROUP, SCATTER_STEP_HALVES
+from sparseditto.tc_formats import SCATTER_GROUP, SCATTER_STEP_HALVES, words_header_bytes
 
 VALUE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 LAUNCH_S = 2.5e-6            # one kernel launch, eager (DESIGN: ~2-4 us)
@@ -458,13 +459,22 @@ def scatter_step_padding(density: float) -> float:
     return total
 
 
-def kept_words(m: int, k: int, nnz: int) -> float:
-    """Expected 32-bit fragment words (pairs of neighbouring columns of one row) holding a kept value,
-    padded as tc_words packs them, if the kept values sat at random: Mp*Kp/2 * (1 - (1-d)^2). Patterns
-    that keep neighbours together (2:4 pairs, blocks) keep fewer words; the packed bytes are exact."""
+def kept_words(m: int, k: int, nnz: int, unit: int = 1) -> float:
+    """Expected tc_words units (`unit` 32-bit fragment words: 2 * unit neighbouring columns of one row)
+    holding a kept value, padded as tc_words packs them, if the kept values sat at random:
+    Mp*Kp/(2 unit) * (1 - (1-d)^(2 unit)). Patterns that keep neighbours together (2:4 pairs, blocks)
+    keep fewer; the packed bytes are exact."""
     mp, kp = round_up(m, 16), round_up(k, 64)
     d = min(1.0, nnz / float(max(1, m * k)))
-    return mp * kp / 2.0 * (1.0 - (1.0 - d) ** 2)
+    return mp * kp / (2.0 * unit) * (1.0 - (1.0 - d) ** (2 * unit))
+
+
+def words_bytes(m: int, k: int, nnz: int, unit: int = 1) -> float:
+    """tc_words' bytes of A: 4 * unit per kept unit, the blob headers (16 / unit masks and bases, to 16
+    bytes) with their mean 8-byte padding, the offsets."""
+    tiles, chunks = round_up(m, 16) // 16, round_up(k, 64) // 64
+    head = words_header_bytes(unit)
+    return float(4 * unit * kept_words(m, k, nnz, unit) + tiles * chunks * (head + 8) + tiles * (chunks + 1) * 4)
 
 
 def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
@@ -482,7 +492,7 @@ def tc_bytes(fmt: str, m: int, k: int, nnz: int, vb: int) -> float:
     if fmt == "tc_lanemask":
         return float(nnz * vb + tiles * chunks * (128 + 8) + tiles * (chunks + 1) * 4)
     if fmt == "tc_words":
-        return float(4 * kept_words(m, k, nnz) + tiles * chunks * (64 + 8) + tiles * (chunks + 1) * 4)
+        return words_bytes(m, k, nnz)
     if fmt == "tc_scatter":
         pads = tiles * chunks * 4 * scatter_step_padding(nnz / float(max(1, mp * kp)))
         return float((nnz + pads) * (vb + 1) + tiles * chunks * (16 + 4) + tiles * (chunks + 1) * 4)

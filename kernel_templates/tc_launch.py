@@ -472,7 +472,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
-            "mcast": mcast}
+            "mcast": mcast, "unit": int(params.get("UNIT", 1)) if kind == "words" else 1}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
@@ -482,6 +482,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
         return f"tc_{kind}_sk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['pipe']}>"
     if geom.get("load") == "reg":
         return f"tc_{kind}_rg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}>"
+    if kind == "words":
+        return f"tc_words<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}>"
     if kind in BLOB_RING_KINDS:
         return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
@@ -640,11 +642,12 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
             "cuda_src": cuda_src, "scratch": {}}
 
 
-def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str) -> dict:
-    """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class) in the
-    dtype's bits, move its kernel arrays to `device` and compile what the launches can reach."""
+def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str, pack_args: tuple = ()) -> dict:
+    """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class; `pack_args`
+    after the dtype, e.g. tc_words' unit) in the dtype's bits, move its kernel arrays to `device` and
+    compile what the launches can reach."""
     dt = torch_dtype(dtype)
-    fmt = fmt_cls.from_matrix(A, dtype_name(dt))
+    fmt = fmt_cls.from_matrix(A, dtype_name(dt), *pack_args)
     tiles, chunks, arrays = fmt.kernel_arrays()
     floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
     slot = fmt.slot_bytes() if kind in BLOB_RING_KINDS else 0

@@ -640,10 +640,16 @@ class TCScatter(_BlobFormat):
         return out[:m, :k]
 
 
-# ---- kept fragment words (tc_words) ---------------------------------------------------------------
+# ---- kept fragment units (tc_words) --------------------------------------------------------------
 
 WORDS_PER_LANE = 16          # tc_words: a lane's fragment registers per (tile, chunk), as tc_dense's
-WORDS_HEADER = 64            # tc_words: 16 u32 lane masks per blob
+WORDS_UNITS = (1, 2)         # tc_words' UNIT: fragment registers per kept-or-dropped unit
+
+
+def words_header_bytes(unit: int) -> int:
+    """tc_words' blob header (WordsLayout<UNIT>::HEAD): 16 / unit u32 lane masks and as many u16 bases,
+    rounded up to 16 bytes."""
+    return (16 // unit * 6 + 15) // 16 * 16
 
 
 def fragment_words(frag: np.ndarray) -> np.ndarray:
@@ -654,53 +660,64 @@ def fragment_words(frag: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 3)).reshape(tiles, chunks, WORDS_PER_LANE, 32)
 
 
+@dataclass(frozen=True, eq=False)
 class TCWords(_BlobFormat):
-    """Blobs per (tile, chunk): the 16 lane masks P_j of tc_dense's fragment registers (bit L: lane L
-    keeps register j), then the kept words register-major (module docstring of tc_stream.cu's tc_words).
+    """Blobs per (tile, chunk): per fragment unit u (one register, or registers 2u and 2u+1) a lane mask
+    (bit L: lane L keeps its unit u) and the unit's base, then the kept units unit-major (module
+    docstring of tc_stream.cu's tc_words).
 
-    Why this layout: a word (two neighbouring values of one row) is the unit a lane feeds the tensor
-    cores, so keeping or dropping whole words needs no expansion inside a register, and storing the
-    kept words register-major makes the warp's read of one register a contiguous run. It costs 4 bytes
-    per kept word + 64 per blob: at 50% unstructured sparsity 3 of 4 words survive (1.28x fewer bytes
-    than dense), at 70% half (1.84x), at 90% a fifth (4.5x)."""
+    Why this layout: a unit is what a lane feeds the tensor cores, so keeping or dropping whole units
+    needs no expansion inside a register, and storing the kept units unit-major makes the warp's read
+    of one unit a contiguous run. One-register units cost 4 bytes per kept word: at 50% unstructured
+    sparsity 3 of 4 words survive (1.28x fewer bytes than dense), at 70% half (1.84x), at 90% a fifth
+    (4.5x); two-register units halve the decode for more bytes (1.06 / 1.3 / 2.9x)."""
+
+    unit: int = 1
 
     @classmethod
-    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16") -> "TCWords":
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16", unit: int = 1) -> "TCWords":
+        if unit not in WORDS_UNITS:
+            raise ValueError(f"tc_words keeps units of {WORDS_UNITS} fragment registers, got UNIT={unit!r}.")
         regs = fragment_words(TCDense.from_matrix(A, dtype).frag)      # [tiles, chunks, 16, 32]
         tiles, chunks = regs.shape[:2]
-        nb = tiles * chunks
-        kept = regs != 0
+        nb, nu, head = tiles * chunks, WORDS_PER_LANE // unit, words_header_bytes(unit)
+        if unit == 2:   # registers 2u (low word) and 2u + 1 as one little-endian 8-byte unit
+            regs = regs[:, :, 0::2].astype(np.uint64) | (regs[:, :, 1::2].astype(np.uint64) << np.uint64(32))
+        kept = regs != 0                                                # [tiles, chunks, nu, 32]
         lane_masks = (kept.astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=3, dtype=np.uint64)
-        counts = kept.sum(axis=(2, 3), dtype=np.int64).ravel()
-        sizes = (WORDS_HEADER + 4 * counts + 15) // 16                  # 16-byte units
+        per_unit = kept.sum(axis=3, dtype=np.int64).reshape(nb, nu)
+        bases = np.cumsum(per_unit, axis=1) - per_unit
+        counts = per_unit.sum(axis=1)
+        sizes = (head + 4 * unit * counts + 15) // 16                  # 16-byte units
         starts = np.zeros(nb + 1, dtype=np.int64)
         np.cumsum(sizes, out=starts[1:])
         buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
-        as_words = buf.view(np.uint32)
-        as_words[(starts[:-1, None] * 4 + np.arange(WORDS_PER_LANE)).ravel()] = lane_masks.reshape(-1).astype(np.uint32)
-        flat = kept.reshape(nb, -1)
-        first = np.cumsum(counts) - counts                              # kept words before each blob
-        within = np.flatnonzero(flat)                                   # positions in [nb, 512], C order
-        blob = within // (WORDS_PER_LANE * 32)
-        rank = np.arange(within.size) - first[blob]                      # register-major rank in its blob
-        as_words[starts[blob] * 4 + WORDS_HEADER // 4 + rank] = regs.reshape(-1)[within]
-        return cls(tuple(A.shape), buf, blob_offsets(starts, tiles, chunks), dtype)
+        buf.view(np.uint32)[(starts[:-1, None] * 4 + np.arange(nu)).ravel()] = lane_masks.reshape(-1).astype(np.uint32)
+        buf.view(np.uint16)[(starts[:-1, None] * 8 + 2 * nu + np.arange(nu)).ravel()] = bases.reshape(-1).astype(np.uint16)
+        within = np.flatnonzero(kept.reshape(nb, -1))                   # [nb, nu * 32], C order: unit-major
+        blob = within // (nu * 32)
+        rank = np.arange(within.size) - (np.cumsum(counts) - counts)[blob]
+        store = buf.view(np.uint32 if unit == 1 else np.uint64)
+        store[starts[blob] * 16 // (4 * unit) + head // (4 * unit) + rank] = regs.reshape(-1)[within]
+        return cls(tuple(A.shape), buf, blob_offsets(starts, tiles, chunks), dtype, unit)
 
     def to_dense(self) -> np.ndarray:
-        """Decode blob by blob the way tc_words's lanes do: register j of lane L is kept when bit L of
-        mask P_j is set, and is the word at (words of registers < j) + popc(P_j & lanes below L)."""
+        """Decode blob by blob the way tc_words's lanes do: unit u of lane L is kept when bit L of mask
+        u is set, and is the unit at base_u + popc(mask_u & lanes below L) after the header."""
         out, blobs = self._walk()
-        lanes = np.arange(32, dtype=np.int64)
-        frag = np.zeros((WORDS_PER_LANE, 32), dtype=np.uint32)
+        nu, head = WORDS_PER_LANE // self.unit, words_header_bytes(self.unit)
+        below = np.array([(1 << lane) - 1 for lane in range(32)], dtype=np.int64)
         for tile, c, base, _ in blobs:
-            masks = self.blobs[base:base + WORDS_HEADER].view(np.uint32).astype(np.int64)
-            words = self.blobs[base + WORDS_HEADER:].view(np.uint32)
-            start = 0
-            for j in range(WORDS_PER_LANE):
-                keep = (masks[j] >> lanes) & 1 == 1
-                below = np.array([bin(int(masks[j]) & ((1 << L) - 1)).count("1") for L in range(32)])
-                frag[j] = np.where(keep, words[np.where(keep, start + below, 0)], 0)
-                start += int(keep.sum())
+            masks = self.blobs[base:base + 4 * nu].view(np.uint32).astype(np.int64)
+            bases = self.blobs[base + 4 * nu:base + 6 * nu].view(np.uint16).astype(np.int64)
+            units = self.blobs[base + head:].view(np.uint32 if self.unit == 1 else np.uint64)
+            regs = np.zeros((nu, 32), dtype=units.dtype)
+            for u in range(nu):
+                keep = (masks[u] >> np.arange(32)) & 1 == 1
+                rank = np.array([bin(int(masks[u] & b)).count("1") for b in below])
+                regs[u] = np.where(keep, units[np.where(keep, bases[u] + rank, 0)], 0)
+            frag = regs.view(np.uint32).reshape(WORDS_PER_LANE, 32) if self.unit == 1 else \
+                np.stack([regs & 0xFFFFFFFF, regs >> 32], axis=1).astype(np.uint32).reshape(WORDS_PER_LANE, 32)
             pieces = frag.reshape(4, 4, 32).transpose(0, 2, 1)            # [piece, lane, word]
             block = np.ascontiguousarray(pieces).view(np.uint16).reshape(1, 1, 4, 32, 8)
             out[tile * 16:(tile + 1) * 16, c * 64:(c + 1) * 64] = bits_to_float(_natural_order(block, CHUNK_K), self.dtype)

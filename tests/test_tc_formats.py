@@ -348,39 +348,60 @@ def test_scatter_empty_and_full_chunks_decode(density):
 
 # ---- tc_words -------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("unit", [1, 2])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("m,k,density,nm", [(37, 130, 0.5, None), (300, 1000, 0.3, None), (16, 64, 1.0, None),
                                             (129, 4160, 0.1, None), (64, 200, 0.5, (2, 4)), (33, 70, 0.02, None)])
-def test_words_round_trip_through_the_kernels_addressing(m, k, density, nm, dtype):
-    """TCWords decoded as tc_words's lanes address it (mask P_j's bit L, the words of earlier registers
-    plus popc(P_j & lanes below)) gives back the matrix exactly, odd shapes included."""
+def test_words_round_trip_through_the_kernels_addressing(m, k, density, nm, dtype, unit):
+    """TCWords decoded as tc_words's lanes address it (mask u's bit L, the unit's stored base plus
+    popc(mask_u & lanes below)) gives back the matrix exactly, odd shapes included, both unit sizes."""
     A, w = _matrix(m, k, density, 3, dtype, nm)
-    fmt = tf.TCWords.from_matrix(A, dtype)
+    fmt = tf.TCWords.from_matrix(A, dtype, unit)
     np.testing.assert_array_equal(fmt.to_dense(), _rounded(w, dtype))
     tiles, chunks = -(-m // 16), -(-k // 64)
     assert fmt.offsets.shape == (tiles, chunks + 1) and fmt.blobs.size == int(fmt.offsets[-1, -1]) * 16
 
 
-def test_words_blob_holds_lane_masks_then_the_nonzero_words_register_major():
-    """Only words with a nonzero half are stored; inside a blob, after the 16 masks, they come register
-    by register, lanes ascending, so a warp's read of one register is one contiguous run."""
+def test_words_blob_holds_lane_masks_bases_then_the_nonzero_words_register_major():
+    """Only words with a nonzero half are stored; inside a blob, after the 16 masks and 16 u16 bases
+    (96 bytes), they come register by register, lanes ascending, so a warp's read of one register is
+    one contiguous run starting at the register's base."""
     A, _ = _matrix(16, 64, 0.3, 5)
     fmt = tf.TCWords.from_matrix(A, "float16")
     regs = tf.fragment_words(tf.TCDense.from_matrix(A, "float16").frag)[0, 0]     # [16 registers, 32 lanes]
     expect = [int(regs[j, lane]) for j in range(16) for lane in range(32) if regs[j, lane]]
     words = fmt.blobs.view(np.uint32)
-    assert words[16:16 + len(expect)].tolist() == expect and all(expect)
-    assert not words[16 + len(expect):].any() and fmt.blobs.size == -(-(64 + 4 * len(expect)) // 16) * 16
+    assert tf.words_header_bytes(1) == 96 and tf.words_header_bytes(2) == 48
+    assert words[24:24 + len(expect)].tolist() == expect and all(expect)
+    assert not words[24 + len(expect):].any() and fmt.blobs.size == -(-(96 + 4 * len(expect)) // 16) * 16
+    bases = fmt.blobs[64:96].view(np.uint16)
     for j in range(16):
         assert int(words[j]) == sum(1 << lane for lane in range(32) if regs[j, lane])
+        assert int(bases[j]) == int((regs[:j] != 0).sum())
 
 
+def test_words_two_register_units_hold_four_neighbouring_values_of_a_row():
+    """UNIT 2 keeps registers 2u and 2u + 1 of a lane (values 4s..4s+3 of row g or g + 8 in the permuted
+    chunk) as one 8-byte unit, the low word first, wherever either is nonzero."""
+    A, _ = _matrix(16, 64, 0.2, 6)
+    fmt = tf.TCWords.from_matrix(A, "float16", 2)
+    regs = tf.fragment_words(tf.TCDense.from_matrix(A, "float16").frag)[0, 0]
+    expect = [(int(regs[2 * u, lane]), int(regs[2 * u + 1, lane])) for u in range(8) for lane in range(32)
+              if regs[2 * u, lane] or regs[2 * u + 1, lane]]
+    units = fmt.blobs[48:48 + 8 * len(expect)].view(np.uint32).reshape(-1, 2)
+    assert [tuple(int(x) for x in pair) for pair in units] == expect
+    with pytest.raises(ValueError, match="UNIT=3"):
+        tf.TCWords.from_matrix(A, "float16", 3)
+
+
+@pytest.mark.parametrize("unit", [1, 2])
 @pytest.mark.parametrize("density,within", [(0.5, 0.01), (0.3, 0.01), (0.1, 0.02)])
-def test_words_cost_bytes_match_the_packed_format(density, within):
-    """cost.tc_bytes for tc_words (kept words at random placement, mean blob padding) is within 1-2% of
-    what the format packs."""
-    from sparseditto.kernel_templates.cost import tc_bytes
+def test_words_cost_bytes_match_the_packed_format(density, within, unit):
+    """cost.words_bytes (kept units at random placement, mean blob padding) is within 1-2% of what the
+    format packs, for both unit sizes; tc_bytes("tc_words") is the one-register case."""
+    from sparseditto.kernel_templates.cost import tc_bytes, words_bytes
 
     A, _ = _matrix(256, 1024, density, 9)
-    packed = tf.TCWords.from_matrix(A, "float16").nbytes()
-    assert abs(tc_bytes("tc_words", 256, 1024, A.nnz, 2) / packed - 1.0) < within
+    packed = tf.TCWords.from_matrix(A, "float16", unit).nbytes()
+    assert abs(words_bytes(256, 1024, A.nnz, unit) / packed - 1.0) < within
+    assert tc_bytes("tc_words", 256, 1024, A.nnz, 2) == words_bytes(256, 1024, A.nnz, 1)

@@ -72,7 +72,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
-    assert len([e for e in entries if "tc_words" in e]) == 3
+    assert len([e for e in entries if "tc_words" in e]) == 4
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
     assert len([e for e in entries if "tc_scatter_sk" in e]) == 3
@@ -109,6 +109,8 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
                                                  params.get("PIPE", 0), params.get("SLOT_BYTES", 0))
         name = tc_launch.kernel_name(kind, 0, g)
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
+        if kind == "words":
+            assert name.endswith(f", {params.get('UNIT', 1)}>")
 
 
 def test_blob_ring_auto_split_keeps_enough_warps_streaming():
@@ -470,7 +472,7 @@ def _assemble_sm90a(tmp_path, kernel: str, tail: str, instances: list) -> list:
     ("dense", {"WARPS": 8, "R": 2, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2}),
     ("sp24", {"WARPS": 8, "R": 1, "SPLIT": "auto", "PIPE": 2, "BRING": "auto"}),
-    ("words", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 2112}),
+    ("words", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 2112, "UNIT": 2}),
     ("bitmap", {"WARPS": 4, "SPLIT": "auto", "RING_KB": 8}),
     ("lanemask", {"WARPS": 8, "SPLIT": "auto", "PIPE": 4, "SLOT_BYTES": 1312}),
 ])
@@ -728,30 +730,32 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
 
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("params,style,shape", [
-    ({"SCHED": "stream"}, "0.5", (300, 1000)), ({"SCHED": "stream"}, "1.0", (100, 260)),
-    ({"SCHED": "stream"}, "0.1", (4096, 4096)), ({"SCHED": "stream"}, "0.0", (40, 130)),
-    ({"SCHED": "stream", "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
-    ({"SCHED": "stream", "WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
-    ({"SCHED": "stream"}, "0.3", (80000, 128)),
-    ({"LOAD": "reg"}, "0.5", (300, 1000)), ({"LOAD": "reg"}, "1.0", (100, 260)),
-    ({"LOAD": "reg"}, "0.1", (4096, 4096)), ({"LOAD": "reg"}, "0.0", (40, 130)),
-    ({"LOAD": "reg", "WARPS": 8, "SPLIT": 2}, "0.3", (1100, 4160)),
+@pytest.mark.parametrize("name,params,style,shape", [
+    ("tc_scatter", {"SCHED": "stream"}, "0.5", (300, 1000)), ("tc_scatter", {"SCHED": "stream"}, "1.0", (100, 260)),
+    ("tc_scatter", {"SCHED": "stream"}, "0.1", (4096, 4096)), ("tc_scatter", {"SCHED": "stream"}, "0.0", (40, 130)),
+    ("tc_scatter", {"SCHED": "stream", "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
+    ("tc_scatter", {"SCHED": "stream", "WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
+    ("tc_scatter", {"SCHED": "stream"}, "0.3", (80000, 128)),
+    ("tc_scatter", {"LOAD": "reg"}, "0.5", (300, 1000)), ("tc_scatter", {"LOAD": "reg"}, "1.0", (100, 260)),
+    ("tc_scatter", {"LOAD": "reg"}, "0.1", (4096, 4096)), ("tc_scatter", {"LOAD": "reg"}, "0.0", (40, 130)),
+    ("tc_scatter", {"LOAD": "reg", "WARPS": 8, "SPLIT": 2}, "0.3", (1100, 4160)),
+    ("tc_words", {"UNIT": 2}, "0.5", (300, 1000)), ("tc_words", {"UNIT": 2}, "1.0", (100, 260)),
+    ("tc_words", {"UNIT": 2}, "0.1", (4096, 4096)), ("tc_words", {"UNIT": 2, "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
+    ("tc_words", {"WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
 ])
-def test_gpu_scatter_schedules_and_loads_verify_against_fp64(params, style, shape, dtype):
-    """tc_scatter's stream-K schedule and its register-load kernel (LOAD="reg", added with the 80000x128
-    case after session 33's device time: their first GPU run is the next session's). Stream-K: groups split between many CTAs (a 40x130 matrix has 3 chunks
-    and gets a CTA per item), rows past the last tile, K not a multiple of the chunk, wide N in n
-    blocks (N = 129: three), the counters left at zero for the next call (the verifier calls again).
-    80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the H200) gives ranges longer than
-    K, so a CTA stages all of B and touches three groups (added in session 33 after the GPU runs;
-    its first GPU run is the next session's)."""
+def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
+    """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
+    many CTAs (a 40x130 matrix has 3 chunks and gets a CTA per item), rows past the last tile, K not a
+    multiple of the chunk, wide N in n blocks (N = 129: three), the counters left at zero for the next
+    call (the verifier calls again); 80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the
+    H200) gives ranges longer than K, so a CTA stages all of B and touches three groups. tc_scatter's
+    register-load kernel (LOAD="reg"). tc_words' two-register units (UNIT 2) and a 16-warp CTA."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     A = _pruned(*shape, style)
-    result = run_and_verify(get_template("tc_scatter").instantiate(params), A, n_values=(1, 3, 16, 17, 64, 129),
+    result = run_and_verify(get_template(name).instantiate(params), A, n_values=(1, 3, 16, 17, 64, 129),
                             dtype=dtype, backend="cuda", timeout=600)
     assert result.ok, result.message
 

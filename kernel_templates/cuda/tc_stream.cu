@@ -14,9 +14,9 @@
 //   tc_bitmap  unstructured sparsity: one bit per element plus the kept values, decoded in
 //              registers into mma.sync fragments (a popc rank per 8 elements, a 16-entry lookup
 //              table per 4, PRMT byte selects); 2 bytes per kept value + 1.25 bits per element.
-//   tc_words   unstructured sparsity kept per 32-bit fragment word (two neighbouring values of a row):
-//              the nonzero words register-major and a u16 mask per lane, streamed through a cp.async
-//              ring, each register one ballot, two popcounts and a predicated shared load.
+//   tc_words   unstructured sparsity kept per fragment unit (one or two 32-bit registers: 2 or 4
+//              neighbouring values of a row): the nonzero units unit-major behind per-unit lane masks,
+//              streamed through a cp.async ring, each unit a popcount and a predicated shared load.
 //   tc_sp24wg / tc_sp24tma  tc_sp24's format on Hopper's warpgroup MMA (wgmma.mma_async.sp, sm_90a)
 //              for N >= 32: B read by the tensor cores from shared memory; staged by every thread
 //              with cp.async (wg) or by the copy engine through a tensor map, A by per-warp bulk
@@ -1695,65 +1695,82 @@ tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 }
 
 // ---- tc_words --------------------------------------------------------------------------------
-// Unstructured sparsity kept at the granularity of a fragment word: tc_dense's 16 registers per lane
-// and (tile, chunk), each two neighbouring values of one row, with the all-zero words left out. Why:
-// the bitmap and scatter decoders build fragments value by value in shared memory (300-450 warp
-// instructions per 16x64 block on the H200) and stay below cuBLAS at 50-70%; a word is the unit a lane
-// feeds the tensor cores, so keeping or dropping whole words needs no expansion inside a register.
+// Unstructured sparsity kept at the granularity of fragment units: tc_dense's 16 registers per lane
+// and (tile, chunk), taken one 32-bit word (UNIT 1: two neighbouring values of a row) or two (UNIT 2:
+// registers 2u, 2u+1, four neighbouring values) at a time, with the all-zero units left out. Why: the
+// bitmap and scatter decoders build fragments value by value in shared memory (300-450 warp
+// instructions per 16x64 block on the H200) and stay below cuBLAS at 50-70%; a unit is what a lane
+// feeds the tensor cores, so keeping or dropping whole units needs no expansion inside a register.
 // Per (16-row tile, 64-column chunk) a blob, 16-byte aligned, at blob_off[tile * (nchunks+1) + c]:
-//   bytes 0..63: 16 u32 lane masks, P_j's bit L = lane L keeps its register j;
-//   from byte 64: the kept words in register-major order: register 0 of every lane that keeps it
-//   (lanes ascending), then register 1, ...; zero padding to 16 bytes.
-// The warp streams its tile's blobs through blob_stream's cp.async ring; a lane reads the 16 masks
-// (four broadcast 16-byte loads) and for register j reads (a predicated 32-bit shared load) the word
-// at (words of registers < j) + popc(P_j & lanes below it): the warp's load of one register is one
-// contiguous run of shared memory (no bank conflicts beyond its length), and no fragment is scattered,
-// zeroed or read back. Then tc_dense's mma (dense_compute). Masks per register, not per lane: a
-// per-lane u16 mask needed a warp ballot per register, whose predicate ptxas built with a shift, an
-// AND and a compare (~13 instructions per register against ~8 here; nvcc 13.0, SASS counted). 4 bytes per kept word + 64 per blob: at 50 /
-// 70 / 90% random sparsity 3/4, 1/2, 1/5 of the words are kept (1.28 / 1.84 / 4.5x fewer bytes than dense).
-#define SD_WORDS_MASK_BYTES 64
+//   the header (WordsLayout<UNIT>::HEAD bytes): NU = 16 / UNIT u32 lane masks (bit L of mask u: lane
+//   L keeps its unit u), then NU u16 bases (units of the blob before unit u's), zeros to 16 bytes;
+//   then the kept units in unit-major order: unit 0 of every lane that keeps it (lanes ascending),
+//   then unit 1, ...; zero padding to 16 bytes.
+// The warp streams its tile's blobs through blob_stream's cp.async ring; a lane reads the header
+// (broadcast 16-byte loads) and for unit u reads (one predicated 4- or 8-byte shared load) the unit
+// at base_u + popc(mask_u & lanes below it): the warp's load of one unit is one contiguous run of
+// shared memory, and no fragment is scattered, zeroed or read back. Then tc_dense's mma
+// (dense_compute). Masks per unit rather than per lane: a per-lane mask needed a warp ballot per
+// register, whose predicate ptxas built with a shift, an AND and a compare; stored bases rather than
+// a running popcount: a serial chain of 16 quarter-rate POPC per block. Bytes: UNIT 1 keeps 3/4, 1/2,
+// 1/5 of the words at 50 / 70 / 90% random sparsity (1.28 / 1.84 / 4.5x fewer bytes than dense) at
+// ~8 instructions per register; UNIT 2 keeps 94 / 76 / 34% of the 8-byte units (1.06 / 1.3 / 2.9x)
+// at half the instructions, which pays where the decode, not the bytes, sets the time (>= ~85%).
+template <int UNIT>
+struct WordsLayout {
+    static_assert(UNIT == 1 || UNIT == 2, "a unit is one or two fragment registers");
+    static constexpr int NU = 16 / UNIT;                           // units per lane and block
+    static constexpr int HEAD = (NU * 6 + 15) & ~15;               // masks and bases, 16-byte aligned
+};
 
-// The shared word at `addr` when bit `bit` of mask is set, else 0 (predicated: a word past the blob,
-// which a clear bit may point at, is never read). The bit test inside the asm is one LOP3 (ptxas).
-__device__ __forceinline__ u32 lds_kept_word(u32 addr, u32 mask, u32 bit) {
-    u32 v;
+// The shared unit at `addr` when bit `bit` of mask is set, else zeros (predicated: a unit past the
+// blob, which a clear bit may point at, is never read). The bit test inside the asm is one LOP3.
+__device__ __forceinline__ void lds_kept_unit(u32 addr, u32 mask, u32 bit, u32& lo) {
     asm volatile("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\tand.b32 t, %2, %3;\n\tsetp.ne.u32 q, t, 0;\n\t"
-                 "mov.u32 %0, 0;\n\t@q ld.shared.u32 %0, [%1];\n\t}" : "=r"(v) : "r"(addr), "r"(mask), "r"(bit));
-    return v;
+                 "mov.u32 %0, 0;\n\t@q ld.shared.u32 %0, [%1];\n\t}" : "=r"(lo) : "r"(addr), "r"(mask), "r"(bit));
 }
 
+__device__ __forceinline__ void lds_kept_unit(u32 addr, u32 mask, u32 bit, u32& lo, u32& hi) {
+    asm volatile("{\n\t.reg .pred q;\n\t.reg .b32 t;\n\tand.b32 t, %3, %4;\n\tsetp.ne.u32 q, t, 0;\n\t"
+                 "mov.u32 %0, 0;\n\tmov.u32 %1, 0;\n\t@q ld.shared.v2.u32 {%0, %1}, [%2];\n\t}"
+                 : "=r"(lo), "=r"(hi) : "r"(addr), "r"(mask), "r"(bit));
+}
+
+template <int UNIT>
 struct WordsDecoder {
+    using L = WordsLayout<UNIT>;
     static constexpr int EXTRA = 0;
     u32 bit, below;   // this lane's bit, the lanes below it
     __device__ __forceinline__ WordsDecoder(unsigned char*, int, int lane) : bit(1u << lane), below((1u << lane) - 1u) {}
     template <int BF16, int NT>
     __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
-        u32 lanes[16];
+        u32 head[L::HEAD / 4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < L::HEAD / 16; ++q) {
             const uint4 m = reinterpret_cast<const uint4*>(slot)[q];
-            lanes[4 * q] = m.x; lanes[4 * q + 1] = m.y; lanes[4 * q + 2] = m.z; lanes[4 * q + 3] = m.w;
+            head[4 * q] = m.x; head[4 * q + 1] = m.y; head[4 * q + 2] = m.z; head[4 * q + 3] = m.w;
         }
-        const u32 words = smem_addr(slot) + SD_WORDS_MASK_BYTES;
+        const u32 units = smem_addr(slot) + L::HEAD;
         u32 x[1][16];
-        u32 start = 0;   // words of the registers before j
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            x[0][j] = lds_kept_word(words + 4u * (start + __popc(lanes[j] & below)), lanes[j], bit);
-            start += __popc(lanes[j]);
+        for (int u = 0; u < L::NU; ++u) {
+            const u32 mask = head[u];
+            const u32 base = __byte_perm(head[L::NU + u / 2], 0u, (u & 1) ? 0x4432u : 0x4410u);
+            const u32 at = units + 4u * UNIT * (base + __popc(mask & below));
+            if (UNIT == 1) lds_kept_unit(at, mask, bit, x[0][u]);
+            else lds_kept_unit(at, mask, bit, x[0][UNIT * u], x[0][UNIT * u + UNIT - 1]);
         }
         dense_compute<BF16, NT, 1>(x, bs, i, acc);
     }
 };
 
-template <int BF16, int NT, int WARPS, int SPLIT, int PIPE>
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, int UNIT>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
 tc_words(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
          u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
          int tiles, int bvec, int slot_bytes) {
-    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, WordsDecoder>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
-                                                            chunks_per_cta, tiles, bvec, slot_bytes);
+    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, WordsDecoder<UNIT>>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                                  chunks_per_cta, tiles, bvec, slot_bytes);
 }
 
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
@@ -1934,9 +1951,9 @@ SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2
 #define SD_SC(BF, NT, W, S, P) template __global__ void tc_scatter<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2, 2)
-#define SD_WD(BF, NT, W, S, P) template __global__ void tc_words<BF, NT, W, S, P>( \
+#define SD_WD(BF, NT, W, S, P, U) template __global__ void tc_words<BF, NT, W, S, P, U>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WD(0, 1, 8, 8, 3) SD_WD(1, 2, 4, 4, 4) SD_WD(0, 8, 8, 2, 2)
+SD_WD(0, 1, 8, 8, 3, 1) SD_WD(1, 2, 4, 4, 4, 2) SD_WD(0, 8, 8, 2, 2, 1) SD_WD(0, 1, 4, 8, 3, 2)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

@@ -27,9 +27,10 @@ META = {
     "format": "tc_words",
     "description": "kept 32-bit fragment words through a cp.async ring into mma.sync registers (popc addressing), "
                    "split-K over a CTA cluster",
-    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6]},
-    # tc_scatter's defaults (the same ring); not yet tuned on a GPU
-    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3},
+    # UNIT: fragment registers kept or dropped together (1: two values of a row, 4 bytes; 2: four, 8 bytes)
+    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": [1, 2]},
+    # tc_scatter's defaults (the same ring); H200 (session 34): PIPE 4 / 6 no faster than 3
+    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "UNIT": 1},
     "grid": [{}, {"WARPS": 8}, {"PIPE": 4}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
@@ -44,8 +45,8 @@ from sparseditto.tc_formats import TCWords
 
 
 def prepare(A, dtype, device) -> dict:
-    """The packed blobs (lane masks + kept words) and their offsets on `device`, and the compiled kernels."""
-    return prepare_format("words", TCWords, A, dtype, device, PARAMS, CUDA_SRC)
+    """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled kernels."""
+    return prepare_format("words", TCWords, A, dtype, device, PARAMS, CUDA_SRC, (int(PARAMS.get("UNIT", 1)),))
 
 
 def spmm(packed: dict, B, out) -> None:
