@@ -217,7 +217,7 @@ TEMPLATE_VARIANTS = {
 }
 # Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
 # parameters of the packed matrix: each variant is loaded and prepared on its own.
-PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv")
+PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv", "tc_words")   # tc_words: UNIT packs
 
 
 def cached_plan(packed: dict, n: int) -> dict | None:

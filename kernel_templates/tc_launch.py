@@ -550,15 +550,18 @@ def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
     return max(1, -(-largest // 1024))
 
 
-def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0) -> dict:
-    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap) and
-    the ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES, a property of the matrix, not
-    a choice)."""
+def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0) -> dict:
+    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap), the
+    ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES) and the unit they were packed with
+    (tc_words: UNIT): properties of the packed matrix, not launch choices, so a launch with other
+    params (a sweep) still reads the bytes as they are."""
     out = dict(params)
     if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
         out["RING_KB"] = int(ring_floor_kb)
     if slot_bytes:
         out["SLOT_BYTES"] = int(slot_bytes)
+    if unit:
+        out["UNIT"] = int(unit)
     return out
 
 
@@ -608,16 +611,17 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
                    device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0,
-                   slot_bytes: int = 0) -> dict:
+                   slot_bytes: int = 0, unit: int = 0) -> dict:
     """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
 
     `ring_floor_kb` (tc_bitmap: `bitmap_ring_floor_kb` of the offsets) raises RING_KB wherever a
     launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
-    `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob."""
+    `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob;
+    `unit` (tc_words: the packed `TCWords.unit`) fixes the kernel's UNIT whatever params say later."""
     sms = runtime.sm_count(device)
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
-    lparams = launch_params(params, ring_floor_kb, slot_bytes)
+    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit)
     b_tma = tensor_map.k_fits(int(shape[1]))      # an aligned B of these K rows can take the tensor map
     geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
@@ -636,7 +640,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "sm_count": sms, "cc": cc,
+            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "unit": int(unit), "sm_count": sms, "cc": cc,
             "kernels": kernels,
             "regs_by_nt": regs_by_nt,
             "cuda_src": cuda_src, "scratch": {}}
@@ -652,7 +656,7 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
     slot = fmt.slot_bytes() if kind in BLOB_RING_KINDS else 0
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
-                          ring_floor_kb=floor, slot_bytes=slot)
+                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0))
 
 
 def kernel_registers(fn) -> int:
@@ -678,7 +682,8 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
-    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0))
+    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0),
+                           packed.get("unit", 0))
     m, k = packed["shape"]
     b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
 

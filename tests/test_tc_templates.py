@@ -698,6 +698,22 @@ def test_prepare_on_cpu_packs_without_compiling(name, style, tmp_path):
         mod.prepare(A, torch.float32, torch.device("cpu"))
 
 
+def test_words_launch_reads_the_unit_the_matrix_was_packed_with(tmp_path):
+    """UNIT is a property of the packed bytes: a sweep that launches a tc_words pack with other params
+    (benchmarks/llm_layers.py sets packed['params'] per variant) must still name the packed unit's kernel.
+    Found on the H200: UNIT 2 launched on a UNIT 1 pack read past its blobs (illegal memory access)."""
+    from sparseditto.harness.source_loader import load_module
+
+    mod = load_module(get_template("tc_words").instantiate({"UNIT": 2}).source, cache_dir=tmp_path)
+    packed = mod.prepare(_pruned(37, 130, "0.3"), torch.float16, torch.device("cpu"))
+    assert packed["unit"] == 2
+    for params in ({"UNIT": 1}, {}):
+        lp = tc_launch.launch_params({**packed["params"], **params}, packed["ring_floor_kb"], packed["slot_bytes"],
+                                     packed["unit"])
+        geom = tc_launch.plan_geometry("words", packed["tiles"], packed["nchunks"], 8, lp, 132)
+        assert tc_launch.kernel_name("words", 0, geom).endswith(", 2>")
+
+
 def test_sp24_prepare_refuses_unstructured(tmp_path):
     from sparseditto.harness.source_loader import load_module
 
