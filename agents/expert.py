@@ -103,12 +103,16 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         # H200, fp16, Llama shapes, read-flushed L2 (docs/kernels.md, delta_spmv, session 20): the
         # delta-coded CUDA-core SpMV is the fastest measured kernel at N <= 4 from 50%
         # (11008x4096, N = 1 / 2 / 4: 1.08 / 1.70 / 1.25x cuBLAS at 50%, 1.5 / 2.1 / 1.65x at 70%).
+        # tc_words (kept fragment words through a blob ring, session 34), chained x cuBLAS at N = 1 / 8 / 16
+        # on 4096x4096 / 11008x4096: 0.97-1.03 / 0.85-0.87x at 50%, 1.09-1.19 / 1.03-1.09x at 70%,
+        # 1.30-1.39 / 1.26-1.39x at 90%: the first sparse kernel here above cuBLAS at 70% and N = 16,
+        # level with csr_vector at 90% and N = 8 (1.32-1.39x), ahead of everything at 90% and N = 16
         if sparsity >= 0.85 and n <= DELTA_MAX_N:
-            return ("delta_spmv", "csr_rowsplit", "tc_bitmap", "csr_balanced")
+            return ("delta_spmv", "tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced")
         if sparsity >= 0.85 and n <= PER_NONZERO_MAX_N:
-            return ("csr_vector", "delta_spmv", "csr_rowsplit", "tc_bitmap")
+            return ("csr_vector", "tc_words", "delta_spmv", "csr_rowsplit")
         if sparsity >= 0.45 and n <= DELTA_MAX_N:
-            return ("delta_spmv", "tc_dense", "bitmap_tiles", "csr_rowsplit")
+            return ("delta_spmv", "tc_words", "tc_dense", "bitmap_tiles", "csr_rowsplit")
         # H200, fp32, session 30 (benchmarks/graph_kernels.py) on the unstructured SuiteSparse files: at
         # N = 32 the Triton row split was ahead on 2 of 3 (dnn 6.6 vs 8.3 us, pushpull 10.9 vs 11.2), at
         # N = 128 csr_rowdecomp on 3 of 3 (dnn 8.3 vs 8.8, pushpull 17.1 vs 24.4, cryg2500 6.1 vs 12.5)
@@ -122,9 +126,9 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         # CSR kernels and the tensor-core bitmap are the ones that beat cuBLAS (1.1-1.8x at N = 1);
         # at 50-85% no sparse kernel here does, and the dense stream (1.0-1.1x) is the best bet.
         if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:
-            return ("csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
+            return ("tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.5 and n <= DENSE_STREAM_MAX_N:
-            return ("tc_dense", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
+            return ("tc_words", "tc_dense", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
         if sparsity >= 0.5 and n <= 64:
             return ("bitmap_tiles", "csr_rowsplit", "csr_balanced")
         return ("csr_rowsplit", "bitmap_tiles", "csr_balanced")

@@ -469,6 +469,26 @@ def kept_words(m: int, k: int, nnz: int, unit: int = 1) -> float:
     return mp * kp / (2.0 * unit) * (1.0 - (1.0 - d) ** (2 * unit))
 
 
+# tc_words' "auto" parameters, from the H200 sweep of session 34 (magnitude-pruned 4096x4096 and
+# 11008x4096, N = 1 / 8 / 16, chained): two-register units win at 90% (11008x4096 17.5-21.0 us against
+# 20.0-21.5 with one register; 4096x4096 10.1-11.0 against 10.9-11.7) and lose at 50-70% (70%:
+# 27.1-29.6 against 23.0-24.7); 8 warps per CTA win on 11008x4096 (688 row tiles: 23.0-24.7 us at 70%
+# against 24.7-27.7 with 4) and lose on 4096x4096 (256 tiles: 12.5-13.7 against 12.3-13.1).
+WORDS_UNIT2_MAX_DENSITY = 0.15
+WORDS_WIDE_TILES = 512
+
+
+def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
+    """tc_words' params with "auto" UNIT (2 at density <= WORDS_UNIT2_MAX_DENSITY, else 1) and WARPS
+    (8 from WORDS_WIDE_TILES row tiles, else 4) resolved for an m x k matrix of nnz kept values."""
+    out = dict(params)
+    if out.get("UNIT", "auto") == "auto":
+        out["UNIT"] = 2 if nnz <= WORDS_UNIT2_MAX_DENSITY * m * k else 1
+    if out.get("WARPS", "auto") == "auto":
+        out["WARPS"] = 8 if round_up(m, 16) // 16 >= WORDS_WIDE_TILES else 4
+    return out
+
+
 def words_bytes(m: int, k: int, nnz: int, unit: int = 1) -> float:
     """tc_words' bytes of A: 4 * unit per kept unit, the blob headers (16 / unit masks and bases, to 16
     bytes) with their mean 8-byte padding, the offsets."""

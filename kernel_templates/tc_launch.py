@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from sparseditto.kernel_templates import runtime, tensor_map
-from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N, round_up
+from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N, round_up, words_auto_params  # noqa: F401 - tc_words
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
     import cupy as cp

@@ -171,18 +171,18 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 8)[:2] == ("csr_rowdecomp", "csr_balanced")
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 4)[0] == "csr_balanced"
     # the H200 measurements: the dense stream at 50-85% and small N, CSR / tensor-core bitmap at 85-95%
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 16)[0] == "tc_dense"
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 16)[:2] == ("csr_rowsplit", "tc_bitmap")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 16)[:2] == ("tc_words", "tc_dense")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 16)[:2] == ("tc_words", "csr_rowsplit")
     # N = 5..8 at >= 85%: the per-nonzero CUDA kernels measured ahead of cuBLAS there (H200, session 29)
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 8)[:2] == ("csr_vector", "delta_spmv")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 8)[:2] == ("csr_vector", "tc_words")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 5)[0] == "csr_vector"
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.8}, 8)[0] == "tc_dense"
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.8}, 8)[0] == "tc_words"
     # the delta-coded SpMV at N <= 4 from 50% (45%: the threshold), not at N = 8 or below 45%
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 1)[:2] == ("delta_spmv", "csr_rowsplit")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 1)[:2] == ("delta_spmv", "tc_words")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 1)[0] == "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.5}, 2)[0] == "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 4)[0] == "delta_spmv"
-    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 8)[0] == "tc_dense"
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 8)[0] == "tc_words"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.4}, 1)[0] != "delta_spmv"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 64)[0] == "bitmap_tiles"
     assert pattern_preferences({"pattern": "nm", "sparsity": 0.5}, 16)[0] == "tc_sp24"

@@ -913,3 +913,19 @@ def test_tensor_map_encode_hands_the_driver_the_layout_and_returns_its_128_bytes
     monkeypatch.setattr(tensor_map, "_encoder", lambda: (lambda *a: 1))
     with pytest.raises(RuntimeError, match="CUresult 1.*K = 4096"):
         tensor_map.encode(0x7F0000001000, 64, 4096, 64, 64)
+
+
+def test_words_auto_params_follow_the_measured_rules():
+    """tc_words' "auto": two-register units at <= 15% density (90% sparsity, where the H200 measured them
+    faster), one register above; 8 warps from 512 row tiles (11008 rows), 4 below (4096); explicit values
+    are kept; the planner's grid tries the other choice of each."""
+    from sparseditto.kernel_templates.cost import words_auto_params
+    from sparseditto.kernel_templates.cuda.planning import tc_words as planning
+
+    assert words_auto_params({}, 11008, 4096, int(0.1 * 11008 * 4096)) == {"UNIT": 2, "WARPS": 8}
+    assert words_auto_params({}, 4096, 4096, int(0.3 * 4096 * 4096)) == {"UNIT": 1, "WARPS": 4}
+    assert words_auto_params({"UNIT": 1, "WARPS": 16, "PIPE": 3}, 11008, 4096, 10) == {"UNIT": 1, "WARPS": 16, "PIPE": 3}
+
+    class Stats:
+        m, k, nnz = 4096, 4096, int(0.1 * 4096 * 4096)
+    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}]

@@ -28,10 +28,11 @@ META = {
     "description": "kept 32-bit fragment words through a cp.async ring into mma.sync registers (popc addressing), "
                    "split-K over a CTA cluster",
     # UNIT: fragment registers kept or dropped together (1: two values of a row, 4 bytes; 2: four, 8 bytes)
-    "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": [1, 2]},
-    # tc_scatter's defaults (the same ring); H200 (session 34): PIPE 4 / 6 no faster than 3
-    "defaults": {"WARPS": 4, "SPLIT": "auto", "PIPE": 3, "UNIT": 1},
-    "grid": [{}, {"WARPS": 8}, {"PIPE": 4}],
+    "params": {"WARPS": ["auto", 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2]},
+    # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 no faster than 3; "auto" UNIT and WARPS
+    # follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps from 512 row tiles)
+    "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 3, "UNIT": "auto"},
+    "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
     "dtypes": ["float16", "bfloat16"],
@@ -40,13 +41,15 @@ PARAMS = dict(META["defaults"])
 
 CUDA_SRC = r"""@SPARSEDITTO_INLINE tc_stream.cu@"""
 
-from sparseditto.kernel_templates.tc_launch import launch, prepare_format
+from sparseditto.kernel_templates.tc_launch import launch, prepare_format, words_auto_params
 from sparseditto.tc_formats import TCWords
 
 
 def prepare(A, dtype, device) -> dict:
-    """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled kernels."""
-    return prepare_format("words", TCWords, A, dtype, device, PARAMS, CUDA_SRC, (int(PARAMS.get("UNIT", 1)),))
+    """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled
+    kernels; "auto" UNIT / WARPS resolved for this matrix (packed['params'] holds the numbers)."""
+    params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
+    return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]),))
 
 
 def spmm(packed: dict, B, out) -> None:

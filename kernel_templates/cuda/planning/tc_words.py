@@ -2,18 +2,24 @@
 are 4 per kept word (two neighbouring values of a row; UNIT 2: 8 per kept pair of words) + a 96 (48)
 byte header per block, its work ~8 instructions per unit whatever the sparsity.
 
-Not yet measured on a GPU in this form (the blob ring): the decode floor below is tc_dense's measured
-stream floor (the same registers and mma per block) and the estimate is otherwise the byte roofline,
-as for every template; the measured time decides.
+Measured on the H200 (session 34, fp16, magnitude-pruned, N = 1 / 8 / 16, chained launches, read-flushed
+cold L2; `benchmarks/llm_layers.py --preset decode --variants '{"tc_words": [...]}'`), best of the auto
+choices: 4096x4096 14.0-14.8 / 12.3-13.1 / 10.1-11.0 us at 50 / 70 / 90%, 11008x4096 28.8-30.2 /
+23.0-24.7 / 17.5-21.0 us (0.85-1.19x cuBLAS at 50-70%, 1.26-1.39x at 90%). At 90% it runs ~0.40 ns per
+16x64 block whatever its bytes (ncu at 11008x4096: the blob ring's per-block issue and the split-K
+cluster barrier lead the stall samples), which is the decode floor below (a lower bound, as every
+template's; the byte roofline is the other). At 50-70% it reads its bytes at 52-71% of a pure read.
 """
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (CostTerms, kept_words, tc_flops, tc_n_blocks, tc_stream_floor_s,
-                                               words_bytes)
+from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, tc_flops, tc_n_blocks,
+                                               words_auto_params, words_bytes)
+
+BLOCK_S = 0.40e-9   # per 16x64 block and block of 64 columns of N (H200 fit at 90%, above)
 
 APPLICABILITY = "any pattern with some all-zero pairs of neighbouring values; fp16/bf16"
 COST_MODEL = ("bytes = 4*UNIT*kept units + tiles*chunks*(header + 8) + offsets + B + C per block of 64 columns of N "
-              "(kept units = Mp*Kp/(2 UNIT)*(1-(1-d)^(2 UNIT)) at random placement); floor = tc_dense's stream floor")
+              "(kept units = Mp*Kp/(2 UNIT)*(1-(1-d)^(2 UNIT)) at random placement); decode floor 0.40 ns per 16x64 block")
 
 
 def applicable(stats, template) -> tuple[bool, str]:
@@ -25,12 +31,14 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    return [{}, {"WARPS": 8}, {"PIPE": 4}]
+    """The auto choice, then the other warp count and the other unit size."""
+    auto = words_auto_params({}, stats.m, stats.k, stats.nnz)
+    return [{}, {"WARPS": 12 - auto["WARPS"]}, {"UNIT": 3 - auto["UNIT"]}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    unit = int(params.get("UNIT", 1))
+    unit = int(words_auto_params(params, stats.m, stats.k, stats.nnz)["UNIT"])
     return CostTerms(a_bytes=tc_n_blocks(n) * words_bytes(stats.m, stats.k, stats.nnz, unit),
                      flops=tc_flops(stats.m, stats.k, n), unit="tensor",
-                     decode_s=tc_stream_floor_s(stats.m, stats.k, n, target),
+                     decode_s=h200_scaled(tc_n_blocks(n) * -(-stats.m // 16) * -(-stats.k // 64) * BLOCK_S, target),
                      notes=["kept fragment words, register-major, behind 16 lane masks per block; popc addressing"])
