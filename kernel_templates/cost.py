@@ -320,6 +320,24 @@ def row_split_csr_terms(stats: ReportStats, n: int, dtype: str, params: dict, *,
     return terms
 
 
+# The CUDA-core CSR kernels' (csr_vector, csr_rowdecomp) decode floor per nonzero and column of N on
+# 16-bit LLM weights at decode widths (N <= CSR_DECODE_MAX_N), from the H200 (per-row magnitude 90%,
+# chained): csr_vector 10.6 / 19.6 us at N = 8 on 4096x4096 / 11008x4096 (1.68 / 4.51 M nonzeros: 6.3 /
+# 4.3 ps each, session 29) and 16.5 us at N = 16 on 4096x4096 (9.8 ps, session 34's run_graph, where
+# csr_rowdecomp ran slower still). 0.55 ps x N is below all of them (a lower bound, as every floor);
+# without it their byte estimates (4.9 us at N = 16 on 4096x4096) put them first where they ran 3.4x
+# slower and lost to cuBLAS. fp32 and wider N (graphs) keep the byte estimates: not measured there.
+CSR_DECODE_NNZ_COLUMN_S = 0.55e-12
+CSR_DECODE_MAX_N = 32
+
+
+def csr_decode_floor_s(stats: ReportStats, n: int, dtype: str, target: Any) -> float:
+    """The CUDA-core CSR kernels' measured decode floor (0 where it was not measured: fp32, N > 32)."""
+    if dtype not in ("float16", "bfloat16") or n > CSR_DECODE_MAX_N:
+        return 0.0
+    return h200_scaled(stats.nnz * n * CSR_DECODE_NNZ_COLUMN_S, target)
+
+
 def next_pow2(x: float) -> int:
     return 1 if x <= 1 else 1 << (int(math.ceil(x)) - 1).bit_length()
 

@@ -295,3 +295,35 @@ def test_two_four_at_decode_n_tries_tc_sp24_first_and_skips_it_where_it_loses():
     assert "tc_sp24" not in tried["A100", 64]
     # N = 128: 0.90-0.94x measured there; the estimate (43.8 us against dense's 24.4) stops on dense
     assert "tc_sp24" not in tried["H200", 128]
+
+
+def test_unstructured_decode_plans_tc_words_first_on_analyzed_llm_weights():
+    """What session 34's run_graph showed on the H200: with csr_vector's byte-only estimate (4.9 us on
+    4096x4096 90% at N = 16, measured 16.5) the planner tried it first and lost to cuBLAS; with its
+    measured per-nonzero floor and tc_words (1.28-1.31x measured there) the first candidate at N = 16 is
+    tc_words, at 70% too; at N = 8 on 90% the per-nonzero kernels measured ahead of it (delta_spmv 1.63x,
+    csr_vector 1.32x on 4096x4096, session 29; tc_words 1.41-1.45x) stay first."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from sparseditto.agents.costing import template_table
+    from sparseditto.analysis import analyze
+    from sparseditto.matrix import SparseMatrix
+    from sparseditto.targets import get_target
+
+    rng = np.random.default_rng(0)
+    firsts = {}
+    for sparsity in (0.7, 0.9):
+        w = rng.standard_normal((4096, 4096)).astype(np.float32)
+        w[np.abs(w) < np.quantile(np.abs(w), sparsity, axis=1, keepdims=True)] = 0.0
+        report = analyze(SparseMatrix.from_scipy(sp.csr_array(w), dtype="float16")).model_dump()
+        for n in (8, 16):
+            table, roof = template_table(report, n, "float16", get_target("H200"))
+            inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n],
+                                dtype="float16", memory_hits=[], tried=[], best=None,
+                                dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
+                                roofline_ms=roof, budget_left=3, templates=table)
+            plan = ExpertPolicy().plan(inp)
+            firsts[sparsity, n] = [c.template for c in plan.candidates][:2]
+    assert firsts[0.9, 16][0] == "tc_words" and firsts[0.7, 16][0] == "tc_words" and firsts[0.7, 8][0] == "tc_words"
+    assert firsts[0.9, 8][0] in ("delta_spmv", "csr_vector")

@@ -2,7 +2,7 @@
 nonzeros so that no warp waits on a hub row; meant for graphs and meshes at N >= 8."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, next_pow2, row_split_csr_terms
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, csr_decode_floor_s, next_pow2, row_split_csr_terms
 
 APPLICABILITY = "always: CSR represents any pattern; built for skewed (power-law) and mesh rows at N >= 8"
 COST_MODEL = ("bytes = nnz*(vb + 4) + items*16 + B + C, plus fp32 partial rows of split rows written and read "
@@ -52,6 +52,7 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     vb = VALUE_BYTES[dtype]
     chunk = chunk_for(stats, params)
     terms = row_split_csr_terms(stats, n, dtype, params, default_bits=32)
+    terms.decode_s = csr_decode_floor_s(stats, n, dtype, target)            # 16-bit decode widths (cost.py)
     items = stats.m + stats.nnz / chunk
     terms.a_bytes += items * ITEM_BYTES - (stats.m + 1) * 4          # items replace the row pointer
     terms.notes.append(f"work items of <= {chunk} nonzeros")

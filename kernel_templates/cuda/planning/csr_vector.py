@@ -1,7 +1,7 @@
 """csr_vector's planning knowledge: it fits any pattern; the lane layout follows N and the rows."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import CostTerms, next_pow2, row_split_csr_terms
+from sparseditto.kernel_templates.cost import CostTerms, csr_decode_floor_s, next_pow2, row_split_csr_terms
 
 APPLICABILITY = "always: CSR represents any pattern"
 COST_MODEL = ("bytes = nnz*(vb + 4) + (M+1)*4 + B + C (int32 column ids); flops 2*nnz*N on CUDA cores; "
@@ -32,4 +32,6 @@ def grid(stats, n: int, target, template) -> list[dict]:
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
-    return row_split_csr_terms(stats, n, dtype, params, default_bits=32)   # always int32 column ids
+    terms = row_split_csr_terms(stats, n, dtype, params, default_bits=32)   # always int32 column ids
+    terms.decode_s = csr_decode_floor_s(stats, n, dtype, target)            # 16-bit decode widths (cost.py)
+    return terms
