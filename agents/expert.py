@@ -70,6 +70,9 @@ DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 from 4
 # delta_spmv 1.68 / 1.35 / 0.45x (K = 11008 rows of B fill its shared memory), tc_lanemask 1.08 / 1.06 /
 # 0.97x; at 70% all three stay below cuBLAS (0.38-0.90x), at N = 16 none passes 1.03x
 PER_NONZERO_MAX_N = 8
+# tc_words ahead of the dense stream from this sparsity (N 5-32): at 50% it keeps 3/4 of the words and
+# measured 0.85-1.03x cuBLAS (session 34), the dense stream ~1.0-1.1x; at 70% 1.03-1.19x
+WORDS_FIRST_SPARSITY = 0.6
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 # graphs and meshes: the row-decomposed CUDA CSR kernel (items of <= CHUNK nonzeros, hub rows split, lane
 # groups per short row) goes first on power-law and banded rows from N = 8, and on >= 95%-sparse
@@ -127,8 +130,10 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         # at 50-85% no sparse kernel here does, and the dense stream (1.0-1.1x) is the best bet.
         if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:
             return ("tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
-        if sparsity >= 0.5 and n <= DENSE_STREAM_MAX_N:
+        if sparsity >= WORDS_FIRST_SPARSITY and n <= DENSE_STREAM_MAX_N:
             return ("tc_words", "tc_dense", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
+        if sparsity >= 0.5 and n <= DENSE_STREAM_MAX_N:
+            return ("tc_dense", "tc_words", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
         if sparsity >= 0.5 and n <= 64:
             return ("bitmap_tiles", "csr_rowsplit", "csr_balanced")
         return ("csr_rowsplit", "bitmap_tiles", "csr_balanced")

@@ -90,7 +90,7 @@ def test_dense_weight_at_large_n_stops_for_cublas():
     assert plan.action == "stop" and "cuBLAS" in plan.rationale
 
 
-@pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_dense"), ("0.9", 1, "delta_spmv"), ("0.9", 2, "delta_spmv"),
+@pytest.mark.parametrize("style,n,first", [("0.7", 16, "tc_words"), ("0.9", 1, "delta_spmv"), ("0.9", 2, "delta_spmv"),
                                            ("0.7", 1, "delta_spmv"), ("0.9", 4, "delta_spmv"), ("0.5", 1, "delta_spmv"),
                                            ("0.5", 2, "delta_spmv"), ("0.5", 4, "delta_spmv"),
                                            ("0.5", 8, "tc_dense"), ("0.9", 8, "csr_vector")])
