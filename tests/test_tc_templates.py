@@ -928,4 +928,4 @@ def test_words_auto_params_follow_the_measured_rules():
 
     class Stats:
         m, k, nnz = 4096, 4096, int(0.1 * 4096 * 4096)
-    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}]
+    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}]

@@ -31,9 +31,9 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    """The auto choice, then the other warp count and the other unit size."""
+    """The auto choice, then the other warp count, the other unit size, the deeper ring."""
     auto = words_auto_params({}, stats.m, stats.k, stats.nnz)
-    return [{}, {"WARPS": 12 - auto["WARPS"]}, {"UNIT": 3 - auto["UNIT"]}]
+    return [{}, {"WARPS": 12 - auto["WARPS"]}, {"UNIT": 3 - auto["UNIT"]}, {"PIPE": 3}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
