@@ -30,7 +30,7 @@ SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
 SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regions (ScatterDecoder::REGION)
 BLOB_RING_KINDS = ("lanemask", "scatter", "words")   # blob_stream kernels: ring slots of SLOT_BYTES, one row tile per warp
-STREAM_KINDS = ("scatter",)   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
+STREAM_KINDS = ("scatter", "words")   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
 SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
@@ -291,7 +291,8 @@ def _stream_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, 
                 return {"nt": nt, "split": 1, "chunks_per_cta": span, "smem": smem, "grid": (ctas, 1, gz),
                         "block": (warps * 32, 1, 1), "warps": warps, "rows": 1, "ring_kb": 0, "pipe": pipe,
                         "bring": 0, "minb": 0, "slot_bytes": slot, "mma": "sync", "load": "cp", "a_stages": 0,
-                        "mcast": 1, "sched": "stream", "groups": groups, "kmax": stream_kmax(span, nchunks)}
+                        "mcast": 1, "sched": "stream", "groups": groups, "kmax": stream_kmax(span, nchunks),
+                        "unit": int(params.get("UNIT", 1)) if kind == "words" else 1}
         if nt == 1:
             raise ValueError(f"{kind}: no stream-K grid fits {SMEM_LIMIT} bytes of shared memory at N = {n} "
                              f"(WARPS={warps}, PIPE={pipe}, ring slots of {slot} bytes): use fewer warps or PIPE.")
@@ -479,7 +480,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "bitmap":
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if geom.get("sched") == "stream":
-        return f"tc_{kind}_sk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['pipe']}>"
+        tail = f", {geom['unit']}" if kind == "words" else ""
+        return f"tc_{kind}_sk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['pipe']}{tail}>"
     if geom.get("load") == "reg":
         return f"tc_{kind}_rg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}>"
     if kind == "words":

@@ -72,7 +72,8 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
-    assert len([e for e in entries if "tc_words" in e]) == 4
+    assert len([e for e in entries if "tc_wordsI" in e]) == 4
+    assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
     assert len([e for e in entries if "tc_scatter_sk" in e]) == 3
@@ -605,7 +606,11 @@ def test_stream_geometry_is_one_wave_that_fits():
                 assert tc_launch.resident_ctas(warps, g["smem"], 63) * 132 >= ctas
                 assert gz * 8 * g["nt"] >= n
                 assert tc_launch.kernel_name("scatter", 1, g) == f"tc_scatter_sk<1, {g['nt']}, {warps}, 3>"
-    with pytest.raises(ValueError, match="SCHED='stream' is implemented for scatter"):
+                words = tc_launch.plan_geometry("words", tiles, nchunks, n, {**params, "UNIT": 2}, 132, regs)
+                # no decoder scratch: at least as many CTAs fit as tc_scatter's
+                assert words["grid"][0] >= ctas and words["smem"] <= tc_launch.SMEM_LIMIT
+                assert tc_launch.kernel_name("words", 0, words) == f"tc_words_sk<0, {words['nt']}, {warps}, 3, 2>"
+    with pytest.raises(ValueError, match="SCHED='stream' is implemented for scatter, words"):
         tc_launch.plan_geometry("lanemask", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "SLOT_BYTES": 1200, "SCHED": "stream"}, 132)
     with pytest.raises(ValueError, match="SCHED must be one of"):
         tc_launch.plan_geometry("scatter", 688, 64, 8, {"WARPS": 4, "PIPE": 3, "SCHED": "persistent"}, 132)
@@ -758,6 +763,8 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"UNIT": 2}, "0.5", (300, 1000)), ("tc_words", {"UNIT": 2}, "1.0", (100, 260)),
     ("tc_words", {"UNIT": 2}, "0.1", (4096, 4096)), ("tc_words", {"UNIT": 2, "WARPS": 8, "PIPE": 2}, "0.3", (1100, 4160)),
     ("tc_words", {"WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
+    ("tc_words", {"SCHED": "stream"}, "0.5", (300, 1000)), ("tc_words", {"SCHED": "stream", "UNIT": 2}, "0.1", (4096, 4096)),
+    ("tc_words", {"SCHED": "stream", "WARPS": 8}, "0.3", (80000, 128)), ("tc_words", {"SCHED": "stream"}, "0.0", (40, 130)),
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -765,7 +772,9 @@ def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dty
     multiple of the chunk, wide N in n blocks (N = 129: three), the counters left at zero for the next
     call (the verifier calls again); 80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the
     H200) gives ranges longer than K, so a CTA stages all of B and touches three groups. tc_scatter's
-    register-load kernel (LOAD="reg"). tc_words' two-register units (UNIT 2) and a 16-warp CTA."""
+    register-load kernel (LOAD="reg"). tc_words' two-register units (UNIT 2), a 16-warp CTA, and its
+    stream-K kernel (tc_words_sk, written after session 34's device time: its first GPU run is the next
+    session's)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():

@@ -1922,6 +1922,20 @@ tc_scatter_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
                                                                   tiles, bvec, slot_bytes, ws, counts, sched);
 }
 
+// tc_words on the stream-K schedule (SCHED="stream"): the same decoder over blob_stream_sk. Why: ncu on
+// tc_words (11008x4096 90%, N = 8, H200, session 34) put the split-K cluster barrier first among the
+// stall samples (UCGABAR_WAIT 11%, ERRBAR 5%) with the grid at 0.74 waves. Written after that session's
+// device time: compiled with nvcc for sm_90, not yet run on a GPU.
+template <int BF16, int NT, int WARPS, int PIPE, int UNIT>
+__global__ void __launch_bounds__(WARPS * 32)
+tc_words_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+            u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int span_max,
+            int tiles, int bvec, int slot_bytes, float* __restrict__ ws, int* __restrict__ counts,
+            const int* __restrict__ sched) {
+    blob_stream_sk<BF16, NT, WARPS, PIPE, WordsDecoder<UNIT>>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc, span_max,
+                                                               tiles, bvec, slot_bytes, ws, counts, sched);
+}
+
 // Explicit instantiations for offline compiles (nvcc -DSPARSEDITTO_INSTANTIATE_ALL); CuPy's
 // name_expressions instantiate only what a launch plan can reach.
 #ifdef SPARSEDITTO_INSTANTIATE_ALL
@@ -1957,6 +1971,9 @@ SD_WD(0, 1, 8, 8, 3, 1) SD_WD(1, 2, 4, 4, 4, 2) SD_WD(0, 8, 8, 2, 2, 1) SD_WD(0,
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)
+#define SD_WSK(BF, NT, W, P, U) template __global__ void tc_words_sk<BF, NT, W, P, U>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
+SD_WSK(0, 1, 8, 2, 1) SD_WSK(1, 2, 4, 3, 2)
 #define SD_RG(BF, NT, W, S) template __global__ void tc_scatter_rg<BF, NT, W, S>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_RG(0, 1, 4, 8) SD_RG(1, 2, 8, 4) SD_RG(0, 8, 4, 2)

@@ -28,11 +28,14 @@ META = {
     "description": "kept 32-bit fragment words through a cp.async ring into mma.sync registers (popc addressing), "
                    "split-K over a CTA cluster",
     # UNIT: fragment registers kept or dropped together (1: two values of a row, 4 bytes; 2: four, 8 bytes)
-    "params": {"WARPS": ["auto", 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2]},
+    # SCHED: "cluster" = a K split over a thread-block cluster; "stream" = tc_scatter's stream-K grid
+    # (tc_words_sk; written after session 34's device time, not yet measured: the planner does not try it)
+    "params": {"WARPS": ["auto", 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
+               "SCHED": ["cluster", "stream"]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT and WARPS follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps from 512 row tiles)
-    "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto"},
+    "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster"},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
