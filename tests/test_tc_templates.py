@@ -938,3 +938,37 @@ def test_words_auto_params_follow_the_measured_rules():
     class Stats:
         m, k, nnz = 4096, 4096, int(0.1 * 4096 * 4096)
     assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}]
+
+
+def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_path):
+    """`sparseditto export` of a tc_words kernel (its auto params reach tc_launch through cost.py): the
+    module imports only torch, numpy and CuPy, and in `python -I` without SparseDitto its prepare()
+    resolves the auto params and packs the very blobs TCWords builds here."""
+    import json
+    import sys
+
+    from sparseditto import generate
+    from sparseditto.batch.export import module_text
+    from sparseditto.batch.standalone import third_party_imports
+    from sparseditto.pattern_features import structure_signature
+    from sparseditto.tc_formats import TCWords
+
+    W = generate.unstructured(64, 256, 0.9, seed=1)                 # 90% sparse
+    fields = {"source": get_template("tc_words").instantiate({}).source, "template": "tc_words", "layer": "w",
+              "params": {}, "matrix_shape": [64, 256], "dtype": "float16", "verified_ns": [1, 8], "verification": {},
+              "signature": structure_signature(W), "density": 0.1, "structure": {"kind": "unstructured"}}
+    text = module_text(fields)
+    assert third_party_imports(text) == {"torch", "numpy", "cupy"}
+    (tmp_path / "kernel.py").write_text(text)
+    np.save(tmp_path / "w.npy", W.to_dense().astype(np.float16).astype(np.float32))
+    child = ("import json, runpy, sys, numpy as np, torch\n"
+             "m = runpy.run_path('kernel.py')\n"
+             "p = m['prepare'](m['as_sparse_matrix'](np.load('w.npy')), torch.float16, torch.device('cpu'))\n"
+             "np.save('blobs.npy', p['blobs'].numpy())\n"
+             "print(json.dumps({'unit': p['unit'], 'warps': p['params']['WARPS'],"
+             " 'ours': sorted(k for k in sys.modules if k.startswith('sparseditto'))}))\n")
+    done = subprocess.run([sys.executable, "-I", "-c", child], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"unit": 2, "warps": 4, "ours": []}            # 10% density: two-register units
+    assert np.array_equal(np.load(tmp_path / "blobs.npy").view(np.uint8), TCWords.from_matrix(W, "float16", 2).blobs)
