@@ -73,6 +73,7 @@ PER_NONZERO_MAX_N = 8
 # tc_words ahead of the dense stream from this sparsity (N 5-32): at 50% it keeps 3/4 of the words and
 # measured 0.85-1.03x cuBLAS (session 34), the dense stream ~1.0-1.1x; at 70% 1.03-1.19x
 WORDS_FIRST_SPARSITY = 0.6
+WORDS_MEASURED_N = 16     # tc_words goes first only up to the widest N measured (N = 17-32: second)
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 # graphs and meshes: the row-decomposed CUDA CSR kernel (items of <= CHUNK nonzeros, hub rows split, lane
 # groups per short row) goes first on power-law and banded rows from N = 8, and on >= 95%-sparse
@@ -128,9 +129,11 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split
         # CSR kernels and the tensor-core bitmap are the ones that beat cuBLAS (1.1-1.8x at N = 1);
         # at 50-85% no sparse kernel here does, and the dense stream (1.0-1.1x) is the best bet.
-        if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:
+        if sparsity >= 0.85 and n <= WORDS_MEASURED_N:
             return ("tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
-        if sparsity >= WORDS_FIRST_SPARSITY and n <= DENSE_STREAM_MAX_N:
+        if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:
+            return ("csr_rowsplit", "tc_words", "tc_bitmap", "csr_balanced", "bitmap_tiles")
+        if sparsity >= WORDS_FIRST_SPARSITY and n <= WORDS_MEASURED_N:
             return ("tc_words", "tc_dense", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
         if sparsity >= 0.5 and n <= DENSE_STREAM_MAX_N:
             return ("tc_dense", "tc_words", "bitmap_tiles", "csr_rowsplit", "csr_balanced")

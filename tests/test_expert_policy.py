@@ -178,6 +178,9 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 5)[0] == "csr_vector"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.8}, 8)[0] == "tc_words"
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.5}, 16)[:2] == ("tc_dense", "tc_words")
+    # tc_words first only where it was measured (N <= 16); at N = 17-32 it is tried second
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 32)[:2] == ("tc_dense", "tc_words")
+    assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 24)[:2] == ("csr_rowsplit", "tc_words")
     # the delta-coded SpMV at N <= 4 from 50% (45%: the threshold), not at N = 8 or below 45%
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 1)[:2] == ("delta_spmv", "tc_words")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 1)[0] == "delta_spmv"
