@@ -70,7 +70,7 @@ DELTA_MAX_N = 4          # delta_spmv: measured ahead of cuBLAS at N <= 4 from 4
 # delta_spmv 1.68 / 1.35 / 0.45x (K = 11008 rows of B fill its shared memory), tc_lanemask 1.08 / 1.06 /
 # 0.97x; at 70% all three stay below cuBLAS (0.38-0.90x), at N = 16 none passes 1.03x
 PER_NONZERO_MAX_N = 8
-# tc_words ahead of the dense stream from this sparsity (N 5-32): at 50% it keeps 3/4 of the words and
+# tc_words ahead of the dense stream from this sparsity (N 5-16): at 50% it keeps 3/4 of the words and
 # measured 0.85-1.03x cuBLAS (session 34), the dense stream ~1.0-1.1x; at 70% 1.03-1.19x
 WORDS_FIRST_SPARSITY = 0.6
 WORDS_MEASURED_N = 16     # tc_words goes first only up to the widest N measured (N = 17-32: second)
@@ -128,7 +128,8 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
             return ("csr_rowsplit", "csr_balanced", "bitmap_tiles")
         # H200, fp16, 4096x4096 / 11008x4096 (docs/benchmarks.md): at 85-95% and small N the row-split
         # CSR kernels and the tensor-core bitmap are the ones that beat cuBLAS (1.1-1.8x at N = 1);
-        # at 50-85% no sparse kernel here does, and the dense stream (1.0-1.1x) is the best bet.
+        # at 50-85% the dense stream (1.0-1.1x) was the best bet until tc_words (session 34, above),
+        # which leads from 60% where it was measured (N <= 16).
         if sparsity >= 0.85 and n <= WORDS_MEASURED_N:
             return ("tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:

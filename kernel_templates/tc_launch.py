@@ -238,6 +238,11 @@ def blob_decoder_bytes(kind: str, warps: int) -> int:
     return {"lanemask": LUT_BYTES, "scatter": warps * SCATTER_REGION_BYTES}.get(kind, 0)
 
 
+def kernel_unit(kind: str, params: dict) -> int:
+    """The UNIT a kernel is instantiated with: tc_words' fragment registers per unit (1 elsewhere)."""
+    return int(params.get("UNIT", 1)) if kind == "words" else 1
+
+
 def stream_smem_bytes(kind: str, nt: int, warps: int, span: int, nchunks: int, pipe: int, slot_bytes: int) -> int:
     """Dynamic shared memory of a stream-K CTA (blob_stream_sk): the B chunks of its item range (at
     most nchunks), the decoder's bytes, each warp's blob offsets (start and end per item), each
@@ -292,7 +297,7 @@ def _stream_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, 
                         "block": (warps * 32, 1, 1), "warps": warps, "rows": 1, "ring_kb": 0, "pipe": pipe,
                         "bring": 0, "minb": 0, "slot_bytes": slot, "mma": "sync", "load": "cp", "a_stages": 0,
                         "mcast": 1, "sched": "stream", "groups": groups, "kmax": stream_kmax(span, nchunks),
-                        "unit": int(params.get("UNIT", 1)) if kind == "words" else 1}
+                        "unit": kernel_unit(kind, params)}
         if nt == 1:
             raise ValueError(f"{kind}: no stream-K grid fits {SMEM_LIMIT} bytes of shared memory at N = {n} "
                              f"(WARPS={warps}, PIPE={pipe}, ring slots of {slot} bytes): use fewer warps or PIPE.")
@@ -473,7 +478,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
-            "mcast": mcast, "unit": int(params.get("UNIT", 1)) if kind == "words" else 1}
+            "mcast": mcast, "unit": kernel_unit(kind, params)}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:

@@ -5,18 +5,18 @@ values into mma fragments value by value in shared memory and spend 300-450 warp
 16x64 block doing it, so on the H200 they stay below cuBLAS at 50-70% sparsity (0.64-0.98x at N =
 8-16) however few bytes they read. A lane's A fragment is 16 32-bit words (tc_dense's registers),
 each two neighbouring values of one row; at 70% unstructured sparsity half of those words are all
-zero. This format stores only the nonzero words, register-major (word j of every lane that keeps
-it, lanes in order) behind 16 lane masks, so a lane fills register j with one predicated shared
-load at (words of earlier registers) + popc(mask_j & lanes below): ~9 instructions per register
-whatever the sparsity, no scatter, no zeroing, no read-back. Bytes: 4 per kept word + 64 per block,
-1.28 / 1.84 / 4.5x fewer than dense at 50 / 70 / 90% random sparsity (cost.kept_words); per-row
-magnitude pruning keeps words as random placement does.
+zero. This format stores only the nonzero units (UNIT 1: one word; UNIT 2: two, four values),
+unit-major (unit u of every lane that keeps it, lanes in order) behind a header of per-unit lane
+masks and bases, so a lane fills unit u with one predicated shared load at base_u + popc(mask_u &
+lanes below): ~8 instructions per register whatever the sparsity (138 per block at UNIT 1, 52 at
+UNIT 2, nvcc sm_90), no scatter, no zeroing, no read-back. Bytes at UNIT 1: 4 per kept word + a
+96-byte header per block, 1.28 / 1.84 / 4.5x fewer than dense at 50 / 70 / 90% random sparsity
+(cost.kept_words); per-row magnitude pruning keeps words as random placement does.
 
 Layout (sparseditto.tc_formats.TCWords) and the kernel (tc_words in tc_stream.cu): tc_lanemask's and
 tc_scatter's blob ring (blob_stream: a warp per 16-row tile and K slice, its blobs copied into a
 per-warp cp.async ring PIPE - 1 ahead, B's K slice staged in shared memory, split-K over a
-thread-block cluster with the deterministic DSMEM reduction), a decoder of ~160 instructions per
-block, then tc_dense's mma.
+thread-block cluster with the deterministic DSMEM reduction), the decoder above, then tc_dense's mma.
 A first version loaded the kept words straight from global memory into registers (stream_registers,
 a per-lane mask and a ballot per register): correct on the H200, but one chunk in flight per warp
 made it latency-bound at ~40 us on 11008x4096 whatever the sparsity (0.6x cuBLAS; docs/kernels.md).

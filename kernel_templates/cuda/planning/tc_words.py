@@ -12,7 +12,7 @@ template's; the byte roofline is the other). At 50-70% it reads its bytes at 52-
 """
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, tc_flops, tc_n_blocks,
+from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, round_up, tc_flops, tc_n_blocks,
                                                words_auto_params, words_bytes)
 
 BLOCK_S = 0.40e-9   # per 16x64 block and block of 64 columns of N (H200 fit at 90%, above)
@@ -26,7 +26,7 @@ def applicable(stats, template) -> tuple[bool, str]:
     if stats.nnz == 0:
         return False, "no kept values"
     words = kept_words(stats.m, stats.k, stats.nnz)
-    total = max(1.0, -(-stats.m // 16) * 16 * -(-stats.k // 64) * 64 / 2.0)
+    total = max(1.0, round_up(stats.m, 16) * round_up(stats.k, 64) / 2.0)
     return True, f"~{words / total:.0%} of the fragment words hold a kept value (4 bytes each)"
 
 
@@ -41,4 +41,5 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     return CostTerms(a_bytes=tc_n_blocks(n) * words_bytes(stats.m, stats.k, stats.nnz, unit),
                      flops=tc_flops(stats.m, stats.k, n), unit="tensor",
                      decode_s=h200_scaled(tc_n_blocks(n) * -(-stats.m // 16) * -(-stats.k // 64) * BLOCK_S, target),
-                     notes=["kept fragment words, register-major, behind 16 lane masks per block; popc addressing"])
+                     notes=[f"kept fragment units of {unit} register(s), unit-major behind per-unit lane masks and "
+                            "bases; popc addressing"])
