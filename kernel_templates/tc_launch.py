@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from sparseditto.kernel_templates import runtime, tensor_map
-from sparseditto.kernel_templates.cost import TC_WG_CC, TC_WG_FROM_N, round_up, words_auto_params  # noqa: F401 - tc_words
+from sparseditto.kernel_templates.cost import (BULK_UNIT_BLOBS, TC_WG_CC, TC_WG_FROM_N, round_up,  # noqa: F401 - tc_words
+                                               words_auto_params)
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
     import cupy as cp
@@ -25,7 +26,7 @@ except ImportError:  # pragma: no cover - machines without CuPy
 
 TILE_M = 16
 CHUNK_K = 64
-UNIT_CHUNKS = 4              # SD_UNIT: blobs per bulk copy in tc_bitmap
+UNIT_CHUNKS = BULK_UNIT_BLOBS   # SD_UNIT: blobs per bulk copy (blob_stream_bulk: tc_bitmap, tc_words LOAD="bulk")
 SMEM_LIMIT = 227 * 1024
 LUT_BYTES = 16 * 8
 SCATTER_REGION_BYTES = 4 * 512   # tc_scatter: a warp's four step fragment regions (ScatterDecoder::REGION)
@@ -33,9 +34,11 @@ BLOB_RING_KINDS = ("lanemask", "scatter", "words")   # blob_stream kernels: ring
 STREAM_KINDS = ("scatter", "words")   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
 SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
+WORDS_LOAD_CHOICES = ("ring", "bulk", "group")   # tc_words' LOAD: the cp.async blob ring, the bulk ring
+                                                # (tc_words_bulk), or the CTA stream (tc_words_grp)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
 STREAM_FLAG_BYTES = 16        # blob_stream_sk's "this CTA sums the group" flag, after the rings
-BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp
+BITMAP_SLOTS = 4             # SD_SLOTS: bulk copies in flight per warp (blob_stream_bulk)
 NT_CHOICES = (1, 2, 4, 8)
 WG_NT_CHOICES = (1, 2, 4, 8, 16)   # the wgmma kernel also runs 128 columns per block (A read once)
 SPLIT_CHOICES = (1, 2, 4, 8)  # cluster sizes (8 is the portable maximum)
@@ -234,8 +237,17 @@ def blob_offsets_stride(chunks_per_cta: int) -> int:
 
 def blob_decoder_bytes(kind: str, warps: int) -> int:
     """A blob-ring kernel's decoder bytes (Decoder::EXTRA): tc_lanemask's quad table, tc_scatter's
-    step fragment regions per warp, none for tc_words."""
-    return {"lanemask": LUT_BYTES, "scatter": warps * SCATTER_REGION_BYTES}.get(kind, 0)
+    step fragment regions per warp, tc_bitmap's table (blob_stream_bulk), none for tc_words."""
+    return {"lanemask": LUT_BYTES, "bitmap": LUT_BYTES, "scatter": warps * SCATTER_REGION_BYTES}.get(kind, 0)
+
+
+def l2_prefetch(kind: str, params: dict, load: str) -> int:
+    """tc_words' PF on its cp.async ring: blobs a warp asks the copy engine to pull into L2 ahead of the
+    ring (0: none; the bulk ring and the other kinds take no PF)."""
+    pf = int(params.get("PF", 0)) if kind == "words" and load == "cp" else 0
+    if pf < 0:
+        raise ValueError(f"PF (blobs prefetched into L2 ahead of the ring) must be >= 0, got {pf}.")
+    return pf
 
 
 def kernel_unit(kind: str, params: dict) -> int:
@@ -328,6 +340,9 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     tc_sp24tma (load "tma") has `pipe` B stages and, per warp, `a_stages` A slots (0: one in each
     B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them."""
     partials = warps * rows_per_warp * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
+    if load == "group":   # tc_words_grp: B, full and empty barriers, the group's offsets, the stages (partials over them)
+        return (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
+                + round_up((chunks_per_cta * warps + 1) * 4, 16) + max(pipe * slot_bytes, partials))
     if load == "tma":
         stages = max(tma_region_bytes(nt, warps, pipe, a_stages), partials)
         return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
@@ -340,9 +355,10 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
         # tc_dense / tc_sp24 write their split-K partials over the staged B slice once every warp is
         # done with it (stream_registers); the bitmap kernels keep them beside their other regions
         total = max(total, partials) if kind in REGISTER_KINDS else total + partials
-    if kind == "bitmap":
-        total += LUT_BYTES + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024 + warps * (chunks_per_cta + 1) * 4
-    if kind in BLOB_RING_KINDS:   # blob_stream: the decoder's bytes, then each warp's offsets and ring
+    if load == "bulk" or kind == "bitmap":   # blob_stream_bulk: the decoder's bytes, each warp's barriers, positions, ring, offsets
+        total += (blob_decoder_bytes(kind, warps) + warps * BITMAP_SLOTS * (8 + 4) + warps * ring_kb * 1024
+                  + warps * (chunks_per_cta + 1) * 4)
+    elif kind in BLOB_RING_KINDS:   # blob_stream: the decoder's bytes, then each warp's offsets and ring
         total += blob_decoder_bytes(kind, warps) + warps * blob_offsets_stride(chunks_per_cta) * 4 + warps * pipe * slot_bytes
     return total
 
@@ -415,12 +431,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     sched = params.get("SCHED", "cluster")
     if sched not in SCHED_CHOICES:
         raise ValueError(f"SCHED must be one of {SCHED_CHOICES}, got {sched!r}.")
-    scatter_load = params.get("LOAD", "ring") if kind == "scatter" else "ring"
-    if scatter_load not in SCATTER_LOAD_CHOICES:
-        raise ValueError(f"LOAD must be one of {SCATTER_LOAD_CHOICES}, got {scatter_load!r}.")
+    blob_load = params.get("LOAD", "ring") if kind in ("scatter", "words") else "ring"
+    choices = WORDS_LOAD_CHOICES if kind == "words" else SCATTER_LOAD_CHOICES
+    if blob_load not in choices:
+        raise ValueError(f"LOAD must be one of {choices}, got {blob_load!r}.")
     if sched == "stream":
-        if scatter_load == "reg":
-            raise ValueError("LOAD='reg' runs with SCHED='cluster' only (tc_scatter_rg has no stream-K schedule).")
+        if blob_load != "ring":
+            raise ValueError(f"LOAD={blob_load!r} runs with SCHED='cluster' only (the stream-K schedule has the "
+                             "cp.async ring alone).")
         return _stream_geometry(kind, tiles, nchunks, n, params, sm_count, regs_by_nt)
     warps = int(params["WARPS"])
     mma = mma_for(kind, params, n, cc)
@@ -439,8 +457,17 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         warps = tma_warps(params) if load == "tma" else int(params["WARPS"])
         pipe = (tma_stages(params, nt) if load == "tma" else
                 int(params.get("WPIPE", 3) if mma == "wgmma" else params.get("PIPE", 0)))
-        if scatter_load == "reg":   # no ring: blobs go from global memory to registers
+        if blob_load == "reg":   # no ring: blobs go from global memory to registers
             load, pipe = "reg", 0
+        if kind == "bitmap" or blob_load == "bulk":   # blob_stream_bulk: RING_KB per warp, no PIPE
+            load, pipe = "bulk", 0
+        if blob_load == "group":   # tc_words_grp: PIPE stages of the CTA's chunk runs
+            load = "group"
+            if int(params.get("GROUP", 0)) != warps:
+                raise ValueError(f"LOAD='group' streams a pack grouped by WARPS row tiles: this pack has GROUP="
+                                 f"{params.get('GROUP', 1)}, the launch WARPS={warps}; prepare with LOAD='group'.")
+            if pipe < 2:
+                raise ValueError(f"LOAD='group' keeps PIPE >= 2 stages (one in flight while one is decoded), got {pipe}.")
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
         mcast = tma_multicast(params) if load == "tma" else 1
         if split != "auto" and int(split) * mcast > CLUSTER_MAX:
@@ -463,7 +490,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if not feasible:
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
                          f"at N = {n} (WARPS={warps}, SPLIT={split}); use more splits, fewer warps or a smaller ring.")
-    cta_warps = warps + 1 if load == "tma" else warps    # tc_sp24tma's producer warp
+    cta_warps = warps + 1 if load in ("tma", "group") else warps    # tc_sp24tma's / tc_words_grp's producer warp
     if split == "auto":   # tc_sp24tma keeps the closest-to-two-CTAs-per-SM rule (no long-slice preference)
         s, cpc, smem, bring = _auto_split(feasible, gx, gz, sm_count, cta_warps,
                                           (regs_by_nt or {}).get(regs_key(nt, mma, load)),
@@ -478,10 +505,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
-            "mcast": mcast, "unit": kernel_unit(kind, params)}
+            "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load)}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
+    if kind == "words" and geom.get("load") == "group":
+        return f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}>"
+    if kind == "words" and geom.get("load") == "bulk":
+        return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":
         return f"tc_bitmap<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}>"
     if geom.get("sched") == "stream":
@@ -490,7 +521,8 @@ def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if geom.get("load") == "reg":
         return f"tc_{kind}_rg<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}>"
     if kind == "words":
-        return f"tc_words<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}>"
+        return (f"tc_words<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
+                f"{geom.get('prefetch', 0)}>")
     if kind in BLOB_RING_KINDS:
         return f"tc_{kind}<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}>"
     if geom.get("load") == "tma":
@@ -540,8 +572,9 @@ def reachable_geometries(kind: str, tiles: int, nchunks: int, params: dict, sm_c
     return sorted(seen.values(), key=lambda g: (g["nt"], g["split"], g["mma"], g["load"]))
 
 
-def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
-    """The smallest RING_KB that holds every bulk copy tc_bitmap can issue for these blob offsets.
+def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
+    """The smallest RING_KB that holds every bulk copy blob_stream_bulk (tc_bitmap, tc_words LOAD="bulk")
+    can issue for these blob offsets.
 
     A copy is UNIT_CHUNKS consecutive blobs of one tile (or fewer at the end of a K slice), and the
     ring must hold the largest one: near-dense tiles make 4 blobs of up to 4 * 2224 bytes, more than
@@ -557,10 +590,11 @@ def bitmap_ring_floor_kb(offsets: np.ndarray) -> int:
     return max(1, -(-largest // 1024))
 
 
-def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0) -> dict:
+def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0, group: int = 0) -> dict:
     """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap), the
     ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES) and the unit they were packed with
-    (tc_words: UNIT): properties of the packed matrix, not launch choices, so a launch with other
+    (tc_words: UNIT), and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD
+    set to stream it: properties of the packed matrix, not launch choices, so a launch with other
     params (a sweep) still reads the bytes as they are."""
     out = dict(params)
     if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
@@ -569,6 +603,10 @@ def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, uni
         out["SLOT_BYTES"] = int(slot_bytes)
     if unit:
         out["UNIT"] = int(unit)
+    if group:
+        out["GROUP"] = int(group)
+    if group > 1:
+        out["WARPS"], out["LOAD"] = int(group), "group"
     return out
 
 
@@ -618,17 +656,18 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
                    device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0,
-                   slot_bytes: int = 0, unit: int = 0) -> dict:
+                   slot_bytes: int = 0, unit: int = 0, group: int = 0) -> dict:
     """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
 
-    `ring_floor_kb` (tc_bitmap: `bitmap_ring_floor_kb` of the offsets) raises RING_KB wherever a
+    `ring_floor_kb` (tc_bitmap, tc_words: `bulk_ring_floor_kb` of the offsets) raises RING_KB wherever a
     launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
     `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob;
-    `unit` (tc_words: the packed `TCWords.unit`) fixes the kernel's UNIT whatever params say later."""
+    `unit` (tc_words: the packed `TCWords.unit`) fixes the kernel's UNIT whatever params say later,
+    `group` (tc_words: `TCWords.group`) its GROUP (and, above 1, WARPS and LOAD="group")."""
     sms = runtime.sm_count(device)
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
-    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit)
+    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit, group)
     b_tma = tensor_map.k_fits(int(shape[1]))      # an aligned B of these K rows can take the tensor map
     geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
@@ -647,7 +686,8 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "unit": int(unit), "sm_count": sms, "cc": cc,
+            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "unit": int(unit), "group": int(group),
+            "sm_count": sms, "cc": cc,
             "kernels": kernels,
             "regs_by_nt": regs_by_nt,
             "cuda_src": cuda_src, "scratch": {}}
@@ -660,10 +700,11 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     dt = torch_dtype(dtype)
     fmt = fmt_cls.from_matrix(A, dtype_name(dt), *pack_args)
     tiles, chunks, arrays = fmt.kernel_arrays()
-    floor = bitmap_ring_floor_kb(fmt.offsets) if kind == "bitmap" else 0
+    group = int(getattr(fmt, "group", 0))
+    floor = bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0
     slot = fmt.slot_bytes() if kind in BLOB_RING_KINDS else 0
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
-                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0))
+                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0), group=group)
 
 
 def kernel_registers(fn) -> int:
@@ -690,7 +731,7 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0),
-                           packed.get("unit", 0))
+                           packed.get("unit", 0), packed.get("group", 0))
     m, k = packed["shape"]
     b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
 
@@ -714,7 +755,7 @@ def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     bvec = int(b.stride(0) % 8 == 0 and b.data_ptr() % 16 == 0)
     tail = (np.int32(m), np.int32(n), np.int32(k), np.int32(packed["nchunks"] * CHUNK_K), np.int64(b.stride(0)),
             np.int64(out.stride(0)), np.int32(geom["chunks_per_cta"]), np.int32(packed["tiles"]), np.int32(bvec))
-    if kind in BLOB_RING_KINDS:
+    if kind in BLOB_RING_KINDS and geom["load"] != "bulk":   # blob_stream's ring slots
         tail += (np.int32(geom["slot_bytes"]),)
     keep = {}
     if geom.get("sched") == "stream":

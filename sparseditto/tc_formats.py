@@ -256,11 +256,13 @@ class _BlobFormat:
         """(a zero [Mp, Kp] float64 array, and per blob (tile, chunk, first byte, end byte)): what
         every decoder walks."""
         mp, kp = padded_shape(self.shape)
-        tiles, chunks = mp // TILE_M, kp // CHUNK_K
+        return np.zeros((mp, kp), dtype=np.float64), self._spans(mp // TILE_M, kp // CHUNK_K)
+
+    def _spans(self, tiles: int, chunks: int) -> list:
+        """Per blob (tile, chunk, first byte, end byte), from the [tiles, chunks + 1] offsets."""
         flat = self.offsets.reshape(-1).astype(np.int64) * 16
-        blobs = [(tile, c, int(flat[tile * (chunks + 1) + c]), int(flat[tile * (chunks + 1) + c + 1]))
-                 for tile in range(tiles) for c in range(chunks)]
-        return np.zeros((mp, kp), dtype=np.float64), blobs
+        return [(tile, c, int(flat[tile * (chunks + 1) + c]), int(flat[tile * (chunks + 1) + c + 1]))
+                for tile in range(tiles) for c in range(chunks)]
 
 
 def blob_grid(A: SparseMatrix) -> tuple[SparseMatrix, int, int, np.ndarray, np.ndarray]:
@@ -644,6 +646,7 @@ class TCScatter(_BlobFormat):
 
 WORDS_PER_LANE = 16          # tc_words: a lane's fragment registers per (tile, chunk), as tc_dense's
 WORDS_UNITS = (1, 2)         # tc_words' UNIT: fragment registers per kept-or-dropped unit
+WORDS_MAX_GROUP = 32         # tc_words LOAD="group": row tiles (consumer warps) per CTA stream
 
 
 def words_header_bytes(unit: int) -> int:
@@ -660,6 +663,27 @@ def fragment_words(frag: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.transpose(0, 1, 2, 4, 3)).reshape(tiles, chunks, WORDS_PER_LANE, 32)
 
 
+def _words_placement(sizes: np.ndarray, tiles: int, chunks: int, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each blob's start, indexed tile * chunks + chunk; the offsets array), both in 16-byte units, for
+    blobs of `sizes` stored tile by tile (group 1: [tiles, chunks + 1] offsets) or, with `group` > 1,
+    group by group and chunk by chunk inside a group ([groups, chunks * group + 1]; a padding tile's
+    blobs are empty)."""
+    if group == 1:
+        starts = np.zeros(sizes.size + 1, dtype=np.int64)
+        np.cumsum(sizes, out=starts[1:])
+        return starts[:-1], blob_offsets(starts, tiles, chunks)
+    groups = -(-tiles // group)
+    g, c, w = np.meshgrid(np.arange(groups), np.arange(chunks), np.arange(group), indexing="ij")
+    tile = (g * group + w).ravel()
+    live = tile < tiles
+    blob = np.where(live, tile * chunks + c.ravel(), 0)              # storage order -> blob index
+    starts = np.zeros(tile.size + 1, dtype=np.int64)
+    np.cumsum(np.where(live, sizes[blob], 0), out=starts[1:])
+    start = np.empty(sizes.size, dtype=np.int64)
+    start[blob[live]] = starts[:-1][live]
+    return start, blob_offsets(starts, groups, chunks * group)
+
+
 @dataclass(frozen=True, eq=False)
 class TCWords(_BlobFormat):
     """Blobs per (tile, chunk): per fragment unit u (one register, or registers 2u and 2u+1) a lane mask
@@ -670,14 +694,23 @@ class TCWords(_BlobFormat):
     needs no expansion inside a register, and storing the kept units unit-major makes the warp's read
     of one unit a contiguous run. One-register units cost 4 bytes per kept word: at 50% unstructured
     sparsity 3 of 4 words survive (1.28x fewer bytes than dense), at 70% half (1.84x), at 90% a fifth
-    (4.5x); two-register units halve the decode for more bytes (1.06 / 1.3 / 2.9x)."""
+    (4.5x); two-register units halve the decode for more bytes (1.06 / 1.3 / 2.9x).
+
+    `group` > 1 (tc_words LOAD="group", a CTA of `group` warps): the blobs of each group of `group` row
+    tiles are stored chunk by chunk (chunk c's blobs of the group's tiles in order, then chunk c + 1's),
+    so a CTA's whole chunk is one contiguous run that one bulk copy moves; the offsets are then
+    [groups, chunks * group + 1] (each blob's start, chunk-major, and the group's end), and the tiles
+    past the last of the matrix have empty blobs."""
 
     unit: int = 1
+    group: int = 1
 
     @classmethod
-    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16", unit: int = 1) -> "TCWords":
+    def from_matrix(cls, A: SparseMatrix, dtype: str = "float16", unit: int = 1, group: int = 1) -> "TCWords":
         if unit not in WORDS_UNITS:
             raise ValueError(f"tc_words keeps units of {WORDS_UNITS} fragment registers, got UNIT={unit!r}.")
+        if not isinstance(group, (int, np.integer)) or not 1 <= group <= WORDS_MAX_GROUP:
+            raise ValueError(f"tc_words groups 1 to {WORDS_MAX_GROUP} row tiles per CTA stream, got group={group!r}.")
         regs = fragment_words(TCDense.from_matrix(A, dtype).frag)      # [tiles, chunks, 16, 32]
         tiles, chunks = regs.shape[:2]
         nb, nu, head = tiles * chunks, WORDS_PER_LANE // unit, words_header_bytes(unit)
@@ -689,17 +722,39 @@ class TCWords(_BlobFormat):
         bases = np.cumsum(per_unit, axis=1) - per_unit
         counts = per_unit.sum(axis=1)
         sizes = (head + 4 * unit * counts + 15) // 16                  # 16-byte units
-        starts = np.zeros(nb + 1, dtype=np.int64)
-        np.cumsum(sizes, out=starts[1:])
-        buf = np.zeros(int(starts[-1]) * 16, dtype=np.uint8)
-        buf.view(np.uint32)[(starts[:-1, None] * 4 + np.arange(nu)).ravel()] = lane_masks.reshape(-1).astype(np.uint32)
-        buf.view(np.uint16)[(starts[:-1, None] * 8 + 2 * nu + np.arange(nu)).ravel()] = bases.reshape(-1).astype(np.uint16)
+        start, offsets = _words_placement(sizes, tiles, chunks, group)
+        buf = np.zeros(int(offsets.reshape(-1)[-1]) * 16, dtype=np.uint8)
+        buf.view(np.uint32)[(start[:, None] * 4 + np.arange(nu)).ravel()] = lane_masks.reshape(-1).astype(np.uint32)
+        buf.view(np.uint16)[(start[:, None] * 8 + 2 * nu + np.arange(nu)).ravel()] = bases.reshape(-1).astype(np.uint16)
         within = np.flatnonzero(kept.reshape(nb, -1))                   # [nb, nu * 32], C order: unit-major
         blob = within // (nu * 32)
         rank = np.arange(within.size) - (np.cumsum(counts) - counts)[blob]
         store = buf.view(np.uint32 if unit == 1 else np.uint64)
-        store[starts[blob] * 16 // (4 * unit) + head // (4 * unit) + rank] = regs.reshape(-1)[within]
-        return cls(tuple(A.shape), buf, blob_offsets(starts, tiles, chunks), dtype, unit)
+        store[start[blob] * 16 // (4 * unit) + head // (4 * unit) + rank] = regs.reshape(-1)[within]
+        return cls(tuple(A.shape), buf, offsets, dtype, unit, int(group))
+
+    def _spans(self, tiles: int, chunks: int) -> list:
+        if self.group == 1:
+            return super()._spans(tiles, chunks)
+        g = self.group
+        flat = self.offsets.astype(np.int64) * 16                      # [groups, chunks * g + 1]
+        return [(tile, c, int(flat[tile // g, c * g + tile % g]), int(flat[tile // g, c * g + tile % g + 1]))
+                for tile in range(tiles) for c in range(chunks)]
+
+    def slot_bytes(self) -> int:
+        """The ring slot (the largest blob), or with `group` > 1 a CTA stream's stage: the largest
+        chunk run of a group (what one bulk copy moves)."""
+        if self.group == 1:
+            return super().slot_bytes()
+        runs = np.diff(self.offsets[:, ::self.group].astype(np.int64), axis=1)
+        return int(runs.max(initial=1)) * 16
+
+    def kernel_arrays(self) -> tuple[int, int, dict]:
+        if self.group == 1:
+            return super().kernel_arrays()
+        tiles = padded_shape(self.shape)[0] // TILE_M
+        chunks = (self.offsets.shape[1] - 1) // self.group
+        return tiles, chunks, {"blobs": self.blobs, "offsets": self.offsets.reshape(-1).view("int32")}
 
     def to_dense(self) -> np.ndarray:
         """Decode blob by blob the way tc_words's lanes do: unit u of lane L is kept when bit L of mask
@@ -715,7 +770,8 @@ class TCWords(_BlobFormat):
             for u in range(nu):
                 keep = (masks[u] >> np.arange(32)) & 1 == 1
                 rank = np.array([bin(int(masks[u] & b)).count("1") for b in below])
-                regs[u] = np.where(keep, units[np.where(keep, bases[u] + rank, 0)], 0)
+                if keep.any():   # a blob with no kept unit may end the buffer: nothing to index then
+                    regs[u] = np.where(keep, units[np.where(keep, bases[u] + rank, 0)], 0)
             frag = regs.view(np.uint32).reshape(WORDS_PER_LANE, 32) if self.unit == 1 else \
                 np.stack([regs & 0xFFFFFFFF, regs >> 32], axis=1).astype(np.uint32).reshape(WORDS_PER_LANE, 32)
             pieces = frag.reshape(4, 4, 32).transpose(0, 2, 1)            # [piece, lane, word]

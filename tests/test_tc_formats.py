@@ -362,6 +362,42 @@ def test_words_round_trip_through_the_kernels_addressing(m, k, density, nm, dtyp
     assert fmt.offsets.shape == (tiles, chunks + 1) and fmt.blobs.size == int(fmt.offsets[-1, -1]) * 16
 
 
+@pytest.mark.parametrize("group", [2, 3, 8])
+@pytest.mark.parametrize("m,k,density,nm,unit", [(37, 130, 0.5, None, 1), (300, 1000, 0.3, None, 2),
+                                                 (129, 4160, 0.1, None, 1), (64, 200, 0.5, (2, 4), 2),
+                                                 (40, 130, 0.0, None, 1)])
+def test_words_group_order_stores_each_ctas_chunk_as_one_run(m, k, density, nm, unit, group):
+    """group > 1 (tc_words LOAD="group"): the same blobs, stored group by group and chunk-major inside a
+    group, so chunk c of a CTA's `group` tiles is one contiguous run [offsets[g, c*group], offsets[g,
+    (c+1)*group]); tiles past the matrix have empty blobs; the decode through those offsets is exact;
+    slot_bytes is the largest run (one bulk copy)."""
+    A, w = _matrix(m, k, density, 3, "float16", nm)
+    plain = tf.TCWords.from_matrix(A, "float16", unit)
+    fmt = tf.TCWords.from_matrix(A, "float16", unit, group)
+    np.testing.assert_array_equal(fmt.to_dense(), _rounded(w, "float16"))
+    tiles, chunks = -(-m // 16), -(-k // 64)
+    groups = -(-tiles // group)
+    assert fmt.group == group and fmt.offsets.shape == (groups, chunks * group + 1)
+    assert fmt.blobs.size == plain.blobs.size == int(fmt.offsets[-1, -1]) * 16
+    assert fmt.kernel_arrays()[:2] == (tiles, chunks)
+    runs = []
+    for g in range(groups):
+        assert g == 0 or fmt.offsets[g, 0] == fmt.offsets[g - 1, -1]            # groups back to back
+        for c in range(chunks):
+            for j in range(group):
+                tile = g * group + j
+                start, end = (int(x) * 16 for x in fmt.offsets[g, c * group + j:c * group + j + 2])
+                if tile >= tiles:
+                    assert start == end                                          # padding tile: empty
+                    continue
+                p0, p1 = (int(x) * 16 for x in plain.offsets[tile, c:c + 2])
+                assert fmt.blobs[start:end].tobytes() == plain.blobs[p0:p1].tobytes()
+            runs.append(int(fmt.offsets[g, (c + 1) * group] - fmt.offsets[g, c * group]) * 16)
+    assert fmt.slot_bytes() == max(runs)
+    with pytest.raises(ValueError, match="group=0"):
+        tf.TCWords.from_matrix(A, "float16", unit, 0)
+
+
 def test_words_blob_holds_lane_masks_bases_then_the_nonzero_words_register_major():
     """Only words with a nonzero half are stored; inside a blob, after the 16 masks and 16 u16 bases
     (96 bytes), they come register by register, lanes ascending, so a warp's read of one register is

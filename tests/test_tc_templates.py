@@ -72,7 +72,9 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert {e for e in entries if "tc_dense" in e} and {e for e in entries if "tc_sp24" in e}
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
-    assert len([e for e in entries if "tc_wordsI" in e]) == 4
+    assert len([e for e in entries if "tc_wordsI" in e]) == 6    # two with the L2 prefetch (PF)
+    assert len([e for e in entries if "tc_words_bulk" in e]) == 4
+    assert len([e for e in entries if "tc_words_grp" in e]) == 4
     assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
@@ -111,7 +113,7 @@ def test_geometry_fits_shared_memory_and_covers_the_matrix(kind, params, m, k):
         name = tc_launch.kernel_name(kind, 0, g)
         assert name.startswith(f"tc_{kind}<0, {g['nt']},")
         if kind == "words":
-            assert name.endswith(f", {params.get('UNIT', 1)}>")
+            assert name.endswith(f", {params.get('UNIT', 1)}, {params.get('PF', 0)}>")
 
 
 def test_blob_ring_auto_split_keeps_enough_warps_streaming():
@@ -510,7 +512,7 @@ def test_bitmap_ring_holds_the_largest_bulk_copy(density, tmp_path):
     fmt = TCBitmap.from_matrix(A, "float16")
     sizes = _blob_sizes(fmt)
     windows = [sizes[:, c:c + tc_launch.UNIT_CHUNKS].sum(axis=1).max() for c in range(sizes.shape[1])]
-    floor = tc_launch.bitmap_ring_floor_kb(fmt.offsets)
+    floor = tc_launch.bulk_ring_floor_kb(fmt.offsets)
     assert floor * 1024 >= max(windows) > (floor - 1) * 1024
     mod = load_module(get_template("tc_bitmap").instantiate({}).source, cache_dir=tmp_path)
     packed = mod.prepare(A, torch.float16, torch.device("cpu"))
@@ -520,7 +522,7 @@ def test_bitmap_ring_holds_the_largest_bulk_copy(density, tmp_path):
     if density == "1.0":
         assert floor == 9   # 4 full blobs: 4 * (176 + 2 * 1024) bytes
     with pytest.raises(ValueError, match="tiles, chunks"):
-        tc_launch.bitmap_ring_floor_kb(np.zeros(5, dtype=np.uint32))
+        tc_launch.bulk_ring_floor_kb(np.zeros(5, dtype=np.uint32))
 
 
 def test_resident_ctas_follows_the_occupancy_arithmetic():
@@ -716,7 +718,7 @@ def test_words_launch_reads_the_unit_the_matrix_was_packed_with(tmp_path):
         lp = tc_launch.launch_params({**packed["params"], **params}, packed["ring_floor_kb"], packed["slot_bytes"],
                                      packed["unit"])
         geom = tc_launch.plan_geometry("words", packed["tiles"], packed["nchunks"], 8, lp, 132)
-        assert tc_launch.kernel_name("words", 0, geom).endswith(", 2>")
+        assert tc_launch.kernel_name("words", 0, geom).endswith(", 2, 0>")
 
 
 def test_sp24_prepare_refuses_unstructured(tmp_path):
@@ -765,6 +767,14 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"WARPS": 16, "PIPE": 4}, "0.05", (333, 7000)),
     ("tc_words", {"SCHED": "stream"}, "0.5", (300, 1000)), ("tc_words", {"SCHED": "stream", "UNIT": 2}, "0.1", (4096, 4096)),
     ("tc_words", {"SCHED": "stream", "WARPS": 8}, "0.3", (80000, 128)), ("tc_words", {"SCHED": "stream"}, "0.0", (40, 130)),
+    ("tc_words", {"LOAD": "bulk"}, "0.5", (300, 1000)), ("tc_words", {"LOAD": "bulk", "UNIT": 2}, "0.1", (4096, 4096)),
+    ("tc_words", {"LOAD": "bulk", "WARPS": 2, "RING_KB": 8}, "1.0", (100, 260)),
+    ("tc_words", {"LOAD": "bulk", "WARPS": 8, "SPLIT": 1}, "0.3", (1100, 4160)), ("tc_words", {"LOAD": "bulk"}, "0.0", (40, 130)),
+    ("tc_words", {"PF": 4}, "0.5", (300, 1000)), ("tc_words", {"PF": 8, "UNIT": 2, "SPLIT": 1}, "0.1", (1100, 4160)),
+    ("tc_words", {"LOAD": "group"}, "0.5", (300, 1000)), ("tc_words", {"LOAD": "group", "PIPE": 3}, "1.0", (100, 260)),
+    ("tc_words", {"LOAD": "group", "UNIT": 2, "WARPS": 8, "PIPE": 4}, "0.1", (4096, 4096)),
+    ("tc_words", {"LOAD": "group", "WARPS": 8, "SPLIT": 1, "PIPE": 3}, "2:4", (1100, 4160)),
+    ("tc_words", {"LOAD": "group"}, "0.0", (40, 130)),
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -772,9 +782,11 @@ def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dty
     multiple of the chunk, wide N in n blocks (N = 129: three), the counters left at zero for the next
     call (the verifier calls again); 80000x128 (2 chunks, 1250 groups of 4 tiles on 1056 CTAs of the
     H200) gives ranges longer than K, so a CTA stages all of B and touches three groups. tc_scatter's
-    register-load kernel (LOAD="reg"). tc_words' two-register units (UNIT 2), a 16-warp CTA, and its
-    stream-K kernel (tc_words_sk, written after session 34's device time: its first GPU run is the next
-    session's)."""
+    register-load kernel (LOAD="reg"). tc_words' two-register units (UNIT 2), a 16-warp CTA, its
+    stream-K kernel (tc_words_sk) and its bulk ring (tc_words_bulk: a dense 100x260 with RING_KB 8 raised
+    to the pack's largest copy, a whole-K slice per warp at SPLIT 1, an empty matrix), its L2 prefetch
+    ahead of the ring (PF, past the slice's end included), and its CTA stream (tc_words_grp: 19 tiles in
+    groups of 4, the last padded; a dense 100x260; 2:4 at SPLIT 1; an empty matrix)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
@@ -924,6 +936,81 @@ def test_tensor_map_encode_hands_the_driver_the_layout_and_returns_its_128_bytes
         tensor_map.encode(0x7F0000001000, 64, 4096, 64, 64)
 
 
+def test_words_ring_kb_holds_three_mean_bulk_copies():
+    """tc_words LOAD="bulk": "auto" RING_KB is three mean copies of four blobs (cost.words_bytes per block),
+    at least 4 KiB: 50% unstructured keeps 3/4 of the 4-byte words, ~1.64 KiB per blob, so 20 KiB."""
+    from sparseditto.kernel_templates.cost import words_bytes, words_ring_kb
+
+    m, k = 11008, 4096
+    for density, unit in ((0.5, 1), (0.3, 1), (0.1, 2), (0.0, 1)):
+        nnz = int(density * m * k)
+        blob = words_bytes(m, k, nnz, unit) / (m // 16 * k // 64)
+        assert words_ring_kb(m, k, nnz, unit) == max(4, -(-3 * 4 * blob // 1024))
+    assert words_ring_kb(m, k, int(0.5 * m * k)) == 20
+
+
+def test_words_bulk_geometry_and_kernel():
+    """LOAD="bulk" (tc_words_bulk over blob_stream_bulk): shared memory as tc_bitmap's ring (barriers,
+    positions, RING_KB per warp, offsets) without its table, no PIPE and no slot size argument; the
+    ring is raised to the pack's largest copy; the stream-K schedule refuses it; LOAD is checked."""
+    for tiles, nchunks in ((688, 64), (256, 64), (19, 16), (256, 172)):
+        for n in (1, 8, 16, 64, 129):
+            params = {"WARPS": 4, "SPLIT": "auto", "UNIT": 1, "LOAD": "bulk", "RING_KB": 12, "SLOT_BYTES": 1200}
+            g = tc_launch.plan_geometry("words", tiles, nchunks, n, params, 132)
+            cpc = g["chunks_per_cta"]
+            b = cpc * 64 * tc_launch.b_row_bytes(g["nt"])
+            part = 4 * 16 * g["nt"] * 8 * 4 if g["split"] > 1 else 0
+            assert g["load"] == "bulk" and g["pipe"] == 0
+            assert g["smem"] == b + part + 4 * 4 * 12 + 4 * 12 * 1024 + 4 * (cpc + 1) * 4 <= tc_launch.SMEM_LIMIT
+            assert tc_launch.kernel_name("words", 1, g) == f"tc_words_bulk<1, {g['nt']}, 4, {g['split']}, 12, 1>"
+    lp = tc_launch.launch_params({"LOAD": "bulk", "RING_KB": 8, "WARPS": 4}, ring_floor_kb=10, unit=2)
+    assert lp["RING_KB"] == 10 and lp["UNIT"] == 2
+    with pytest.raises(ValueError, match="runs with SCHED='cluster' only"):
+        tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 4, "LOAD": "bulk", "SCHED": "stream", "PIPE": 2}, 132)
+    with pytest.raises(ValueError, match="LOAD must be one of"):
+        tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 4, "LOAD": "reg", "PIPE": 2}, 132)
+
+
+def test_words_l2_prefetch_names_the_kernel_and_applies_to_the_cp_ring_only():
+    """PF (blobs pulled into L2 ahead of the cp.async ring) is tc_words' last template argument; it changes
+    no shared memory, the bulk ring and other kinds ignore it, a negative distance is refused."""
+    base = {"WARPS": 8, "SPLIT": 4, "PIPE": 2, "UNIT": 1, "SLOT_BYTES": 2224}
+    plain = tc_launch.plan_geometry("words", 688, 64, 16, base, 132)
+    ahead = tc_launch.plan_geometry("words", 688, 64, 16, {**base, "PF": 4}, 132)
+    assert tc_launch.kernel_name("words", 0, plain) == "tc_words<0, 2, 8, 4, 2, 1, 0>"
+    assert tc_launch.kernel_name("words", 0, ahead) == "tc_words<0, 2, 8, 4, 2, 1, 4>"
+    assert ahead["smem"] == plain["smem"] and ahead["grid"] == plain["grid"]
+    bulk = tc_launch.plan_geometry("words", 688, 64, 16, {**base, "PF": 4, "LOAD": "bulk", "RING_KB": 12}, 132)
+    assert bulk["prefetch"] == 0 and tc_launch.kernel_name("words", 0, bulk).startswith("tc_words_bulk<")
+    assert tc_launch.plan_geometry("scatter", 688, 64, 16, {**base, "PF": 4}, 132)["prefetch"] == 0
+    with pytest.raises(ValueError, match="PF .* must be >= 0"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {**base, "PF": -1}, 132)
+
+
+def test_words_group_stream_geometry_and_kernel():
+    """LOAD="group" (tc_words_grp): one CTA per group of WARPS tiles plus a producer warp; shared memory is
+    B's slice, 2 x PIPE barriers, the group's offsets of the slice, PIPE stages of the pack's largest run
+    (the partials over them); the pack's GROUP sets WARPS and LOAD; a pack grouped otherwise, or one
+    stage, is refused."""
+    for tiles, nchunks, stage in ((688, 64, 13296), (256, 64, 6688), (19, 16, 13296), (256, 172, 6688)):
+        for n in (1, 8, 16, 64, 129):
+            for warps, pipe in ((8, 3), (4, 2), (4, 4)):
+                lp = tc_launch.launch_params({"WARPS": 16, "SPLIT": "auto", "PIPE": pipe, "LOAD": "ring"}, 0, stage, 1, warps)
+                assert lp["WARPS"] == warps and lp["LOAD"] == "group" and lp["GROUP"] == warps
+                g = tc_launch.plan_geometry("words", tiles, nchunks, n, lp, 132)
+                cpc, nt = g["chunks_per_cta"], g["nt"]
+                part = warps * 16 * nt * 8 * 4 if g["split"] > 1 else 0
+                offs = -(-(cpc * warps + 1) * 4 // 16) * 16
+                assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * pipe + offs + max(pipe * stage, part)
+                assert g["smem"] <= tc_launch.SMEM_LIMIT and g["block"] == ((warps + 1) * 32, 1, 1)
+                assert g["grid"][0] == -(-tiles // warps) and g["load"] == "group"
+                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1>"
+    with pytest.raises(ValueError, match="grouped by WARPS row tiles: this pack has GROUP=1"):
+        tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 3, "LOAD": "group", "GROUP": 1}, 132)
+    with pytest.raises(ValueError, match="PIPE >= 2"):
+        tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 1, "LOAD": "group", "GROUP": 8}, 132)
+
+
 def test_words_auto_params_follow_the_measured_rules():
     """tc_words' "auto": two-register units at <= 15% density (90% sparsity, where the H200 measured them
     faster), one register above; 8 warps from 512 row tiles (11008 rows), 4 below (4096); explicit values
@@ -931,13 +1018,23 @@ def test_words_auto_params_follow_the_measured_rules():
     from sparseditto.kernel_templates.cost import words_auto_params
     from sparseditto.kernel_templates.cuda.planning import tc_words as planning
 
-    assert words_auto_params({}, 11008, 4096, int(0.1 * 11008 * 4096)) == {"UNIT": 2, "WARPS": 8}
-    assert words_auto_params({}, 4096, 4096, int(0.3 * 4096 * 4096)) == {"UNIT": 1, "WARPS": 4}
-    assert words_auto_params({"UNIT": 1, "WARPS": 16, "PIPE": 3}, 11008, 4096, 10) == {"UNIT": 1, "WARPS": 16, "PIPE": 3}
+    assert words_auto_params({}, 11008, 4096, int(0.1 * 11008 * 4096)) == {"UNIT": 2, "WARPS": 8, "LOAD": "ring",
+                                                                             "RING_KB": 9}
+    assert words_auto_params({}, 11008, 4096, int(0.5 * 11008 * 4096))["LOAD"] == "group"
+    assert words_auto_params({}, 4096, 4096, int(0.3 * 4096 * 4096)) == {"UNIT": 1, "WARPS": 4, "LOAD": "ring",
+                                                                         "RING_KB": 14}
+    # the CTA stream from 512 row tiles with one-register units, except under the stream-K schedule
+    assert words_auto_params({"SCHED": "stream"}, 11008, 4096, 10)["LOAD"] == "ring"
+    fixed = {"UNIT": 1, "WARPS": 16, "PIPE": 3, "RING_KB": 8, "LOAD": "ring"}
+    assert words_auto_params(fixed, 11008, 4096, 10) == fixed
 
     class Stats:
         m, k, nnz = 4096, 4096, int(0.1 * 4096 * 4096)
-    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}]
+    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}, {"LOAD": "group"}]
+
+    class Wide(Stats):
+        m, nnz = 11008, int(0.5 * 11008 * 4096)
+    assert planning.grid(Wide, 8, None, None)[-1] == {"LOAD": "ring"}
 
 
 def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_path):

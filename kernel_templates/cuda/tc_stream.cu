@@ -206,6 +206,12 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 src_byt
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// A hint to pull `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2, nothing waited for:
+// the copy engine fetches them while the SM works, so a later cp.async finds them in L2.
+__device__ __forceinline__ void prefetch_l2(const void* src, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_wait_all() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_all;" ::: "memory");
 }
@@ -1216,121 +1222,173 @@ __device__ __forceinline__ void decode_quad(u32 va, uint2 L, u32& lo, u32& hi, u
     vnext = va + (L.y >> 16);
 }
 
+// A prologue the streaming kernels share (blob_stream_bulk, tc_scatter_rg, tc_words_grp): the CTA's K slice of B staged by
+// every thread and waited for, the accumulators zeroed; B's shared address back.
+template <int NT>
+__device__ __forceinline__ u32 stage_b_slice(unsigned char* smem, const u16* __restrict__ B, int c0, int chunks_per_cta,
+                                             int K, int n0, int N, long long ldb, int bvec, float (&acc)[1][NT][4]) {
+    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
+    cp_async_wait_all();
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    return smem_addr(smem);
+}
+
+// ---- the bulk blob ring (tc_bitmap; tc_words LOAD="bulk") -------------------------------------
 // Each warp streams its tile's blobs over the CTA's K slice in units of SD_UNIT consecutive blobs
-// (one bulk copy each) through a byte ring of RING_KB KiB in shared memory, up to SD_SLOTS units in
-// flight on mbarriers. Lane 0 places units in the ring (wrapping to the start when one does not fit
-// before the end; strict inequalities keep a full ring from ever looking empty) and issues the
-// copies; every lane waits on the unit's slot and walks its blobs by the size field of each header.
-// The warp's blob offsets are staged in shared memory first, so issuing never waits on global loads.
+// (one bulk copy each: a tile's blobs of a K slice are contiguous) through a byte ring of RING_KB
+// KiB in shared memory, up to SD_SLOTS units in flight on mbarriers. Lane 0 places units in the ring
+// (wrapping to the start when one does not fit before the end; strict inequalities keep a full ring
+// from ever looking empty) and issues the copies; every lane waits on the unit's slot and walks its
+// blobs by the staged offsets. The warp's blob offsets are staged in shared memory first, so issuing
+// never waits on global loads. Why bulk copies: one instruction moves a unit of 4 blobs, where the
+// cp.async ring (blob_stream) spends a size computation and a 16-byte copy per lane and round per
+// blob, and the ring keeps several KiB per warp in flight with few warps.
 #define SD_SLOTS 4
 #define SD_UNIT 4
 
-template <int BF16, int NT, int WARPS, int SPLIT, int RING_KB>
-__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
-tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
-          u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
-          int tiles, int bvec) {
+// Lane 0's side of a warp's ring: which units are in flight, where each sits.
+struct BulkBlobRing {
+    const unsigned char* blobs;
+    const u32* offs;      // the warp's staged blob offsets (16-byte units), chunks of its K slice
+    u32* pos;             // [SD_SLOTS] ring byte position of each slot's unit
+    u32 ring, bars;       // shared addresses of the ring and of the slots' mbarriers
+    u32 ring_bytes;
+    int chunks, units;    // chunks of the warp's K slice, bulk units they make
+    int issued = 0;       // units issued so far
+    u32 head = 0;         // the ring's next free byte
+    __device__ __forceinline__ BulkBlobRing(const unsigned char* blobs_, const u32* offs_, u32* pos_, u32 ring_,
+                                            u32 bars_, u32 ring_bytes_, int chunks_)
+        : blobs(blobs_), offs(offs_), pos(pos_), ring(ring_), bars(bars_), ring_bytes(ring_bytes_), chunks(chunks_),
+          units((chunks_ + SD_UNIT - 1) / SD_UNIT) {}
+    // Issue every unit that has a free slot and room in the ring, `consumed` units being done with.
+    __device__ __forceinline__ void issue_ready(int consumed) {
+        while (issued < units && issued - consumed < SD_SLOTS) {
+            const int cb = issued * SD_UNIT, ce = min(cb + SD_UNIT, chunks);
+            const u32 lo = offs[cb], size = (offs[ce] - lo) * 16u;
+            if (size > ring_bytes) __trap();   // the host sizes RING_KB to the largest unit; never overrun
+            u32 p;
+            if (issued == consumed) {
+                p = 0;
+            } else {
+                const u32 tail = pos[consumed % SD_SLOTS];
+                if (head >= tail) p = (head + size <= ring_bytes) ? head : (size < tail ? 0u : ring_bytes);
+                else p = (head + size < tail) ? head : ring_bytes;
+                if (p == ring_bytes) break;
+            }
+            const int slot = issued % SD_SLOTS;
+            pos[slot] = p;
+            bulk_load(ring + p, blobs + (u64)lo * 16u, size, bars + 8 * slot);
+            head = p + size;
+            ++issued;
+        }
+    }
+};
+
+// The stream itself, generic over the decoder (its chunk() as blob_stream's). Shared memory, in
+// order: B's slice, the split-K partials, Decoder::EXTRA, each warp's SD_SLOTS mbarriers, their ring
+// positions, each warp's ring, each warp's chunks + 1 offsets (tc_launch.smem_bytes).
+template <int BF16, int NT, int WARPS, int SPLIT, int RING_KB, class Decoder>
+__device__ __forceinline__ void blob_stream_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off,
+                                                 const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
+                                                 int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles,
+                                                 int bvec) {
     extern __shared__ __align__(16) unsigned char smem[];
-    constexpr int R = 1;
     constexpr u32 RING = RING_KB * 1024;
-    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, c1 = ww.c1, n0 = ww.n0;
     const int tile0 = ww.tile0, tile = ww.tile;
-    const int g = lane >> 2, t = lane & 3;
-    const bool active = ww.active(tiles);
-    const int nunits = active ? (c1 - c0 + SD_UNIT - 1) / SD_UNIT : 0;
-    const int b_bytes = SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    const int nc = ww.active(tiles) ? c1 - c0 : 0;
+    const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     unsigned char* cpart_p = smem + b_bytes;
-    uint2* lut = reinterpret_cast<uint2*>(cpart_p + SmemPlan<NT, R, WARPS, SPLIT>::cpart_bytes);
-    u64* bars = reinterpret_cast<u64*>(lut + 16);                                   // [WARPS][SD_SLOTS]
+    unsigned char* extra = cpart_p + SmemPlan<NT, 1, WARPS, SPLIT>::cpart_bytes;
+    u64* bars = reinterpret_cast<u64*>(extra + Decoder::EXTRA);                     // [WARPS][SD_SLOTS]
     u32* pos = reinterpret_cast<u32*>(bars + WARPS * SD_SLOTS);                     // [WARPS][SD_SLOTS]
     unsigned char* rings = reinterpret_cast<unsigned char*>(pos + WARPS * SD_SLOTS);   // [WARPS][RING]
     u32* offs = reinterpret_cast<u32*>(rings + WARPS * RING);                       // [WARPS][chunks_per_cta + 1]
     u32* my_pos = pos + warp * SD_SLOTS;
     u32* my_offs = offs + warp * (chunks_per_cta + 1);
-    const u32 my_ring = smem_addr(rings + warp * RING);
+    unsigned char* my_ring = rings + warp * RING;
     const u32 my_bars = smem_addr(bars + warp * SD_SLOTS);
-    if (threadIdx.x < 16) lut[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
-    if (active) {
+    Decoder dec(extra, warp, lane);
+    if (nc) {
         const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
-        for (int i = lane; i <= c1 - c0; i += 32) my_offs[i] = off[i];
+        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
     }
     if (lane == 0) {
         for (int i = 0; i < SD_SLOTS; ++i) mbar_init(my_bars + 8 * i, 1);
         fence_barrier_init();
     }
     __syncwarp();
-    int issued = 0;                                   // lane 0: units issued, the ring's next free byte
-    u32 head = 0;
-    auto issue_ready = [&](int consumed) {
-        while (issued < nunits && issued - consumed < SD_SLOTS) {
-            const int cb = issued * SD_UNIT, ce = min(cb + SD_UNIT, c1 - c0);
-            const u32 lo = my_offs[cb], size = (my_offs[ce] - lo) * 16u;
-            if (size > RING) __trap();   // the host sizes RING_KB to the largest unit; never overrun
-            u32 p;
-            if (issued == consumed) {
-                p = 0;
-            } else {
-                const u32 tail = my_pos[consumed % SD_SLOTS];
-                if (head >= tail) p = (head + size <= RING) ? head : (size < tail ? 0u : RING);
-                else p = (head + size < tail) ? head : RING;
-                if (p == RING) break;
-            }
-            const int slot = issued % SD_SLOTS;
-            my_pos[slot] = p;
-            bulk_load(my_ring + p, blobs + (u64)lo * 16u, size, my_bars + 8 * slot);
-            head = p + size;
-            ++issued;
-        }
-    };
-    if (lane == 0) issue_ready(0);
-    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
-    cp_async_wait_all();
-    __syncthreads();
-    const u32 bs = smem_addr(smem);
-    const u32 lut_addr = smem_addr(lut);
-    const u32 lmask = t ? ((1u << (8 * t)) - 1u) : 0u;
-    float acc[R][NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
-    for (int u = 0; u < nunits; ++u) {
+    BulkBlobRing ring(blobs, my_offs, my_pos, smem_addr(my_ring), my_bars, RING, nc);
+    if (lane == 0) ring.issue_ready(0);
+    float acc[1][NT][4];
+    const u32 bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
+    for (int u = 0; u < ring.units; ++u) {
         const int slot = u % SD_SLOTS;
         mbar_wait(my_bars + 8 * slot, (u32)((u / SD_SLOTS) & 1));
-        u32 buf = my_ring + my_pos[slot];
-        const int cb = u * SD_UNIT, ce = min(cb + SD_UNIT, c1 - c0);
+        const unsigned char* buf = my_ring + my_pos[slot];
+        const int cb = u * SD_UNIT, ce = min(cb + SD_UNIT, nc);
         for (int cc = cb; cc < ce; ++cc) {
-            uint4 wv;
-            u32 pv, cum01, cum23, size;
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(wv.x), "=r"(wv.y), "=r"(wv.z), "=r"(wv.w) : "r"(buf + 16 * g));
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pv) : "r"(buf + 128 + 4 * g));
-            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(cum01), "=r"(cum23) : "r"(buf + 160));
-            asm volatile("ld.shared.u32 %0, [%1];" : "=r"(size) : "r"(buf + 168));
-            const u32 wsteps[4] = {wv.x, wv.y, wv.z, wv.w};
-            const u32 vstep[4] = {0u, cum01 >> 16, cum23 & 0xFFFFu, cum23 >> 16};
-            const u32 vals0 = buf + SD_BITMAP_HDR;
-#pragma unroll
-            for (int s = 0; s < 4; ++s) {
-                const u32 w = wsteps[s];
-                const u32 rank = prmt(pv, 0u, 0x4440u + s) + (u32)__popc(w & lmask);
-                const u32 octet = w >> (8 * t);
-                uint2 Llo, Lhi;
-                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Llo.x), "=r"(Llo.y) : "r"(lut_addr + 8 * (octet & 15u)));
-                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Lhi.x), "=r"(Lhi.y) : "r"(lut_addr + 8 * ((octet >> 4) & 15u)));
-                u32 a0, a2, a1, a3, vmid, vend;
-                decode_quad(vals0 + 2 * (vstep[s] + rank), Llo, a0, a2, vmid);
-                decode_quad(vmid, Lhi, a1, a3, vend);
-                u32 b[NT][2];
-                load_b_step<NT>(bs, cc * SD_CHUNK + 16 * s, b);
-#pragma unroll
-                for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
-            }
-            buf += size;
+            dec.template chunk<BF16, NT>(buf, bs, cc, acc);
+            buf += (my_offs[cc + 1] - my_offs[cc]) * 16u;
         }
         __syncwarp();
-        if (lane == 0) issue_ready(u + 1);
+        if (lane == 0) ring.issue_ready(u + 1);
         __syncwarp();
     }
-    epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+    epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, reinterpret_cast<float*>(cpart_p), C, ldc, M, N, n0, tile0);
+}
+
+// tc_bitmap's decoder: the chunk's header (step words, lane-group ranks, step bases), a popc rank per
+// lane and step, the nibble table's PRMTs.
+struct BitmapDecoder {
+    static constexpr int EXTRA = 16 * 8;                         // the quad table (tc_launch.LUT_BYTES)
+    u32 lut_addr, lmask;
+    int g;
+    __device__ __forceinline__ BitmapDecoder(unsigned char* extra, int, int lane)
+        : lut_addr(smem_addr(extra)), lmask((lane & 3) ? ((1u << (8 * (lane & 3))) - 1u) : 0u), g(lane >> 2) {
+        if (threadIdx.x < 16) reinterpret_cast<uint2*>(extra)[threadIdx.x] = make_uint2(lut_entry_x(threadIdx.x), lut_entry_y(threadIdx.x));
+    }
+    template <int BF16, int NT>
+    __device__ __forceinline__ void chunk(const unsigned char* blob, u32 bs, int cc, float (&acc)[1][NT][4]) const {
+        const u32 buf = smem_addr(blob);
+        const int t = (int)(threadIdx.x & 3);
+        uint4 wv;
+        u32 pv, cum01, cum23;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(wv.x), "=r"(wv.y), "=r"(wv.z), "=r"(wv.w) : "r"(buf + 16 * g));
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pv) : "r"(buf + 128 + 4 * g));
+        asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(cum01), "=r"(cum23) : "r"(buf + 160));
+        const u32 wsteps[4] = {wv.x, wv.y, wv.z, wv.w};
+        const u32 vstep[4] = {0u, cum01 >> 16, cum23 & 0xFFFFu, cum23 >> 16};
+        const u32 vals0 = buf + SD_BITMAP_HDR;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const u32 w = wsteps[s];
+            const u32 rank = prmt(pv, 0u, 0x4440u + s) + (u32)__popc(w & lmask);
+            const u32 octet = w >> (8 * t);
+            uint2 Llo, Lhi;
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Llo.x), "=r"(Llo.y) : "r"(lut_addr + 8 * (octet & 15u)));
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(Lhi.x), "=r"(Lhi.y) : "r"(lut_addr + 8 * ((octet >> 4) & 15u)));
+            u32 a0, a2, a1, a3, vmid, vend;
+            decode_quad(vals0 + 2 * (vstep[s] + rank), Llo, a0, a2, vmid);
+            decode_quad(vmid, Lhi, a1, a3, vend);
+            u32 b[NT][2];
+            load_b_step<NT>(bs, cc * SD_CHUNK + 16 * s, b);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) mma16816<BF16>(acc[0][j], a0, a1, a2, a3, b[j][0], b[j][1]);
+        }
+    }
+};
+
+template <int BF16, int NT, int WARPS, int SPLIT, int RING_KB>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_bitmap(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+          u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+          int tiles, int bvec) {
+    blob_stream_bulk<BF16, NT, WARPS, SPLIT, RING_KB, BitmapDecoder>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                                    chunks_per_cta, tiles, bvec);
 }
 
 // ---- tc_lanemask ----------------------------------------------------------------------------
@@ -1393,8 +1451,12 @@ __device__ __forceinline__ void issue_blob(u32 slot, const unsigned char* __rest
 // 16-byte cp.async per lane, PIPE-1 blobs in flight; B's slice is staged once; the decoder turns each
 // landed blob into the chunk's four k16 steps of mma. Shared memory, in order: B's slice, the split-K
 // partials, the decoder's EXTRA bytes (a table, or fragment scratch per warp), each warp's blob
-// offsets, each warp's ring (tc_launch.smem_bytes has the same arithmetic).
-template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, class Decoder>
+// offsets, each warp's ring (tc_launch.smem_bytes has the same arithmetic). PF > 0 (tc_words' PF): lane 0
+// also asks the copy engine to pull blobs into L2 PF blobs beyond the ring's last copy, so the ring's
+// copies find them there. Why: ncu (session 35, 11008x4096 50% N = 16) put 26% of the stall samples on
+// the warp waiting for its next blob (WARPSYNC after the cp.async wait), with one blob in flight per warp
+// at PIPE 2, and a deeper ring costs shared memory and CTAs per SM (PIPE 3 measured 3.4% slower).
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, class Decoder, int PF = 0>
 __device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off,
                                             const u16* __restrict__ B, u16* __restrict__ C, int M, int N, int K,
                                             int Kp, long long ldb, long long ldc, int chunks_per_cta, int tiles,
@@ -1418,6 +1480,14 @@ __device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ bl
         const u32 lo = my_offs[i];
         issue_blob(ring_addr + (u32)((i % PIPE) * slot_bytes), blobs, lo, my_offs[i + 1] - lo, lane);
     };
+    // Blobs [i0, i1) of the slice into L2 (one bulk prefetch: a tile's blobs of a slice are contiguous).
+    auto prefetch = [&](int i0, int i1) {
+        if (lane == 0 && i0 < i1) {
+            const u32 lo = my_offs[i0], hi = my_offs[i1];
+            if (hi > lo) prefetch_l2(blobs + (u64)lo * 16u, (hi - lo) * 16u);
+        }
+    };
+    if (PF) prefetch(PIPE - 1, min(nc, PIPE - 1 + PF));
     stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
     cp_async_commit();                                           // group: B's slice
 #pragma unroll
@@ -1432,6 +1502,7 @@ __device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ bl
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
     for (int i = 0; i < nc; ++i) {
+        if (PF && i + PIPE - 1 + PF < nc) prefetch(i + PIPE - 1 + PF, i + PIPE + PF);
         if (i + PIPE - 1 < nc) issue(i + PIPE - 1);
         cp_async_commit();
         cp_async_wait<PIPE - 1>();                               // blob i has landed (this lane's pieces)
@@ -1674,13 +1745,8 @@ tc_scatter_rg(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
     ScatterRegs ra, rb;
     if (nc) scatter_regs_load(blobs, my_offs, 0, lane, ra);      // the first blob's loads overlap B's staging
     if (nc > 1) scatter_regs_prefetch(blobs, my_offs, 1, lane);
-    stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
-    cp_async_wait_all();
-    __syncthreads();
-    const u32 bs = smem_addr(smem);
     float acc[1][NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    const u32 bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
     for (int i = 0; i < nc; i += 2) {                            // ra holds blob i, rb blob i + 1
         if (i + 1 < nc) scatter_regs_load(blobs, my_offs, i + 1, lane, rb);
         if (i + 2 < nc) scatter_regs_prefetch(blobs, my_offs, i + 2, lane);
@@ -1764,13 +1830,110 @@ struct WordsDecoder {
     }
 };
 
-template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, int UNIT>
+template <int BF16, int NT, int WARPS, int SPLIT, int PIPE, int UNIT, int PF>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
 tc_words(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
          u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
          int tiles, int bvec, int slot_bytes) {
-    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, WordsDecoder<UNIT>>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
-                                                                  chunks_per_cta, tiles, bvec, slot_bytes);
+    blob_stream<BF16, NT, WARPS, SPLIT, PIPE, WordsDecoder<UNIT>, PF>(blobs, blob_off, B, C, M, N, K, Kp, ldb, ldc,
+                                                                      chunks_per_cta, tiles, bvec, slot_bytes);
+}
+
+// tc_words on the bulk blob ring (LOAD="bulk"): the same blobs and decoder, each warp's blobs moved four
+// at a time by the copy engine into a RING_KB ring (blob_stream_bulk). Why: ncu on the cp.async ring
+// (session 34, 11008x4096 90% N = 8) put the ring's per-blob size arithmetic and copy issue among the
+// top stalls, and the ring holds one blob in flight per warp at PIPE 2 (~1.6 KiB at 50%), so the SMs
+// read the format at 58-64% of a pure read; a bulk ring keeps several units (KiB each) in flight.
+template <int BF16, int NT, int WARPS, int SPLIT, int RING_KB, int UNIT>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__(WARPS * 32)
+tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+              int tiles, int bvec) {
+    blob_stream_bulk<BF16, NT, WARPS, SPLIT, RING_KB, WordsDecoder<UNIT>>(blobs, blob_off, B, C, M, N, K, Kp, ldb,
+                                                                        ldc, chunks_per_cta, tiles, bvec);
+}
+
+// ---- tc_words on a CTA stream (LOAD="group") ----------------------------------------------------
+// The blobs of a CTA's WARPS row tiles are packed chunk by chunk (TCWords with group = WARPS: for each
+// group of WARPS tiles, chunk c's blobs of tile 0 .. WARPS-1, then chunk c + 1's), so what the whole CTA
+// needs for one chunk is one contiguous run, and one bulk copy moves it. A producer warp (the CTA's
+// last) keeps STAGES such copies in flight on "full" mbarriers; each consumer warp waits for its chunk,
+// decodes its own blob (WordsDecoder) at its offset inside the stage, and arrives on the stage's "empty"
+// barrier, which the producer waits for before refilling it. blob_off holds, per group, its nchunks *
+// WARPS blob starts (16-byte units, chunk-major) and the group's end; a tile past M has empty blobs.
+// Shared memory: B's slice, the full and empty barriers, the group's offsets of the slice (to 16
+// bytes), the STAGES stages of stage_bytes (the pack's largest chunk run), the split-K partials over
+// the stages once every stage is consumed (tc_launch.smem_bytes).
+// Why: the per-warp cp.async ring (blob_stream) keeps one ~1.6 KiB blob in flight per warp at 50%
+// sparsity and reads the format at 62-68% of a pure read; ncu (session 35) puts 26% of its stall samples
+// on that wait. A per-warp bulk ring (tc_words_bulk) cost the CTAs per SM and ran 0.41-1.12x cuBLAS,
+// and an L2 prefetch ahead of the ring 4-25% slower: one copy per chunk for the whole CTA keeps
+// STAGES x ~13 KiB in flight at 8 warps without a ring per warp.
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT>
+__global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
+tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
+             u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
+             int tiles, int bvec, int stage_bytes) {
+    static_assert(STAGES >= 2, "one chunk in flight while another is decoded");
+    extern __shared__ __align__(16) unsigned char smem[];
+    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
+    const int nc = max(0, ww.c1 - c0);
+    const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    u64* bar_p = reinterpret_cast<u64*>(smem + b_bytes);
+    const u32 bars = smem_addr(bar_p);                          // full[STAGES], then empty[STAGES]
+    u32* offs = reinterpret_cast<u32*>(bar_p + 2 * STAGES);
+    unsigned char* stages = reinterpret_cast<unsigned char*>(offs) + ((chunks_per_cta * WARPS + 1) * 4 + 15) / 16 * 16;
+    const u32 stage0 = smem_addr(stages);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(bars + 8 * s, 1);                         // the producer's expect_tx arrival
+            mbar_init(bars + 8 * (STAGES + s), WARPS);          // one arrival per consumer warp
+        }
+        fence_barrier_init();
+    }
+    if (nc) {
+        const u32* off = blob_off + (long long)blockIdx.x * (nchunks * WARPS + 1) + c0 * WARPS;
+        for (int i = threadIdx.x; i <= nc * WARPS; i += blockDim.x) offs[i] = off[i];
+    }
+    __syncthreads();                                            // barriers and offsets in place
+    auto issue = [&](int i) {                                   // the producer: chunk i into stage i % STAGES
+        const int s = i % STAGES;
+        const u32 lo = offs[i * WARPS], bytes = (offs[(i + 1) * WARPS] - lo) * 16u;
+        mbar_expect_tx(bars + 8 * s, bytes);                    // 0 bytes: a plain arrival completes the phase
+        if (bytes) bulk_copy(stage0 + (u32)(s * stage_bytes), blobs + (u64)lo * 16u, bytes, bars + 8 * s);
+    };
+    const bool producer = warp == WARPS && lane == 0;
+    if (producer)
+        for (int i = 0; i < min(STAGES, nc); ++i) issue(i);    // in flight while B is staged
+    float acc[1][NT][4];
+    const u32 bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
+    if (warp == WARPS) {
+        if (producer)
+            for (int i = STAGES; i < nc; ++i) {
+                mbar_wait(bars + 8 * (STAGES + i % STAGES), ((i / STAGES) - 1) & 1);   // chunk i - STAGES consumed
+                issue(i);
+            }
+    } else {
+        const bool live = ww.tile < tiles;                      // a tile past M has empty blobs
+        const WordsDecoder<UNIT> dec(nullptr, warp, lane);
+        for (int i = 0; i < nc; ++i) {
+            const int s = i % STAGES;
+            mbar_wait(bars + 8 * s, (i / STAGES) & 1);
+            if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[i * WARPS + warp] - offs[i * WARPS]) * 16u,
+                                                   bs, i, acc);
+            __syncwarp();                                       // every lane's loads of the stage are done
+            if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
+        }
+    }
+    float* cpart = reinterpret_cast<float*>(stages);
+    if (SPLIT == 1) {
+        if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        return;
+    }
+    __syncthreads();                                            // every stage consumed: partials go over them
+    if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+    else split_reduce<BF16, NT, WARPS * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
 }
 
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
@@ -1965,9 +2128,16 @@ SD_LM(0, 2, 8, 4, 4) SD_LM(1, 1, 4, 1, 3) SD_LM(0, 4, 8, 8, 4) SD_LM(0, 2, 16, 2
 #define SD_SC(BF, NT, W, S, P) template __global__ void tc_scatter<BF, NT, W, S, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
 SD_SC(0, 2, 8, 4, 3) SD_SC(1, 1, 4, 1, 3) SD_SC(0, 4, 8, 8, 4) SD_SC(0, 2, 16, 2, 2)
-#define SD_WD(BF, NT, W, S, P, U) template __global__ void tc_words<BF, NT, W, S, P, U>( \
+#define SD_WD(BF, NT, W, S, P, U, PF) template __global__ void tc_words<BF, NT, W, S, P, U, PF>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WD(0, 1, 8, 8, 3, 1) SD_WD(1, 2, 4, 4, 4, 2) SD_WD(0, 8, 8, 2, 2, 1) SD_WD(0, 1, 4, 8, 3, 2)
+SD_WD(0, 1, 8, 8, 3, 1, 0) SD_WD(1, 2, 4, 4, 4, 2, 0) SD_WD(0, 8, 8, 2, 2, 1, 0) SD_WD(0, 1, 4, 8, 3, 2, 0)
+SD_WD(0, 2, 8, 4, 2, 1, 4) SD_WD(1, 1, 4, 8, 2, 2, 8)
+#define SD_WB(BF, NT, W, S, RK, U) template __global__ void tc_words_bulk<BF, NT, W, S, RK, U>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
+SD_WB(0, 1, 4, 4, 16, 1) SD_WB(1, 2, 8, 2, 24, 2) SD_WB(0, 8, 4, 8, 12, 1) SD_WB(0, 2, 2, 1, 32, 2)
+#define SD_WG2(BF, NT, W, S, ST, U) template __global__ void tc_words_grp<BF, NT, W, S, ST, U>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_WG2(0, 1, 8, 4, 3, 1) SD_WG2(1, 2, 8, 4, 2, 2) SD_WG2(0, 8, 4, 8, 4, 1) SD_WG2(0, 2, 4, 1, 3, 1)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

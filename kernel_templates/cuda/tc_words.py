@@ -29,14 +29,26 @@ META = {
                    "split-K over a CTA cluster",
     # UNIT: fragment registers kept or dropped together (1: two values of a row, 4 bytes; 2: four, 8 bytes)
     # SCHED: "cluster" = a K split over a thread-block cluster; "stream" = tc_scatter's stream-K grid
-    # (tc_words_sk; written after session 34's device time, not yet measured: the planner does not try it)
-    "params": {"WARPS": ["auto", 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
-               "SCHED": ["cluster", "stream"]},
+    # (tc_words_sk; H200 session 35: 0.58-1.10x cuBLAS where "cluster" ran 0.91-1.44x, slower on all 12 rows)
+    # PF: blobs lane 0 asks the copy engine to pull into L2 beyond the ring's last copy (LOAD="ring")
+    # LOAD: "ring" = blob_stream's cp.async ring of PIPE blobs per warp; "bulk" = blob_stream_bulk: four blobs
+    # per bulk (TMA) copy into a RING_KB byte ring per warp, up to four copies in flight (tc_words_bulk;
+    # "auto" RING_KB holds three mean copies, raised to the pack's largest: cost.words_ring_kb). H200
+    # session 35: "bulk" 0.41-1.12x cuBLAS over 84 rows (WARPS 2-8, SPLIT 1-8, RING_KB 9-20), slower than
+    # "ring" on every one: its rings cost the CTAs per SM (7.6 warps per SM where "ring" keeps 21.6);
+    # "group" = tc_words_grp: the pack stores each CTA's WARPS tiles chunk by chunk, a producer warp moves
+    # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group" from 512
+    # row tiles (with 8 warps: 4-9% faster than "ring" at 50-70% on 11008x4096, H200 session 35), else "ring"
+    "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
+               "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
+               "PF": [0, 2, 4, 8]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
-    # "auto" UNIT and WARPS follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps from 512 row tiles)
-    "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster"},
-    "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}],
+    # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
+    # CTA stream from 512 row tiles)
+    "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
+                 "RING_KB": "auto", "PF": 0},
+    "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
     "dtypes": ["float16", "bfloat16"],
@@ -51,9 +63,10 @@ from sparseditto.tc_formats import TCWords
 
 def prepare(A, dtype, device) -> dict:
     """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled
-    kernels; "auto" UNIT / WARPS resolved for this matrix (packed['params'] holds the numbers)."""
+    kernels; "auto" UNIT / WARPS / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
-    return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]),))
+    group = int(params["WARPS"]) if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
+    return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group))
 
 
 def spmm(packed: dict, B, out) -> None:

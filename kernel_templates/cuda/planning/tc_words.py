@@ -9,6 +9,9 @@ choices: 4096x4096 14.0-14.8 / 12.3-13.1 / 10.1-11.0 us at 50 / 70 / 90%, 11008x
 16x64 block whatever its bytes (ncu at 11008x4096: the blob ring's per-block issue and the split-K
 cluster barrier lead the stall samples), which is the decode floor below (a lower bound, as every
 template's; the byte roofline is the other). At 50-70% it reads its bytes at 52-71% of a pure read.
+Session 35: on 11008x4096 the CTA stream (LOAD "auto" -> "group" from 512 row tiles with one-register
+units) runs 50% in 24.9-26.4 us (0.97-1.02x cuBLAS, 70-74% of a pure read) and 70% in 21.6-23.2 us
+(1.11-1.17x), fp16 and bf16; the grid tries the other load.
 """
 from __future__ import annotations
 
@@ -31,9 +34,11 @@ def applicable(stats, template) -> tuple[bool, str]:
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
-    """The auto choice, then the other warp count, the other unit size, the deeper ring."""
+    """The auto choice, then the other warp count, the other unit size, the deeper ring (or stream),
+    the other way of loading the blobs (the CTA stream or the per-warp ring)."""
     auto = words_auto_params({}, stats.m, stats.k, stats.nnz)
-    return [{}, {"WARPS": 12 - auto["WARPS"]}, {"UNIT": 3 - auto["UNIT"]}, {"PIPE": 3}]
+    other = "ring" if auto["LOAD"] == "group" else "group"
+    return [{}, {"WARPS": 12 - auto["WARPS"]}, {"UNIT": 3 - auto["UNIT"]}, {"PIPE": 3}, {"LOAD": other}]
 
 
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
