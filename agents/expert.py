@@ -74,6 +74,10 @@ PER_NONZERO_MAX_N = 8
 # measured 0.85-1.03x cuBLAS (session 34), the dense stream ~1.0-1.1x; at 70% 1.03-1.19x
 WORDS_FIRST_SPARSITY = 0.6
 WORDS_MEASURED_N = 16     # tc_words goes first only up to the widest N measured (N = 17-32: second)
+# ... and, on weights with K >= WORDS_LONG_K at N > PER_NONZERO_MAX_N below 85%, second behind the dense
+# stream: on 4096x11008 at N = 16 each CTA stages a long B slice (58-62 KB of shared memory) and tc_words
+# measured 0.80-0.84x cuBLAS at 50-70% (session 34) and 0.75 / 0.83x (session 35, any SPLIT / WARPS)
+WORDS_LONG_K = 8192
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
 # graphs and meshes: the row-decomposed CUDA CSR kernel (items of <= CHUNK nonzeros, hub rows split, lane
 # groups per short row) goes first on power-law and banded rows from N = 8, and on >= 95%-sparse
@@ -134,7 +138,8 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
             return ("tc_words", "csr_rowsplit", "tc_bitmap", "csr_balanced", "bitmap_tiles")
         if sparsity >= 0.85 and n <= DENSE_STREAM_MAX_N:
             return ("csr_rowsplit", "tc_words", "tc_bitmap", "csr_balanced", "bitmap_tiles")
-        if sparsity >= WORDS_FIRST_SPARSITY and n <= WORDS_MEASURED_N:
+        long_k = int((report.get("shape") or (0, 0))[1]) >= WORDS_LONG_K and n > PER_NONZERO_MAX_N
+        if sparsity >= WORDS_FIRST_SPARSITY and n <= WORDS_MEASURED_N and not long_k:
             return ("tc_words", "tc_dense", "bitmap_tiles", "csr_rowsplit", "csr_balanced")
         if sparsity >= 0.5 and n <= DENSE_STREAM_MAX_N:
             return ("tc_dense", "tc_words", "bitmap_tiles", "csr_rowsplit", "csr_balanced")

@@ -181,6 +181,13 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     # tc_words first only where it was measured (N <= 16); at N = 17-32 it is tried second
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 32)[:2] == ("tc_dense", "tc_words")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 24)[:2] == ("csr_rowsplit", "tc_words")
+    # a long K (4096x11008) at N = 9-16 below 85%: tc_words measured 0.75-0.84x there, the dense stream first;
+    # at N <= 8 and at 90% it keeps its place
+    long_k = {"pattern": "unstructured", "sparsity": 0.7, "shape": [4096, 11008]}
+    assert pattern_preferences(long_k, 16)[:2] == ("tc_dense", "tc_words")
+    assert pattern_preferences(long_k, 8)[0] == "tc_words"
+    assert pattern_preferences({**long_k, "sparsity": 0.9}, 16)[0] == "tc_words"
+    assert pattern_preferences({**long_k, "shape": [11008, 4096]}, 16)[0] == "tc_words"
     # the delta-coded SpMV at N <= 4 from 50% (45%: the threshold), not at N = 8 or below 45%
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.9}, 1)[:2] == ("delta_spmv", "tc_words")
     assert pattern_preferences({"pattern": "unstructured", "sparsity": 0.7}, 1)[0] == "delta_spmv"
