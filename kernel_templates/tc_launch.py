@@ -591,7 +591,7 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
 
 
 def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0, group: int = 0) -> dict:
-    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (tc_bitmap), the
+    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (the bulk rings), the
     ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES) and the unit they were packed with
     (tc_words: UNIT), and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD
     set to stream it: properties of the packed matrix, not launch choices, so a launch with other

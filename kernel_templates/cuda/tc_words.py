@@ -34,11 +34,12 @@ META = {
     # LOAD: "ring" = blob_stream's cp.async ring of PIPE blobs per warp; "bulk" = blob_stream_bulk: four blobs
     # per bulk (TMA) copy into a RING_KB byte ring per warp, up to four copies in flight (tc_words_bulk;
     # "auto" RING_KB holds three mean copies, raised to the pack's largest: cost.words_ring_kb). H200
-    # session 35: "bulk" 0.41-1.12x cuBLAS over 84 rows (WARPS 2-8, SPLIT 1-8, RING_KB 9-20), slower than
+    # session 35: "bulk" 0.37-1.12x cuBLAS over 64 rows (WARPS 2-8, SPLIT 1-8, RING_KB 9-20), slower than
     # "ring" on every one: its rings cost the CTAs per SM (7.6 warps per SM where "ring" keeps 21.6);
     # "group" = tc_words_grp: the pack stores each CTA's WARPS tiles chunk by chunk, a producer warp moves
-    # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group" from 512
-    # row tiles (with 8 warps: 4-9% faster than "ring" at 50-70% on 11008x4096, H200 session 35), else "ring"
+    # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group"
+    # from 512 row tiles with one-register units (11008x4096, H200 session 35: 7-11% faster than "ring" at
+    # 50%, 1-4% at 70%; 2-3% slower at 90% with two-register units), else "ring"
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
                "PF": [0, 2, 4, 8]},
@@ -63,7 +64,7 @@ from sparseditto.tc_formats import TCWords
 
 def prepare(A, dtype, device) -> dict:
     """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled
-    kernels; "auto" UNIT / WARPS / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
+    kernels; "auto" UNIT / WARPS / LOAD / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
     group = int(params["WARPS"]) if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
     return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group))
