@@ -34,6 +34,7 @@ BLOB_RING_KINDS = ("lanemask", "scatter", "words")   # blob_stream kernels: ring
 STREAM_KINDS = ("scatter", "words")   # kernels with a stream-K schedule (SCHED="stream": blob_stream_sk in tc_stream.cu)
 SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
+STAGE_CHUNKS_CHOICES = (1, 2, 4)   # tc_words_grp's CH: chunks per stage (one bulk copy, one barrier round trip)
 WORDS_LOAD_CHOICES = ("ring", "bulk", "group")   # tc_words' LOAD: the cp.async blob ring, the bulk ring
                                                 # (tc_words_bulk), or the CTA stream (tc_words_grp)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
@@ -468,6 +469,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
                                  f"{params.get('GROUP', 1)}, the launch WARPS={warps}; prepare with LOAD='group'.")
             if pipe < 2:
                 raise ValueError(f"LOAD='group' keeps PIPE >= 2 stages (one in flight while one is decoded), got {pipe}.")
+            if int(params.get("STAGE_CHUNKS", 1)) not in STAGE_CHUNKS_CHOICES:
+                raise ValueError(f"STAGE_CHUNKS must be one of {STAGE_CHUNKS_CHOICES}, got {params.get('STAGE_CHUNKS')!r}.")
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
         mcast = tma_multicast(params) if load == "tma" else 1
         if split != "auto" and int(split) * mcast > CLUSTER_MAX:
@@ -505,12 +508,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     return {"nt": nt, "split": s, "chunks_per_cta": cpc, "smem": smem, "grid": (gx, s, gz),
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
-            "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load)}
+            "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load),
+            "stage_chunks": int(params.get("STAGE_CHUNKS", 1)) if load == "group" else 1}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "words" and geom.get("load") == "group":
-        return f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}>"
+        return (f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
+                f"{geom.get('stage_chunks', 1)}>")
     if kind == "words" and geom.get("load") == "bulk":
         return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":
@@ -590,11 +595,12 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
     return max(1, -(-largest // 1024))
 
 
-def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0, group: int = 0) -> dict:
+def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0, group: int = 0,
+                  stage_chunks: int = 0) -> dict:
     """The template's PARAMS with RING_KB raised to the floor the packed blobs need (the bulk rings), the
     ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES) and the unit they were packed with
     (tc_words: UNIT), and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD
-    set to stream it: properties of the packed matrix, not launch choices, so a launch with other
+    set to stream it, and the STAGE_CHUNKS its stage size (SLOT_BYTES) was measured for: properties of the packed matrix, not launch choices, so a launch with other
     params (a sweep) still reads the bytes as they are."""
     out = dict(params)
     if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
@@ -607,6 +613,8 @@ def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, uni
         out["GROUP"] = int(group)
     if group > 1:
         out["WARPS"], out["LOAD"] = int(group), "group"
+    if stage_chunks:
+        out["STAGE_CHUNKS"] = int(stage_chunks)
     return out
 
 
@@ -656,18 +664,19 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
                    device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0,
-                   slot_bytes: int = 0, unit: int = 0, group: int = 0) -> dict:
+                   slot_bytes: int = 0, unit: int = 0, group: int = 0, stage_chunks: int = 0) -> dict:
     """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
 
     `ring_floor_kb` (tc_bitmap, tc_words: `bulk_ring_floor_kb` of the offsets) raises RING_KB wherever a
     launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
     `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob;
     `unit` (tc_words: the packed `TCWords.unit`) fixes the kernel's UNIT whatever params say later,
-    `group` (tc_words: `TCWords.group`) its GROUP (and, above 1, WARPS and LOAD="group")."""
+    `group` (tc_words: `TCWords.group`) its GROUP (and, above 1, WARPS and LOAD="group"), `stage_chunks`
+    the chunks per stage its SLOT_BYTES holds."""
     sms = runtime.sm_count(device)
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
-    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit, group)
+    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit, group, stage_chunks)
     b_tma = tensor_map.k_fits(int(shape[1]))      # an aligned B of these K rows can take the tensor map
     geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
@@ -687,13 +696,15 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
             "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
             "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "unit": int(unit), "group": int(group),
+            "stage_chunks": int(stage_chunks),
             "sm_count": sms, "cc": cc,
             "kernels": kernels,
             "regs_by_nt": regs_by_nt,
             "cuda_src": cuda_src, "scratch": {}}
 
 
-def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str, pack_args: tuple = ()) -> dict:
+def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str, pack_args: tuple = (),
+                   stage_chunks: int = 0) -> dict:
     """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class; `pack_args`
     after the dtype, e.g. tc_words' unit) in the dtype's bits, move its kernel arrays to `device` and
     compile what the launches can reach."""
@@ -702,9 +713,10 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     tiles, chunks, arrays = fmt.kernel_arrays()
     group = int(getattr(fmt, "group", 0))
     floor = bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0
-    slot = fmt.slot_bytes() if kind in BLOB_RING_KINDS else 0
+    slot = (fmt.slot_bytes(stage_chunks) if stage_chunks else fmt.slot_bytes()) if kind in BLOB_RING_KINDS else 0
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
-                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0), group=group)
+                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0), group=group,
+                          stage_chunks=stage_chunks)
 
 
 def kernel_registers(fn) -> int:
@@ -731,7 +743,7 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
     params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0),
-                           packed.get("unit", 0), packed.get("group", 0))
+                           packed.get("unit", 0), packed.get("group", 0), packed.get("stage_chunks", 0))
     m, k = packed["shape"]
     b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
 

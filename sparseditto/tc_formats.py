@@ -741,13 +741,16 @@ class TCWords(_BlobFormat):
         return [(tile, c, int(flat[tile // g, c * g + tile % g]), int(flat[tile // g, c * g + tile % g + 1]))
                 for tile in range(tiles) for c in range(chunks)]
 
-    def slot_bytes(self) -> int:
-        """The ring slot (the largest blob), or with `group` > 1 a CTA stream's stage: the largest
-        chunk run of a group (what one bulk copy moves)."""
+    def slot_bytes(self, chunks: int = 1) -> int:
+        """The ring slot (the largest blob), or with `group` > 1 a CTA stream's stage: the largest run
+        of `chunks` consecutive chunks of a group, from any first chunk (what one bulk copy moves,
+        wherever a K slice starts)."""
         if self.group == 1:
             return super().slot_bytes()
-        runs = np.diff(self.offsets[:, ::self.group].astype(np.int64), axis=1)
-        return int(runs.max(initial=1)) * 16
+        starts = self.offsets[:, ::self.group].astype(np.int64)           # [groups, chunks + 1]
+        n = starts.shape[1] - 1
+        ends = np.minimum(np.arange(n) + chunks, n)
+        return int((starts[:, ends] - starts[:, :n]).max(initial=1)) * 16
 
     def kernel_arrays(self) -> tuple[int, int, dict]:
         if self.group == 1:

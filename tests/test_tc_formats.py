@@ -394,6 +394,10 @@ def test_words_group_order_stores_each_ctas_chunk_as_one_run(m, k, density, nm, 
                 assert fmt.blobs[start:end].tobytes() == plain.blobs[p0:p1].tobytes()
             runs.append(int(fmt.offsets[g, (c + 1) * group] - fmt.offsets[g, c * group]) * 16)
     assert fmt.slot_bytes() == max(runs)
+    starts = fmt.offsets[:, ::group].astype(np.int64)                  # each chunk's run start, per group
+    for ch in (2, 4):                                                   # stages of ch chunks, any first chunk
+        span = max(int(starts[g, min(c + ch, chunks)] - starts[g, c]) for g in range(groups) for c in range(chunks))
+        assert fmt.slot_bytes(ch) == span * 16 >= fmt.slot_bytes()
     with pytest.raises(ValueError, match="group=0"):
         tf.TCWords.from_matrix(A, "float16", unit, 0)
 

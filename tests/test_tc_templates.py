@@ -74,7 +74,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_wordsI" in e]) == 6    # two with the L2 prefetch (PF)
     assert len([e for e in entries if "tc_words_bulk" in e]) == 4
-    assert len([e for e in entries if "tc_words_grp" in e]) == 4
+    assert len([e for e in entries if "tc_words_grp" in e]) == 6    # two with 2 / 4 chunks per stage
     assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
@@ -775,6 +775,8 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"LOAD": "group", "UNIT": 2, "WARPS": 8, "PIPE": 4}, "0.1", (4096, 4096)),
     ("tc_words", {"LOAD": "group", "WARPS": 8, "SPLIT": 1, "PIPE": 3}, "2:4", (1100, 4160)),
     ("tc_words", {"LOAD": "group"}, "0.0", (40, 130)),
+    ("tc_words", {"LOAD": "group", "STAGE_CHUNKS": 2}, "0.5", (300, 1000)),
+    ("tc_words", {"LOAD": "group", "STAGE_CHUNKS": 4, "WARPS": 8, "PIPE": 3}, "0.3", (1100, 4160)),
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -786,7 +788,8 @@ def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dty
     stream-K kernel (tc_words_sk) and its bulk ring (tc_words_bulk: a dense 100x260 with RING_KB 8 raised
     to the pack's largest copy, a whole-K slice per warp at SPLIT 1, an empty matrix), its L2 prefetch
     ahead of the ring (PF, past the slice's end included), and its CTA stream (tc_words_grp: 19 tiles in
-    groups of 4, the last padded; a dense 100x260; 2:4 at SPLIT 1; an empty matrix)."""
+    groups of 4, the last padded; a dense 100x260; 2:4 at SPLIT 1; an empty matrix; 2 and 4 chunks per stage,
+    K slices that are not a multiple of them)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
@@ -1004,11 +1007,17 @@ def test_words_group_stream_geometry_and_kernel():
                 assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * pipe + offs + max(pipe * stage, part)
                 assert g["smem"] <= tc_launch.SMEM_LIMIT and g["block"] == ((warps + 1) * 32, 1, 1)
                 assert g["grid"][0] == -(-tiles // warps) and g["load"] == "group"
-                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1>"
+                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1>"
     with pytest.raises(ValueError, match="grouped by WARPS row tiles: this pack has GROUP=1"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 3, "LOAD": "group", "GROUP": 1}, 132)
     with pytest.raises(ValueError, match="PIPE >= 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 1, "LOAD": "group", "GROUP": 8}, 132)
+    # STAGE_CHUNKS: a pack property (its SLOT_BYTES holds that many chunks), the kernel's last argument
+    lp = tc_launch.launch_params({"WARPS": 8, "PIPE": 2, "LOAD": "group", "STAGE_CHUNKS": 1}, 0, 26000, 1, 8, 2)
+    g = tc_launch.plan_geometry("words", 688, 64, 16, lp, 132)
+    assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2>")
+    with pytest.raises(ValueError, match="STAGE_CHUNKS must be one of"):
+        tc_launch.plan_geometry("words", 688, 64, 8, {**lp, "STAGE_CHUNKS": 3}, 132)
 
 
 def test_words_auto_params_follow_the_measured_rules():

@@ -1862,23 +1862,26 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // barrier, which the producer waits for before refilling it. blob_off holds, per group, its nchunks *
 // WARPS blob starts (16-byte units, chunk-major) and the group's end; a tile past M has empty blobs.
 // Shared memory: B's slice, the full and empty barriers, the group's offsets of the slice (to 16
-// bytes), the STAGES stages of stage_bytes (the pack's largest chunk run), the split-K partials over
-// the stages once every stage is consumed (tc_launch.smem_bytes).
+// bytes), the STAGES stages of stage_bytes (the pack's largest run of CH chunks), the split-K partials
+// over the stages once every stage is consumed (tc_launch.smem_bytes). CH > 1: a stage holds CH
+// consecutive chunks (their runs are contiguous too), so a block of CH chunks costs one copy and one
+// barrier round trip: ncu (session 35) put the stage waits first (long scoreboard 4.45 per issue).
 // Why: the per-warp cp.async ring (blob_stream) keeps one ~1.6 KiB blob in flight per warp at 50%
 // sparsity and reads the format at 62-68% of a pure read; ncu (session 35) puts 26% of its stall samples
 // on that wait. A per-warp bulk ring (tc_words_bulk) cost the CTAs per SM and ran 0.41-1.12x cuBLAS,
 // and an L2 prefetch ahead of the ring 4-25% slower: one copy per chunk for the whole CTA keeps
 // STAGES x ~13 KiB in flight at 8 warps without a ring per warp.
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT>
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
 tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
              int tiles, int bvec, int stage_bytes) {
-    static_assert(STAGES >= 2, "one chunk in flight while another is decoded");
+    static_assert(STAGES >= 2 && CH >= 1, "one stage in flight while another is decoded");
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
     const int nc = max(0, ww.c1 - c0);
+    const int nst = CH == 1 ? nc : (nc + CH - 1) / CH;          // stages of CH chunks in this K slice
     const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     u64* bar_p = reinterpret_cast<u64*>(smem + b_bytes);
     const u32 bars = smem_addr(bar_p);                          // full[STAGES], then empty[STAGES]
@@ -1897,31 +1900,39 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         for (int i = threadIdx.x; i <= nc * WARPS; i += blockDim.x) offs[i] = off[i];
     }
     __syncthreads();                                            // barriers and offsets in place
-    auto issue = [&](int i) {                                   // the producer: chunk i into stage i % STAGES
+    auto issue = [&](int i) {                                   // the producer: chunks i*CH.. into stage i % STAGES
         const int s = i % STAGES;
-        const u32 lo = offs[i * WARPS], bytes = (offs[(i + 1) * WARPS] - lo) * 16u;
+        const int end = CH == 1 ? i + 1 : min((i + 1) * CH, nc);
+        const u32 lo = offs[i * CH * WARPS], bytes = (offs[end * WARPS] - lo) * 16u;
         mbar_expect_tx(bars + 8 * s, bytes);                    // 0 bytes: a plain arrival completes the phase
         if (bytes) bulk_copy(stage0 + (u32)(s * stage_bytes), blobs + (u64)lo * 16u, bytes, bars + 8 * s);
     };
     const bool producer = warp == WARPS && lane == 0;
     if (producer)
-        for (int i = 0; i < min(STAGES, nc); ++i) issue(i);    // in flight while B is staged
+        for (int i = 0; i < min(STAGES, nst); ++i) issue(i);   // in flight while B is staged
     float acc[1][NT][4];
     const u32 bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
     if (warp == WARPS) {
         if (producer)
-            for (int i = STAGES; i < nc; ++i) {
-                mbar_wait(bars + 8 * (STAGES + i % STAGES), ((i / STAGES) - 1) & 1);   // chunk i - STAGES consumed
+            for (int i = STAGES; i < nst; ++i) {
+                mbar_wait(bars + 8 * (STAGES + i % STAGES), ((i / STAGES) - 1) & 1);   // stage i - STAGES consumed
                 issue(i);
             }
     } else {
         const bool live = ww.tile < tiles;                      // a tile past M has empty blobs
         const WordsDecoder<UNIT> dec(nullptr, warp, lane);
-        for (int i = 0; i < nc; ++i) {
+        for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
             mbar_wait(bars + 8 * s, (i / STAGES) & 1);
-            if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[i * WARPS + warp] - offs[i * WARPS]) * 16u,
-                                                   bs, i, acc);
+            if constexpr (CH == 1) {                            // the measured kernel's form (session 35)
+                if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[i * WARPS + warp] - offs[i * WARPS]) * 16u,
+                                                       bs, i, acc);
+            } else if (live) {
+                const unsigned char* stage = stages + s * stage_bytes;
+                const u32 base = offs[i * CH * WARPS];
+                for (int c = i * CH; c < min((i + 1) * CH, nc); ++c)
+                    dec.template chunk<BF16, NT>(stage + (offs[c * WARPS + warp] - base) * 16u, bs, c, acc);
+            }
             __syncwarp();                                       // every lane's loads of the stage are done
             if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
         }
@@ -2135,9 +2146,10 @@ SD_WD(0, 2, 8, 4, 2, 1, 4) SD_WD(1, 1, 4, 8, 2, 2, 8)
 #define SD_WB(BF, NT, W, S, RK, U) template __global__ void tc_words_bulk<BF, NT, W, S, RK, U>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WB(0, 1, 4, 4, 16, 1) SD_WB(1, 2, 8, 2, 24, 2) SD_WB(0, 8, 4, 8, 12, 1) SD_WB(0, 2, 2, 1, 32, 2)
-#define SD_WG2(BF, NT, W, S, ST, U) template __global__ void tc_words_grp<BF, NT, W, S, ST, U>( \
+#define SD_WG2(BF, NT, W, S, ST, U, CH) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WG2(0, 1, 8, 4, 3, 1) SD_WG2(1, 2, 8, 4, 2, 2) SD_WG2(0, 8, 4, 8, 4, 1) SD_WG2(0, 2, 4, 1, 3, 1)
+SD_WG2(0, 1, 8, 4, 3, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1) SD_WG2(0, 2, 4, 1, 3, 1, 1)
+SD_WG2(0, 2, 8, 4, 2, 1, 2) SD_WG2(1, 1, 8, 2, 3, 2, 4)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

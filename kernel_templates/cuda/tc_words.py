@@ -40,15 +40,17 @@ META = {
     # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group"
     # from 512 row tiles with one-register units (11008x4096, H200 session 35: 7-11% faster than "ring" at
     # 50%, 1-4% at 70%; 2-3% slower at 90% with two-register units), else "ring"
+    # STAGE_CHUNKS (LOAD="group"): chunks per stage, one bulk copy and one barrier round trip each (2 and 4
+    # written after session 35's device time, not yet measured; the pack's stage size follows it)
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
-               "PF": [0, 2, 4, 8]},
+               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
     # CTA stream from 512 row tiles)
     "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
-                 "RING_KB": "auto", "PF": 0},
+                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
@@ -67,7 +69,8 @@ def prepare(A, dtype, device) -> dict:
     kernels; "auto" UNIT / WARPS / LOAD / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
     group = int(params["WARPS"]) if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
-    return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group))
+    return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group),
+                          stage_chunks=int(params["STAGE_CHUNKS"]) if group > 1 else 0)
 
 
 def spmm(packed: dict, B, out) -> None:
