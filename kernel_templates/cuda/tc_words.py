@@ -40,8 +40,10 @@ META = {
     # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group"
     # from 512 row tiles with one-register units (11008x4096, H200 session 35: 7-11% faster than "ring" at
     # 50%, 1-4% at 70%; 2-3% slower at 90% with two-register units), else "ring"
-    # STAGE_CHUNKS (LOAD="group"): chunks per stage, one bulk copy and one barrier round trip each (2 and 4
-    # written after session 35's device time, not yet measured; the pack's stage size follows it)
+    # STAGE_CHUNKS (LOAD="group"): chunks per stage, one bulk copy and one barrier round trip each (the pack's
+    # stage size follows it). H200 session 35, 11008x4096 50 / 70%, N = 8 / 16: 2 ran 28.3 / 31.6 and 22.9 /
+    # 25.4 us, 4 ran 32.5 / 52.0 and 28.9 / 33.7, against 26.3 / 26.0 and 22.7 / 23.1 at 1: bigger stages cost
+    # CTAs per SM (68-120 KB) and the auto split went to 8; 1 stays the default
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
                "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4]},
