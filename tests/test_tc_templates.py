@@ -1046,10 +1046,15 @@ def test_words_auto_params_follow_the_measured_rules():
     assert planning.grid(Wide, 8, None, None)[-1] == {"LOAD": "ring"}
 
 
-def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_path):
+@pytest.mark.parametrize("shape,sparsity,expect", [
+    ((64, 256), 0.9, {"unit": 2, "warps": 4, "group": 1}),     # 10% density: two-register units, the ring
+    ((8208, 128), 0.5, {"unit": 1, "warps": 8, "group": 8}),   # 513 row tiles: the CTA stream, a padded group
+])
+def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_path, shape, sparsity, expect):
     """`sparseditto export` of a tc_words kernel (its auto params reach tc_launch through cost.py): the
     module imports only torch, numpy and CuPy, and in `python -I` without SparseDitto its prepare()
-    resolves the auto params and packs the very blobs TCWords builds here."""
+    resolves the auto params (the CTA stream's group order from 512 row tiles included) and packs the
+    very blobs TCWords builds here."""
     import json
     import sys
 
@@ -1059,10 +1064,10 @@ def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_pat
     from sparseditto.pattern_features import structure_signature
     from sparseditto.tc_formats import TCWords
 
-    W = generate.unstructured(64, 256, 0.9, seed=1)                 # 90% sparse
+    W = generate.unstructured(*shape, sparsity, seed=1)
     fields = {"source": get_template("tc_words").instantiate({}).source, "template": "tc_words", "layer": "w",
-              "params": {}, "matrix_shape": [64, 256], "dtype": "float16", "verified_ns": [1, 8], "verification": {},
-              "signature": structure_signature(W), "density": 0.1, "structure": {"kind": "unstructured"}}
+              "params": {}, "matrix_shape": list(shape), "dtype": "float16", "verified_ns": [1, 8], "verification": {},
+              "signature": structure_signature(W), "density": 1 - sparsity, "structure": {"kind": "unstructured"}}
     text = module_text(fields)
     assert third_party_imports(text) == {"torch", "numpy", "cupy"}
     (tmp_path / "kernel.py").write_text(text)
@@ -1071,10 +1076,11 @@ def test_exported_tc_words_packs_like_tcwords_in_an_isolated_interpreter(tmp_pat
              "m = runpy.run_path('kernel.py')\n"
              "p = m['prepare'](m['as_sparse_matrix'](np.load('w.npy')), torch.float16, torch.device('cpu'))\n"
              "np.save('blobs.npy', p['blobs'].numpy())\n"
-             "print(json.dumps({'unit': p['unit'], 'warps': p['params']['WARPS'],"
+             "print(json.dumps({'unit': p['unit'], 'warps': p['params']['WARPS'], 'group': p['group'],"
              " 'ours': sorted(k for k in sys.modules if k.startswith('sparseditto'))}))\n")
     done = subprocess.run([sys.executable, "-I", "-c", child], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got == {"unit": 2, "warps": 4, "ours": []}            # 10% density: two-register units
-    assert np.array_equal(np.load(tmp_path / "blobs.npy").view(np.uint8), TCWords.from_matrix(W, "float16", 2).blobs)
+    assert got == {**expect, "ours": []}
+    ours = TCWords.from_matrix(W, "float16", expect["unit"], expect["group"]).blobs
+    assert np.array_equal(np.load(tmp_path / "blobs.npy").view(np.uint8), ours)
