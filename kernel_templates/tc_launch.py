@@ -18,6 +18,7 @@ import torch
 from sparseditto.kernel_templates import runtime, tensor_map
 from sparseditto.kernel_templates.cost import (BULK_UNIT_BLOBS, TC_WG_CC, TC_WG_FROM_N, round_up,  # noqa: F401 - tc_words
                                                words_auto_params)
+from sparseditto.tc_formats import largest_run
 
 try:  # CuPy needs a CUDA runtime; planning and packing work without it.
     import cupy as cp
@@ -589,32 +590,31 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
     offs = np.asarray(offsets, dtype=np.int64)
     if offs.ndim != 2 or offs.shape[1] < 2:
         raise ValueError(f"Expected blob offsets of shape [tiles, chunks + 1], got {offs.shape}.")
-    chunks = offs.shape[1] - 1
-    ends = np.minimum(np.arange(chunks) + UNIT_CHUNKS, chunks)
-    largest = int((offs[:, ends] - offs[:, :chunks]).max(initial=0)) * 16
+    largest = largest_run(offs, UNIT_CHUNKS) * 16
     return max(1, -(-largest // 1024))
 
 
-def launch_params(params: dict, ring_floor_kb: int = 0, slot_bytes: int = 0, unit: int = 0, group: int = 0,
-                  stage_chunks: int = 0) -> dict:
-    """The template's PARAMS with RING_KB raised to the floor the packed blobs need (the bulk rings), the
-    ring slot size of the packed blobs (tc_lanemask: SLOT_BYTES) and the unit they were packed with
-    (tc_words: UNIT), and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD
-    set to stream it, and the STAGE_CHUNKS its stage size (SLOT_BYTES) was measured for: properties of the packed matrix, not launch choices, so a launch with other
-    params (a sweep) still reads the bytes as they are."""
+#: A pack's own properties (prepare_format reads them off the packed format; packed dicts carry them
+#: under these keys, 0 where a format has none): the bulk rings' RING_KB floor, the ring slot or
+#: stage size, tc_words' UNIT, its CTA-stream GROUP and the STAGE_CHUNKS its stage size holds.
+PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks")
+
+
+def launch_params(params: dict, pack: dict | None = None) -> dict:
+    """The template's PARAMS with the pack's properties (`pack`: a packed dict, or any dict with some of
+    PACK_KEYS) applied: RING_KB raised to the floor its blobs need (the bulk rings), SLOT_BYTES, UNIT,
+    and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD set to stream it,
+    and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a launch with
+    other params (a sweep) still reads the bytes as they are."""
+    pack = {key: int((pack or {}).get(key, 0)) for key in PACK_KEYS}
     out = dict(params)
-    if ring_floor_kb and int(out.get("RING_KB", 0)) < ring_floor_kb:
-        out["RING_KB"] = int(ring_floor_kb)
-    if slot_bytes:
-        out["SLOT_BYTES"] = int(slot_bytes)
-    if unit:
-        out["UNIT"] = int(unit)
-    if group:
-        out["GROUP"] = int(group)
-    if group > 1:
-        out["WARPS"], out["LOAD"] = int(group), "group"
-    if stage_chunks:
-        out["STAGE_CHUNKS"] = int(stage_chunks)
+    if pack["ring_floor_kb"] and int(out.get("RING_KB", 0)) < pack["ring_floor_kb"]:
+        out["RING_KB"] = pack["ring_floor_kb"]
+    for key, param in (("slot_bytes", "SLOT_BYTES"), ("unit", "UNIT"), ("group", "GROUP"), ("stage_chunks", "STAGE_CHUNKS")):
+        if pack[key]:
+            out[param] = pack[key]
+    if pack["group"] > 1:
+        out["WARPS"], out["LOAD"] = pack["group"], "group"
     return out
 
 
@@ -663,20 +663,18 @@ def compile_kernels(cuda_src: str, names: list, device: torch.device) -> dict:
 
 
 def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dtype: torch.dtype,
-                   device: torch.device, params: dict, cuda_src: str, ring_floor_kb: int = 0,
-                   slot_bytes: int = 0, unit: int = 0, group: int = 0, stage_chunks: int = 0) -> dict:
-    """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels.
-
-    `ring_floor_kb` (tc_bitmap, tc_words: `bulk_ring_floor_kb` of the offsets) raises RING_KB wherever a
-    launch is planned, so no params choice can make a bulk copy overrun its warp's ring;
-    `slot_bytes` (tc_lanemask: `TCLaneMask.slot_bytes`) sizes its ring slots to the largest blob;
-    `unit` (tc_words: the packed `TCWords.unit`) fixes the kernel's UNIT whatever params say later,
-    `group` (tc_words: `TCWords.group`) its GROUP (and, above 1, WARPS and LOAD="group"), `stage_chunks`
-    the chunks per stage its SLOT_BYTES holds."""
+                   device: torch.device, params: dict, cuda_src: str, pack: dict | None = None) -> dict:
+    """The packed dict every tc template returns: arrays on `device`, geometry inputs, kernels, and the
+    pack's properties (`pack`, PACK_KEYS), which every launch applies over its params (launch_params):
+    `ring_floor_kb` (tc_bitmap, tc_words: `bulk_ring_floor_kb` of the offsets) so no params choice can
+    make a bulk copy overrun its warp's ring; `slot_bytes` (the blob-ring kernels' `slot_bytes()`) the
+    ring slots or stages; `unit` / `group` / `stage_chunks` (tc_words: `TCWords.unit`, `.group`, the
+    chunks its stages hold) the kernel's UNIT, GROUP (above 1: WARPS and LOAD="group"), STAGE_CHUNKS."""
+    pack = {key: int((pack or {}).get(key, 0)) for key in PACK_KEYS}
     sms = runtime.sm_count(device)
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]
-    lparams = launch_params(params, ring_floor_kb, slot_bytes, unit, group, stage_chunks)
+    lparams = launch_params(params, pack)
     b_tma = tensor_map.k_fits(int(shape[1]))      # an aligned B of these K rows can take the tensor map
     geoms = reachable_geometries(kind, tiles, nchunks, lparams, sms, cc=cc, b_tma=b_tma)
     names = [kernel_name(kind, bf16, g) for g in geoms]
@@ -694,9 +692,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
         kernels.update(compile_kernels(cuda_src, [x for x in more if x not in kernels], device))
     tensors = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in arrays.items()}
     return {**tensors, "arrays": tuple(arrays), "kind": kind, "shape": tuple(int(x) for x in shape),
-            "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params),
-            "ring_floor_kb": int(ring_floor_kb), "slot_bytes": int(slot_bytes), "unit": int(unit), "group": int(group),
-            "stage_chunks": int(stage_chunks),
+            "tiles": tiles, "nchunks": nchunks, "dtype": dtype, "bf16": bf16, "params": dict(params), **pack,
             "sm_count": sms, "cc": cc,
             "kernels": kernels,
             "regs_by_nt": regs_by_nt,
@@ -712,11 +708,10 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     fmt = fmt_cls.from_matrix(A, dtype_name(dt), *pack_args)
     tiles, chunks, arrays = fmt.kernel_arrays()
     group = int(getattr(fmt, "group", 0))
-    floor = bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0
-    slot = (fmt.slot_bytes(stage_chunks) if stage_chunks else fmt.slot_bytes()) if kind in BLOB_RING_KINDS else 0
-    return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src,
-                          ring_floor_kb=floor, slot_bytes=slot, unit=getattr(fmt, "unit", 0), group=group,
-                          stage_chunks=stage_chunks)
+    pack = {"ring_floor_kb": bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0,
+            "slot_bytes": (fmt.slot_bytes(stage_chunks) if stage_chunks else fmt.slot_bytes()) if kind in BLOB_RING_KINDS else 0,
+            "unit": getattr(fmt, "unit", 0), "group": group, "stage_chunks": stage_chunks}
+    return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src, pack)
 
 
 def kernel_registers(fn) -> int:
@@ -742,8 +737,7 @@ def _set_dynamic_smem(fn, nbytes: int) -> None:
 
 def _plan(packed: dict, n: int, b: torch.Tensor, out: torch.Tensor) -> dict:
     kind = packed["kind"]
-    params = launch_params(packed["params"], packed.get("ring_floor_kb", 0), packed.get("slot_bytes", 0),
-                           packed.get("unit", 0), packed.get("group", 0), packed.get("stage_chunks", 0))
+    params = launch_params(packed["params"], packed)
     m, k = packed["shape"]
     b_tma = tensor_map.tma_ready(k, b.stride(0), b.data_ptr(), b.stride(1) if n > 1 else 1)
 

@@ -229,6 +229,16 @@ def fragment_key(rows: np.ndarray, cols: np.ndarray, chunks: int) -> np.ndarray:
     return (((rows >> 4) * chunks + (cols >> 6)) << 10) | within
 
 
+def largest_run(starts: np.ndarray, k: int) -> int:
+    """The largest span, in the offsets' units, of `k` consecutive blobs of one row of `starts` [rows,
+    blobs + 1] (each entry a blob's start, the last the row's end), from any first blob (fewer at a
+    row's end), 0 for none: what a ring slot, a bulk copy or a stage must hold wherever a K slice starts."""
+    starts = np.asarray(starts, dtype=np.int64)
+    n = starts.shape[1] - 1
+    ends = np.minimum(np.arange(n) + k, n)
+    return int((starts[:, ends] - starts[:, :n]).max(initial=0))
+
+
 @dataclass(frozen=True, eq=False)
 class _BlobFormat:
     """A blob per (16-row tile, 64-column chunk), each 16-byte aligned, back to back, and their
@@ -244,8 +254,7 @@ class _BlobFormat:
 
     def slot_bytes(self) -> int:
         """Bytes of one ring slot: the largest blob (16-byte units, as the kernel copies them)."""
-        sizes = np.diff(self.offsets.astype(np.int64), axis=1)
-        return int(sizes.max(initial=1)) * 16
+        return max(1, largest_run(self.offsets, 1)) * 16
 
     def kernel_arrays(self) -> tuple[int, int, dict]:
         """(row tiles, K chunks, the arrays the kernel reads, flat, in its argument order)."""
@@ -747,10 +756,7 @@ class TCWords(_BlobFormat):
         wherever a K slice starts)."""
         if self.group == 1:
             return super().slot_bytes()
-        starts = self.offsets[:, ::self.group].astype(np.int64)           # [groups, chunks + 1]
-        n = starts.shape[1] - 1
-        ends = np.minimum(np.arange(n) + chunks, n)
-        return int((starts[:, ends] - starts[:, :n]).max(initial=1)) * 16
+        return max(1, largest_run(self.offsets[:, ::self.group], chunks)) * 16   # each chunk's run start
 
     def kernel_arrays(self) -> tuple[int, int, dict]:
         if self.group == 1:

@@ -517,7 +517,7 @@ def test_bitmap_ring_holds_the_largest_bulk_copy(density, tmp_path):
     mod = load_module(get_template("tc_bitmap").instantiate({}).source, cache_dir=tmp_path)
     packed = mod.prepare(A, torch.float16, torch.device("cpu"))
     assert packed["ring_floor_kb"] == floor
-    ring_kb = tc_launch.launch_params(packed["params"], floor)["RING_KB"]
+    ring_kb = tc_launch.launch_params(packed["params"], {"ring_floor_kb": floor})["RING_KB"]
     assert ring_kb == max(8, floor) and ring_kb * 1024 >= max(windows)
     if density == "1.0":
         assert floor == 9   # 4 full blobs: 4 * (176 + 2 * 1024) bytes
@@ -715,8 +715,7 @@ def test_words_launch_reads_the_unit_the_matrix_was_packed_with(tmp_path):
     packed = mod.prepare(_pruned(37, 130, "0.3"), torch.float16, torch.device("cpu"))
     assert packed["unit"] == 2
     for params in ({"UNIT": 1}, {}):
-        lp = tc_launch.launch_params({**packed["params"], **params}, packed["ring_floor_kb"], packed["slot_bytes"],
-                                     packed["unit"])
+        lp = tc_launch.launch_params({**packed["params"], **params}, packed)
         geom = tc_launch.plan_geometry("words", packed["tiles"], packed["nchunks"], 8, lp, 132)
         assert tc_launch.kernel_name("words", 0, geom).endswith(", 2, 0>")
 
@@ -839,7 +838,7 @@ def test_lanemask_slot_holds_the_largest_blob_and_the_last_quads_overread(tmp_pa
         mod = load_module(get_template("tc_lanemask").instantiate({}).source, cache_dir=tmp_path)
         packed = mod.prepare(A, torch.float16, torch.device("cpu"))
         assert packed["slot_bytes"] == fmt.slot_bytes()
-        params = tc_launch.launch_params(packed["params"], 0, packed["slot_bytes"])
+        params = tc_launch.launch_params(packed["params"], {"slot_bytes": packed["slot_bytes"]})
         g = tc_launch.plan_geometry("lanemask", packed["tiles"], packed["nchunks"], 16, params, 132)
         assert g["slot_bytes"] == fmt.slot_bytes()
         assert g["smem"] >= g["warps"] * g["pipe"] * fmt.slot_bytes()
@@ -966,7 +965,7 @@ def test_words_bulk_geometry_and_kernel():
             assert g["load"] == "bulk" and g["pipe"] == 0
             assert g["smem"] == b + part + 4 * 4 * 12 + 4 * 12 * 1024 + 4 * (cpc + 1) * 4 <= tc_launch.SMEM_LIMIT
             assert tc_launch.kernel_name("words", 1, g) == f"tc_words_bulk<1, {g['nt']}, 4, {g['split']}, 12, 1>"
-    lp = tc_launch.launch_params({"LOAD": "bulk", "RING_KB": 8, "WARPS": 4}, ring_floor_kb=10, unit=2)
+    lp = tc_launch.launch_params({"LOAD": "bulk", "RING_KB": 8, "WARPS": 4}, {"ring_floor_kb": 10, "unit": 2})
     assert lp["RING_KB"] == 10 and lp["UNIT"] == 2
     with pytest.raises(ValueError, match="runs with SCHED='cluster' only"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 4, "LOAD": "bulk", "SCHED": "stream", "PIPE": 2}, 132)
@@ -998,7 +997,8 @@ def test_words_group_stream_geometry_and_kernel():
     for tiles, nchunks, stage in ((688, 64, 13296), (256, 64, 6688), (19, 16, 13296), (256, 172, 6688)):
         for n in (1, 8, 16, 64, 129):
             for warps, pipe in ((8, 3), (4, 2), (4, 4)):
-                lp = tc_launch.launch_params({"WARPS": 16, "SPLIT": "auto", "PIPE": pipe, "LOAD": "ring"}, 0, stage, 1, warps)
+                lp = tc_launch.launch_params({"WARPS": 16, "SPLIT": "auto", "PIPE": pipe, "LOAD": "ring"},
+                                             {"slot_bytes": stage, "unit": 1, "group": warps})
                 assert lp["WARPS"] == warps and lp["LOAD"] == "group" and lp["GROUP"] == warps
                 g = tc_launch.plan_geometry("words", tiles, nchunks, n, lp, 132)
                 cpc, nt = g["chunks_per_cta"], g["nt"]
@@ -1013,7 +1013,8 @@ def test_words_group_stream_geometry_and_kernel():
     with pytest.raises(ValueError, match="PIPE >= 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 1, "LOAD": "group", "GROUP": 8}, 132)
     # STAGE_CHUNKS: a pack property (its SLOT_BYTES holds that many chunks), the kernel's last argument
-    lp = tc_launch.launch_params({"WARPS": 8, "PIPE": 2, "LOAD": "group", "STAGE_CHUNKS": 1}, 0, 26000, 1, 8, 2)
+    lp = tc_launch.launch_params({"WARPS": 8, "PIPE": 2, "LOAD": "group", "STAGE_CHUNKS": 1},
+                                 {"slot_bytes": 26000, "unit": 1, "group": 8, "stage_chunks": 2})
     g = tc_launch.plan_geometry("words", 688, 64, 16, lp, 132)
     assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2>")
     with pytest.raises(ValueError, match="STAGE_CHUNKS must be one of"):

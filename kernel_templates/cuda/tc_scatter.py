@@ -27,8 +27,8 @@ META = {
     # memory; "stream" = one wave of CTAs over evenly cut (row-tile group, chunk) ranges, partials
     # summed by the last CTA to finish a group (blob_stream_sk in tc_stream.cu; SPLIT is unused)
     # LOAD: "ring" = blobs through a per-warp cp.async ring in shared memory (PIPE slots); "reg" = each
-    # lane loads its groups straight into registers one blob ahead (tc_scatter_rg; PIPE unused;
-    # written in session 33 after the device time was spent: not yet measured)
+    # lane loads its groups straight into registers one blob ahead (tc_scatter_rg; PIPE unused; H200
+    # session 34: within a few % of the ring at N = 8, up to 1.6x slower at N = 16; not the default)
     "params": {"WARPS": [4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "SCHED": ["cluster", "stream"],
                "LOAD": ["ring", "reg"]},
     # WARPS=4: 6-12% faster than 8 on 4096x4096 (256 row tiles: twice the CTAs), within 7% of it on

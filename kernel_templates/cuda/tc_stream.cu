@@ -1235,6 +1235,20 @@ __device__ __forceinline__ u32 stage_b_slice(unsigned char* smem, const u16* __r
     return smem_addr(smem);
 }
 
+// A warp's u32 blob offsets per K slice in shared memory: chunks + 1, rounded up to 16 bytes
+// (tc_launch.blob_offsets_stride).
+__device__ __forceinline__ int blob_offsets_stride(int chunks) { return (chunks + 4) & ~3; }
+
+// Stage the offsets of tile `tile`'s blobs c0 .. c0 + nc (nc + 1 words: each blob's end is the next
+// one's start) into the warp's `offs`.
+__device__ __forceinline__ void stage_blob_offsets(u32* offs, const u32* __restrict__ blob_off, int tile, int nchunks,
+                                                   int c0, int nc, int lane) {
+    if (nc) {
+        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
+        for (int i = lane; i <= nc; i += 32) offs[i] = off[i];
+    }
+}
+
 // ---- the bulk blob ring (tc_bitmap; tc_words LOAD="bulk") -------------------------------------
 // Each warp streams its tile's blobs over the CTA's K slice in units of SD_UNIT consecutive blobs
 // (one bulk copy each: a tile's blobs of a K slice are contiguous) through a byte ring of RING_KB
@@ -1312,10 +1326,7 @@ __device__ __forceinline__ void blob_stream_bulk(const unsigned char* __restrict
     unsigned char* my_ring = rings + warp * RING;
     const u32 my_bars = smem_addr(bars + warp * SD_SLOTS);
     Decoder dec(extra, warp, lane);
-    if (nc) {
-        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
-        for (int i = lane; i <= nc; i += 32) my_offs[i] = off[i];
-    }
+    stage_blob_offsets(my_offs, blob_off, tile, nchunks, c0, nc, lane);
     if (lane == 0) {
         for (int i = 0; i < SD_SLOTS; ++i) mbar_init(my_bars + 8 * i, 1);
         fence_barrier_init();
@@ -1421,20 +1432,6 @@ __device__ __forceinline__ void decode_quad_c(const unsigned char* v, uint2 L, u
     const u32 g0 = *reinterpret_cast<const u16*>(w), g1 = *reinterpret_cast<const u16*>(w + 2);
     lo = prmt(h0, h1, L.x);
     hi = prmt(g0, g1, L.y);
-}
-
-// A warp's u32 blob offsets per K slice in shared memory: chunks + 1, rounded up to 16 bytes
-// (tc_launch.blob_offsets_stride).
-__device__ __forceinline__ int blob_offsets_stride(int chunks) { return (chunks + 4) & ~3; }
-
-// Stage the offsets of tile `tile`'s blobs c0 .. c0 + nc (nc + 1 words: each blob's end is the next
-// one's start) into the warp's `offs`.
-__device__ __forceinline__ void stage_blob_offsets(u32* offs, const u32* __restrict__ blob_off, int tile, int nchunks,
-                                                   int c0, int nc, int lane) {
-    if (nc) {
-        const u32* off = blob_off + (long long)tile * (nchunks + 1) + c0;
-        for (int i = lane; i <= nc; i += 32) offs[i] = off[i];
-    }
 }
 
 // One blob (`units` 16-byte pieces from piece `lo` of `blobs`) into the ring slot at shared address
@@ -1674,7 +1671,9 @@ tc_scatter(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob
 // blob's size in the offsets (16 + 24 groups bytes, padded to 16: groups = (16 units - 16) / 24), so
 // the loads do not wait for the header; the header (step counts) is read with them and used at the
 // scatter. Everything after the loads (steps, stores, read-back, mma, split-K) is the ring kernel's.
-// Written in session 33 after the device time was spent: compiled with nvcc for sm_90, not yet run.
+// Measured in session 34 (H200): correct, within a few % of the ring kernel at N = 8 (faster with 8 warps on
+// 11008x4096) and up to 1.6x slower at N = 16;
+// an option, not the default.
 struct ScatterRegs {
     uint2 hdr;
     uint4 v[4];
@@ -1868,7 +1867,7 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // barrier round trip: ncu (session 35) put the stage waits first (long scoreboard 4.45 per issue).
 // Why: the per-warp cp.async ring (blob_stream) keeps one ~1.6 KiB blob in flight per warp at 50%
 // sparsity and reads the format at 62-68% of a pure read; ncu (session 35) puts 26% of its stall samples
-// on that wait. A per-warp bulk ring (tc_words_bulk) cost the CTAs per SM and ran 0.41-1.12x cuBLAS,
+// on that wait. A per-warp bulk ring (tc_words_bulk) cost the CTAs per SM and ran 0.37-1.12x cuBLAS,
 // and an L2 prefetch ahead of the ring 4-25% slower: one copy per chunk for the whole CTA keeps
 // STAGES x ~13 KiB in flight at 8 warps without a ring per warp.
 template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH>
@@ -2098,8 +2097,8 @@ tc_scatter_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 
 // tc_words on the stream-K schedule (SCHED="stream"): the same decoder over blob_stream_sk. Why: ncu on
 // tc_words (11008x4096 90%, N = 8, H200, session 34) put the split-K cluster barrier first among the
-// stall samples (UCGABAR_WAIT 11%, ERRBAR 5%) with the grid at 0.74 waves. Written after that session's
-// device time: compiled with nvcc for sm_90, not yet run on a GPU.
+// stall samples (UCGABAR_WAIT 11%, ERRBAR 5%) with the grid at 0.74 waves. Measured in session 35 (H200):
+// correct, and slower than the cluster split on all 12 rows (0.58-1.10x cuBLAS); an option, not planned.
 template <int BF16, int NT, int WARPS, int PIPE, int UNIT>
 __global__ void __launch_bounds__(WARPS * 32)
 tc_words_sk(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,

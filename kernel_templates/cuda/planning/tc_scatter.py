@@ -19,8 +19,8 @@ SCHED="stream" (session 33, a stream-K grid of one wave, partial tiles summed in
 the last CTA of a row-tile group) is correct and 2-8% faster only on 11008x4096 at N = 8 (50-70%),
 up to 1.6x slower on 4096x4096 and 1.9x at N = 16 (docs/kernels.md "Session 33"), so the grid below does
 not try it and the cost model (fitted on the cluster schedule) does not describe it. LOAD="reg"
-(tc_scatter_rg, blobs straight into registers) was written after that session's device time and has not
-run on a GPU: the grid leaves it out until it is measured.
+(tc_scatter_rg, blobs straight into registers; session 34) is correct and within a few % of the ring at
+N = 8, up to 1.6x slower at N = 16 (docs/kernels.md "Session 34"): the grid leaves it out.
 """
 from __future__ import annotations
 
