@@ -36,6 +36,7 @@ STREAM_KINDS = ("scatter", "words")   # kernels with a stream-K schedule (SCHED=
 SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
 STAGE_CHUNKS_CHOICES = (1, 2, 4)   # tc_words_grp's CH: chunks per stage (one bulk copy, one barrier round trip)
+B_PARTS_CHOICES = (1, 2, 4)        # tc_words_grp's BP: parts of B's slice its consumer warps stage and wait for one by one
 WORDS_LOAD_CHOICES = ("ring", "bulk", "group")   # tc_words' LOAD: the cp.async blob ring, the bulk ring
                                                 # (tc_words_bulk), or the CTA stream (tc_words_grp)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
@@ -472,6 +473,11 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
                 raise ValueError(f"LOAD='group' keeps PIPE >= 2 stages (one in flight while one is decoded), got {pipe}.")
             if int(params.get("STAGE_CHUNKS", 1)) not in STAGE_CHUNKS_CHOICES:
                 raise ValueError(f"STAGE_CHUNKS must be one of {STAGE_CHUNKS_CHOICES}, got {params.get('STAGE_CHUNKS')!r}.")
+            if int(params.get("B_PARTS", 1)) not in B_PARTS_CHOICES:
+                raise ValueError(f"B_PARTS must be one of {B_PARTS_CHOICES}, got {params.get('B_PARTS')!r}.")
+            if int(params.get("B_PARTS", 1)) > 1 and int(params.get("STAGE_CHUNKS", 1)) != 1:
+                raise ValueError(f"B_PARTS={params.get('B_PARTS')} waits for B's parts chunk by chunk: it needs "
+                                 f"STAGE_CHUNKS=1, got {params.get('STAGE_CHUNKS')}.")
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
         mcast = tma_multicast(params) if load == "tma" else 1
         if split != "auto" and int(split) * mcast > CLUSTER_MAX:
@@ -510,13 +516,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             "block": (cta_warps * 32, 1, 1), "warps": warps, "rows": rows, "ring_kb": ring_kb, "pipe": pipe,
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
             "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load),
-            "stage_chunks": int(params.get("STAGE_CHUNKS", 1)) if load == "group" else 1}
+            "stage_chunks": int(params.get("STAGE_CHUNKS", 1)) if load == "group" else 1,
+            "b_parts": int(params.get("B_PARTS", 1)) if load == "group" else 1}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "words" and geom.get("load") == "group":
         return (f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
-                f"{geom.get('stage_chunks', 1)}>")
+                f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}>")
     if kind == "words" and geom.get("load") == "bulk":
         return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":

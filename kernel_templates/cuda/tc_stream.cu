@@ -295,6 +295,38 @@ __device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const u16* __
     }
 }
 
+// Rows kl0 .. kl1 of stage_b's slice (B[k0 + kl0 .. k0 + kl1], the mma permutation), staged by thread
+// `tid` of `nthr`: tc_words_grp's consumer warps stage B part by part (B_PARTS) and start on the first
+// part while the producer warp streams A. Aligned pieces via cp.async (the caller commits and waits).
+template <int NT>
+__device__ __forceinline__ void stage_b_rows(unsigned char* bs, const u16* __restrict__ B, int k0, int kl0, int kl1,
+                                             int K, int n0, int N, long long ldb, int vec, int tid, int nthr) {
+    const u32 bs_addr = smem_addr(bs);
+    for (int i = kl0 * NT + tid; i < kl1 * NT; i += nthr) {
+        const int kl = i / NT, j = i - kl * NT;
+        const int k = k0 + kl, n = n0 + 8 * j;
+        const int off = b_piece_offset<NT>((kl & ~(SD_CHUNK - 1)) + phys_row_mma(kl & (SD_CHUNK - 1)), j);
+        const u16* src = B + (long long)min(k, K - 1) * ldb + n;
+        if (vec && n + 8 <= N) cp_async16(bs_addr + off, src, k < K ? 16u : 0u);
+        else *reinterpret_cast<uint4*>(bs + off) = b_piece_gather(src, k, K, n, N);
+    }
+}
+
+// Wait until part q of P cp.async groups (committed in order) has landed for this thread.
+template <int P>
+__device__ __forceinline__ void cp_async_wait_part(int q) {
+    if (q == 0) cp_async_wait<P - 1>();
+    else if (q == 1) cp_async_wait<(P > 2 ? P - 2 : 0)>();
+    else if (q == 2) cp_async_wait<(P > 3 ? P - 3 : 0)>();
+    else cp_async_wait<0>();
+}
+
+// bar.sync on named barrier `id` among `threads` threads (whole warps): tc_words_grp's consumer warps
+// publish each staged part of B to each other without the producer warp.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(threads) : "memory");
+}
+
 // B fragments of one k16 step (mma.sync): tiles j, j+1 per ldmatrix.x4 (x2 for a lone tile).
 template <int NT>
 __device__ __forceinline__ void load_b_step(u32 bs, int row0, u32 (&b)[NT][2]) {
@@ -1801,6 +1833,17 @@ __device__ __forceinline__ void lds_kept_unit(u32 addr, u32 mask, u32 bit, u32& 
                  : "=r"(lo), "=r"(hi) : "r"(addr), "r"(mask), "r"(bit));
 }
 
+// Stage probes (benchmarks/words_stage_probe.py compiles the source with SD_PROBE set; 0 everywhere else,
+// where these branches compile away): 1 = the words are never read (zero fragments, the mma kept); 2 = no
+// mma (the decoded words folded into one accumulator); 3 = tc_words_grp reads its first stages only and
+// decodes them over and over (no DRAM after the start); 4 = tc_words_grp's consumers only wait and release;
+// 5 / 6 / 7 = 4 without staging B / without the epilogue (split-K reduction, C) / without either.
+// Why: the CTA stream's loads alone read the 50% pack at 97% of a pure read (bulk_stream_probe.py, H200),
+// while the kernel reads it at ~72%: these time the kernel with one stage left out.
+#ifndef SD_PROBE
+#define SD_PROBE 0
+#endif
+
 template <int UNIT>
 struct WordsDecoder {
     using L = WordsLayout<UNIT>;
@@ -1809,6 +1852,11 @@ struct WordsDecoder {
     __device__ __forceinline__ WordsDecoder(unsigned char*, int, int lane) : bit(1u << lane), below((1u << lane) - 1u) {}
     template <int BF16, int NT>
     __device__ __forceinline__ void chunk(const unsigned char* slot, u32 bs, int i, float (&acc)[1][NT][4]) const {
+        if constexpr (SD_PROBE == 1) {
+            const u32 z[1][16] = {};
+            dense_compute<BF16, NT, 1>(z, bs, i, acc);
+            return;
+        }
         u32 head[L::HEAD / 4];
 #pragma unroll
         for (int q = 0; q < L::HEAD / 16; ++q) {
@@ -1824,6 +1872,13 @@ struct WordsDecoder {
             const u32 at = units + 4u * UNIT * (base + __popc(mask & below));
             if (UNIT == 1) lds_kept_unit(at, mask, bit, x[0][u]);
             else lds_kept_unit(at, mask, bit, x[0][UNIT * u], x[0][UNIT * u + UNIT - 1]);
+        }
+        if constexpr (SD_PROBE == 2) {
+            u32 f = 0;
+#pragma unroll
+            for (int r = 0; r < 16; ++r) f ^= x[0][r];
+            acc[0][0][0] += __uint_as_float(f & 1u);
+            return;
         }
         dense_compute<BF16, NT, 1>(x, bs, i, acc);
     }
@@ -1869,13 +1924,17 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // sparsity and reads the format at 62-68% of a pure read; ncu (session 35) puts 26% of its stall samples
 // on that wait. A per-warp bulk ring (tc_words_bulk) cost the CTAs per SM and ran 0.37-1.12x cuBLAS,
 // and an L2 prefetch ahead of the ring 4-25% slower: one copy per chunk for the whole CTA keeps
-// STAGES x ~13 KiB in flight at 8 warps without a ring per warp.
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH>
+// STAGES x ~13 KiB in flight at 8 warps without a ring per warp. BP > 1 (B_PARTS): the consumer warps
+// stage B's slice in BP cp.async groups and wait for each (a named barrier among them) at its first chunk,
+// instead of every thread staging all of B behind a CTA barrier; measured slower (session 36, H200: the
+// 1.6-1.7 us that staging B costs is its L2 traffic at the start more than the wait for it).
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
 tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
              int tiles, int bvec, int stage_bytes) {
     static_assert(STAGES >= 2 && CH >= 1, "one stage in flight while another is decoded");
+    static_assert(BP == 1 || (CH == 1 && BP <= 4), "B in parts: one chunk per stage, at most four parts");
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
@@ -1910,9 +1969,23 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     if (producer)
         for (int i = 0; i < min(STAGES, nst); ++i) issue(i);   // in flight while B is staged
     float acc[1][NT][4];
-    const u32 bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
+    u32 bs;
+    const int part = (nc + BP - 1) / BP;                        // chunks per part of B (BP > 1)
+    if constexpr (SD_PROBE == 5 || SD_PROBE == 7 || BP > 1) {
+        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        bs = smem_addr(smem);
+        if (BP > 1 && warp < WARPS) {                           // the consumers stage B, one cp.async group per part
+            for (int q = 0; q < BP; ++q) {
+                stage_b_rows<NT>(smem, B, c0 * SD_CHUNK, min(q * part, nc) * SD_CHUNK, min((q + 1) * part, nc) * SD_CHUNK,
+                                 K, n0, N, ldb, bvec, threadIdx.x, WARPS * 32);
+                cp_async_commit();
+            }
+        }
+    } else {
+        bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
+    }
     if (warp == WARPS) {
-        if (producer)
+        if (producer && SD_PROBE != 3)
             for (int i = STAGES; i < nst; ++i) {
                 mbar_wait(bars + 8 * (STAGES + i % STAGES), ((i / STAGES) - 1) & 1);   // stage i - STAGES consumed
                 issue(i);
@@ -1922,9 +1995,15 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         const WordsDecoder<UNIT> dec(nullptr, warp, lane);
         for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
-            mbar_wait(bars + 8 * s, (i / STAGES) & 1);
-            if constexpr (CH == 1) {                            // the measured kernel's form (session 35)
-                if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[i * WARPS + warp] - offs[i * WARPS]) * 16u,
+            if (BP > 1 && i % part == 0) {                      // part i / part of B is in: publish it
+                cp_async_wait_part<BP>(i / part);
+                named_bar_sync(1, WARPS * 32);
+            }
+            if (SD_PROBE != 3 || i < STAGES) mbar_wait(bars + 8 * s, (i / STAGES) & 1);
+            if constexpr (SD_PROBE >= 4) {
+            } else if constexpr (CH == 1) {                     // the measured kernel's form (session 35)
+                const int at = SD_PROBE == 3 ? s : i;           // probe 3: the blob that stage s holds
+                if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[at * WARPS + warp] - offs[at * WARPS]) * 16u,
                                                        bs, i, acc);
             } else if (live) {
                 const unsigned char* stage = stages + s * stage_bytes;
@@ -1937,6 +2016,7 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         }
     }
     float* cpart = reinterpret_cast<float*>(stages);
+    if constexpr (SD_PROBE == 6 || SD_PROBE == 7) return;
     if (SPLIT == 1) {
         if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
         return;
@@ -2145,10 +2225,10 @@ SD_WD(0, 2, 8, 4, 2, 1, 4) SD_WD(1, 1, 4, 8, 2, 2, 8)
 #define SD_WB(BF, NT, W, S, RK, U) template __global__ void tc_words_bulk<BF, NT, W, S, RK, U>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WB(0, 1, 4, 4, 16, 1) SD_WB(1, 2, 8, 2, 24, 2) SD_WB(0, 8, 4, 8, 12, 1) SD_WB(0, 2, 2, 1, 32, 2)
-#define SD_WG2(BF, NT, W, S, ST, U, CH) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH>( \
+#define SD_WG2(BF, NT, W, S, ST, U, CH, BP) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH, BP>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WG2(0, 1, 8, 4, 3, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1) SD_WG2(0, 2, 4, 1, 3, 1, 1)
-SD_WG2(0, 2, 8, 4, 2, 1, 2) SD_WG2(1, 1, 8, 2, 3, 2, 4)
+SD_WG2(0, 1, 8, 4, 3, 1, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1, 1) SD_WG2(0, 2, 4, 1, 3, 1, 1, 1)
+SD_WG2(0, 2, 8, 4, 2, 1, 2, 1) SD_WG2(1, 1, 8, 2, 3, 2, 4, 1) SD_WG2(0, 2, 8, 4, 2, 1, 1, 4) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

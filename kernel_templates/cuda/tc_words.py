@@ -44,15 +44,21 @@ META = {
     # stage size follows it). H200 session 35, 11008x4096 50 / 70%, N = 8 / 16: 2 ran 28.3 / 31.6 and 22.9 /
     # 25.4 us, 4 ran 32.5 / 52.0 and 28.9 / 33.7, against 26.3 / 26.0 and 22.7 / 23.1 at 1: bigger stages cost
     # CTAs per SM (68-120 KB) and the auto split went to 8; 1 stays the default
+    # B_PARTS (LOAD="group"): the consumer warps stage B's K slice in this many cp.async groups and start on the
+    # first part's chunks while the rest lands (1: every thread stages all of B and the CTA waits for it). Why: the
+    # H200 stage probe (benchmarks/words_stage_probe.py, session 36) put 1.6-1.7 us of 11008x4096's 23-26 us on
+    # staging B before the first chunk. Measured (session 36, 11008x4096 50 / 70%, N = 8 / 16): 2 and 4 parts
+    # 0.1-1.9 us slower on all 8 rows (the staging's L2 traffic stays, the producer warp leaves it, a barrier
+    # per part is added); 1 stays the default
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
-               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4]},
+               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
     # CTA stream from 512 row tiles)
     "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
-                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1},
+                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
