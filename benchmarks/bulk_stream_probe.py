@@ -19,7 +19,6 @@ On the GPU, from the repo root (benchmarks/device_run.sh's set-up):
 """
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -157,11 +156,9 @@ class BulkProbe:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", help="write the rows as JSON here")
-    parser.add_argument("--repeats", type=int, default=30)
-    args = parser.parse_args()
-    from read_floor_probe import ReadFloor
+    from read_floor_probe import ReadFloor, probe_arguments
+
+    args = probe_arguments(__doc__, 30)
 
     probe = BulkProbe(args.repeats)
     floor = ReadFloor(args.repeats)

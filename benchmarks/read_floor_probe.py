@@ -108,11 +108,17 @@ class ReadFloor:
         return self.cache[key]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def probe_arguments(doc: str, repeats: int) -> argparse.Namespace:
+    """--out and --repeats, the arguments every timing probe here takes (its docstring's first paragraph
+    as the description)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--out", help="write the rows as JSON here")
-    parser.add_argument("--repeats", type=int, default=40)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=repeats)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = probe_arguments(__doc__, 40)
     probe = ReadFloor(args.repeats)
     rows = []
     t = timing.time_cuda_graph(probe.launcher("empty_kernel", (1,), (32,)), repeats=args.repeats)

@@ -62,7 +62,7 @@ def main() -> None:
             a_bytes = ll.packed_bytes(packed)
             for n in args.n:
                 rng = np.random.default_rng(n)
-                check = ll.check(lambda b, o: mod.spmm(packed, b, o), matrix, values64, "float16", n, rng) \
+                check = ll.check(lambda b, o, p=packed: mod.spmm(p, b, o), matrix, values64, "float16", n, rng) \
                     if mode == 0 else {"ok": None}
                 b = torch.randn((k, n), device="cuda").half()
                 out = torch.empty((m, n), device="cuda", dtype=torch.float16)
