@@ -12,10 +12,12 @@ so only mode 0 is checked against the fp64 reference):
 Each mode is timed as the benchmarks time kernels (chained over L2-cold copies of the pack, back to back from
 one graph). On the GPU, from the repo root (benchmarks/device_run.sh's set-up):
     python3 benchmarks/words_stage_probe.py --cases 11008x4096:0.5 11008x4096:0.7 -n 8 16 [--params JSON]
+        [--modes 0 4 ...] [--source tree old=PATH/tc_stream.cu]   (an A/B of two kernel versions, mode 0)
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -27,10 +29,20 @@ MODES = {0: "as shipped", 1: "no word loads", 2: "no mma", 3: "no DRAM after sta
          5: "4 without B staging", 6: "4 without epilogue", 7: "4 without B or epilogue"}
 
 
-def probe_module(mode: int, params: dict):
-    """The tc_words module with SD_PROBE = mode compiled into its CUDA source."""
+SOURCE = Path(__file__).resolve().parents[1] / "kernel_templates" / "cuda" / "tc_stream.cu"
+
+
+def probe_module(mode: int, params: dict, source: Path | None = None):
+    """The tc_words module with SD_PROBE = mode compiled into its CUDA source; with `source`, that file's
+    text in place of the working tree's tc_stream.cu (an A/B of two versions of the kernels in one process)."""
     mod = ll.load("tc_words", params)
-    mod.CUDA_SRC = f"#define SD_PROBE {mode}\n" + mod.CUDA_SRC
+    text = mod.CUDA_SRC
+    if source is not None:
+        current = SOURCE.read_text()
+        if current not in text:
+            raise ValueError(f"tc_words' CUDA_SRC does not hold {SOURCE} verbatim; cannot swap in {source}.")
+        text = text.replace(current, Path(source).read_text())
+    mod.CUDA_SRC = f"#define SD_PROBE {mode}\n" + text
     return mod
 
 
@@ -45,10 +57,13 @@ def main() -> None:
     parser.add_argument("-n", type=int, nargs="+", default=[16])
     parser.add_argument("--params", default="{}", help="tc_words parameters (JSON)")
     parser.add_argument("--modes", type=int, nargs="+", default=sorted(MODES))
+    parser.add_argument("--source", nargs="+", default=["tree"], metavar="LABEL[=FILE]",
+                        help="versions of tc_stream.cu to time side by side: 'tree' (the working tree's) or LABEL=FILE")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     params = json.loads(args.params)
+    sources = [(spec, None) if spec == "tree" else tuple(spec.split("=", 1)) for spec in args.source]
     rows = []
     for case in args.cases:
         shape, sparsity = case.split(":")
@@ -56,8 +71,8 @@ def main() -> None:
         base = ll.prune(m, k, "magnitude", float(sparsity), seed=0)
         values64 = draw_matrix_values(base, np.random.default_rng([0, m, k]), "float16")
         matrix = with_values(base, values64, "float16")
-        for mode in args.modes:
-            mod = probe_module(mode, params)
+        for (label, source), mode in itertools.product(sources, args.modes):
+            mod = probe_module(mode, params, source)
             packed = mod.prepare(matrix, "float16", "cuda")
             a_bytes = ll.packed_bytes(packed)
             for n in args.n:
@@ -67,14 +82,13 @@ def main() -> None:
                 b = torch.randn((k, n), device="cuda").half()
                 out = torch.empty((m, n), device="cuda", dtype=torch.float16)
                 us = ll.chained_kernel(mod, packed, a_bytes, b, out, args.repeats, rng_seed=n)["chain_us"]
-                rows.append({"case": case, "n": n, "mode": mode, "what": MODES[mode], "us": us, "mb": a_bytes / 1e6,
-                             "ok": check["ok"], "geometry": ll.launch_geometry(packed, n)})
-                print(f"{case:16s} N={n:3d} mode {mode} {MODES[mode]:22s} {us:7.2f} us  "
+                rows.append({"case": case, "n": n, "source": label, "mode": mode, "what": MODES[mode], "us": us,
+                             "mb": a_bytes / 1e6, "ok": check["ok"], "geometry": ll.launch_geometry(packed, n)})
+                print(f"{case:16s} N={n:3d} {label:6s} mode {mode} {MODES[mode]:22s} {us:7.2f} us  "
                       f"{a_bytes / us / 1e6:5.2f} TB/s  ok={check['ok']}", flush=True)
                 if args.out:   # after every row: a later mode that faults loses nothing measured
                     Path(args.out).write_text(json.dumps(rows, indent=1, default=str))
             del packed
-
 
 if __name__ == "__main__":
     main()
