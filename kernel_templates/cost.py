@@ -515,7 +515,8 @@ def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
         out["WARPS"] = 8 if wide else 4
     if out.get("LOAD", "auto") == "auto":   # the stream-K schedule has the per-warp ring only
         stream = wide and int(out["UNIT"]) == 1 and out.get("SCHED", "cluster") == "cluster"
-        out["LOAD"] = "group" if stream else "ring"
+        two_rows = int(out.get("R", 1)) > 1   # two row tiles per warp exist on the CTA stream only
+        out["LOAD"] = "group" if stream or two_rows else "ring"
     if out.get("RING_KB", "auto") == "auto":
         out["RING_KB"] = words_ring_kb(m, k, nnz, int(out["UNIT"]))
     return out

@@ -37,6 +37,7 @@ SCHED_CHOICES = ("cluster", "stream")
 SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob ring, or registers (tc_scatter_rg)
 STAGE_CHUNKS_CHOICES = (1, 2, 4)   # tc_words_grp's CH: chunks per stage (one bulk copy, one barrier round trip)
 B_PARTS_CHOICES = (1, 2, 4)        # tc_words_grp's BP: parts of B's slice its consumer warps stage and wait for one by one
+GROUP_ROWS_CHOICES = (1, 2)        # tc_words_grp's R: row tiles per consumer warp (the pack's group is WARPS x R)
 WORDS_LOAD_CHOICES = ("ring", "bulk", "group")   # tc_words' LOAD: the cp.async blob ring, the bulk ring
                                                 # (tc_words_bulk), or the CTA stream (tc_words_grp)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
@@ -345,7 +346,7 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     partials = warps * rows_per_warp * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
     if load == "group":   # tc_words_grp: B, full and empty barriers, the group's offsets, the stages (partials over them)
         return (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
-                + round_up((chunks_per_cta * warps + 1) * 4, 16) + max(pipe * slot_bytes, partials))
+                + round_up((chunks_per_cta * warps * rows_per_warp + 1) * 4, 16) + max(pipe * slot_bytes, partials))
     if load == "tma":
         stages = max(tma_region_bytes(nt, warps, pipe, a_stages), partials)
         return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
@@ -448,6 +449,15 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if mma == "wgmma" and warps % 4:
         raise ValueError(f"The wgmma kernel runs whole warpgroups: WARPS must be a multiple of 4, got {warps}.")
     rows = 1 if kind in ("bitmap", *BLOB_RING_KINDS) else int(params.get("R", 1))
+    if kind == "words" and blob_load != "group" and int(params.get("R", 1)) != 1:
+        raise ValueError(f"R={params.get('R')} (row tiles per warp) runs with LOAD='group' only, got LOAD={blob_load!r}.")
+    if kind == "words" and blob_load == "group":   # tc_words_grp decodes R row tiles per warp
+        rows = int(params.get("R", 1))
+        if rows not in GROUP_ROWS_CHOICES:
+            raise ValueError(f"R (row tiles per warp of LOAD='group') must be one of {GROUP_ROWS_CHOICES}, got {rows}.")
+        if rows > 1 and int(params.get("STAGE_CHUNKS", 1)) != 1:
+            raise ValueError(f"R={rows} decodes one chunk per stage: it needs STAGE_CHUNKS=1, got "
+                             f"{params.get('STAGE_CHUNKS')}.")
     if mma == "wgmma" and rows > 2:
         raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
@@ -466,9 +476,10 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             load, pipe = "bulk", 0
         if blob_load == "group":   # tc_words_grp: PIPE stages of the CTA's chunk runs
             load = "group"
-            if int(params.get("GROUP", 0)) != warps:
-                raise ValueError(f"LOAD='group' streams a pack grouped by WARPS row tiles: this pack has GROUP="
-                                 f"{params.get('GROUP', 1)}, the launch WARPS={warps}; prepare with LOAD='group'.")
+            if int(params.get("GROUP", 0)) != warps * rows:
+                raise ValueError(f"LOAD='group' streams a pack grouped by WARPS x R row tiles: this pack has GROUP="
+                                 f"{params.get('GROUP', 1)}, the launch WARPS={warps}, R={rows}; prepare with "
+                                 f"LOAD='group' and the same WARPS and R.")
             if pipe < 2:
                 raise ValueError(f"LOAD='group' keeps PIPE >= 2 stages (one in flight while one is decoded), got {pipe}.")
             if int(params.get("STAGE_CHUNKS", 1)) not in STAGE_CHUNKS_CHOICES:
@@ -523,7 +534,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "words" and geom.get("load") == "group":
         return (f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
-                f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}>")
+                f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}, {geom.get('rows', 1)}>")
     if kind == "words" and geom.get("load") == "bulk":
         return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":
@@ -603,16 +614,17 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
 
 #: A pack's own properties (prepare_format reads them off the packed format; packed dicts carry them
 #: under these keys, 0 where a format has none): the bulk rings' RING_KB floor, the ring slot or
-#: stage size, tc_words' UNIT, its CTA-stream GROUP and the STAGE_CHUNKS its stage size holds.
-PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks")
+#: stage size, tc_words' UNIT, its CTA-stream GROUP, the STAGE_CHUNKS its stage size holds and the row
+#: tiles per warp (R) its GROUP was made for.
+PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks", "group_rows")
 
 
 def launch_params(params: dict, pack: dict | None = None) -> dict:
     """The template's PARAMS with the pack's properties (`pack`: a packed dict, or any dict with some of
     PACK_KEYS) applied: RING_KB raised to the floor its blobs need (the bulk rings), SLOT_BYTES, UNIT,
-    and for a tc_words pack in group order (group > 1) its GROUP, with WARPS and LOAD set to stream it,
-    and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a launch with
-    other params (a sweep) still reads the bytes as they are."""
+    and for a tc_words pack in group order (group > 1) its GROUP, with WARPS (GROUP / R), R and LOAD set
+    to stream it, and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a
+    launch with other params (a sweep) still reads the bytes as they are."""
     pack = {key: int((pack or {}).get(key, 0)) for key in PACK_KEYS}
     out = dict(params)
     if pack["ring_floor_kb"] and int(out.get("RING_KB", 0)) < pack["ring_floor_kb"]:
@@ -621,7 +633,8 @@ def launch_params(params: dict, pack: dict | None = None) -> dict:
         if pack[key]:
             out[param] = pack[key]
     if pack["group"] > 1:
-        out["WARPS"], out["LOAD"] = pack["group"], "group"
+        rows = pack["group_rows"] or 1
+        out["WARPS"], out["R"], out["LOAD"] = pack["group"] // rows, rows, "group"
     return out
 
 
@@ -707,7 +720,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
 
 
 def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str, pack_args: tuple = (),
-                   stage_chunks: int = 0) -> dict:
+                   stage_chunks: int = 0, group_rows: int = 1) -> dict:
     """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class; `pack_args`
     after the dtype, e.g. tc_words' unit) in the dtype's bits, move its kernel arrays to `device` and
     compile what the launches can reach."""
@@ -717,7 +730,8 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     group = int(getattr(fmt, "group", 0))
     pack = {"ring_floor_kb": bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0,
             "slot_bytes": (fmt.slot_bytes(stage_chunks) if stage_chunks else fmt.slot_bytes()) if kind in BLOB_RING_KINDS else 0,
-            "unit": getattr(fmt, "unit", 0), "group": group, "stage_chunks": stage_chunks}
+            "unit": getattr(fmt, "unit", 0), "group": group, "stage_chunks": stage_chunks,
+            "group_rows": group_rows if group > 1 else 0}
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src, pack)
 
 

@@ -74,7 +74,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_wordsI" in e]) == 6    # two with the L2 prefetch (PF)
     assert len([e for e in entries if "tc_words_bulk" in e]) == 4
-    assert len([e for e in entries if "tc_words_grp" in e]) == 8    # 2 / 4 chunks per stage; B in 4 / 2 parts
+    assert len([e for e in entries if "tc_words_grp" in e]) == 10   # 2 / 4 chunks per stage; B in 4 / 2 parts; R = 2
     assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
@@ -779,6 +779,10 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"LOAD": "group", "B_PARTS": 4}, "0.5", (1100, 4160)),
     ("tc_words", {"LOAD": "group", "B_PARTS": 2, "SPLIT": 1, "PIPE": 3}, "0.3", (300, 1000)),
     ("tc_words", {"LOAD": "group", "B_PARTS": 4, "SPLIT": 8, "WARPS": 4}, "0.5", (260, 200)),
+    ("tc_words", {"LOAD": "group", "R": 2}, "0.5", (300, 1000)),     # 19 tiles: the second group's last warp half past M
+    ("tc_words", {"LOAD": "group", "R": 2, "WARPS": 4, "SPLIT": 1, "PIPE": 3}, "0.3", (1100, 4160)),
+    ("tc_words", {"LOAD": "group", "R": 2, "UNIT": 2, "WARPS": 2, "PIPE": 4}, "0.1", (4096, 4096)),
+    ("tc_words", {"LOAD": "group", "R": 2}, "0.0", (40, 130)),
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -1010,8 +1014,8 @@ def test_words_group_stream_geometry_and_kernel():
                 assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * pipe + offs + max(pipe * stage, part)
                 assert g["smem"] <= tc_launch.SMEM_LIMIT and g["block"] == ((warps + 1) * 32, 1, 1)
                 assert g["grid"][0] == -(-tiles // warps) and g["load"] == "group"
-                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1, 1>"
-    with pytest.raises(ValueError, match="grouped by WARPS row tiles: this pack has GROUP=1"):
+                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1, 1, 1>"
+    with pytest.raises(ValueError, match="grouped by WARPS x R row tiles: this pack has GROUP=1"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 3, "LOAD": "group", "GROUP": 1}, 132)
     with pytest.raises(ValueError, match="PIPE >= 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 1, "LOAD": "group", "GROUP": 8}, 132)
@@ -1019,18 +1023,47 @@ def test_words_group_stream_geometry_and_kernel():
     lp = tc_launch.launch_params({"WARPS": 8, "PIPE": 2, "LOAD": "group", "STAGE_CHUNKS": 1},
                                  {"slot_bytes": 26000, "unit": 1, "group": 8, "stage_chunks": 2})
     g = tc_launch.plan_geometry("words", 688, 64, 16, lp, 132)
-    assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2, 1>")
+    assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2, 1, 1>")
     with pytest.raises(ValueError, match="STAGE_CHUNKS must be one of"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**lp, "STAGE_CHUNKS": 3}, 132)
     # B_PARTS: a launch choice (the kernel's last template argument), one chunk per stage only
     one = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8, "STAGE_CHUNKS": 1}
     g = tc_launch.plan_geometry("words", 688, 64, 16, {**one, "B_PARTS": 4}, 132)
-    assert g["b_parts"] == 4 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 1, 4>")
+    assert g["b_parts"] == 4 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 1, 4, 1>")
     assert tc_launch.plan_geometry("words", 688, 64, 16, one, 132)["b_parts"] == 1
     with pytest.raises(ValueError, match="B_PARTS must be one of"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**one, "B_PARTS": 3}, 132)
     with pytest.raises(ValueError, match="needs STAGE_CHUNKS=1, got 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**one, "B_PARTS": 2, "STAGE_CHUNKS": 2}, 132)
+
+
+def test_words_group_two_tiles_per_warp_geometry():
+    """R = 2 (tc_words_grp, two row tiles per consumer warp): the pack's group is WARPS x 2 tiles, so
+    launch_params reads WARPS = GROUP / R back; one CTA per 2 x WARPS tiles; the offsets and the split-K
+    partials are sized for 2 x WARPS tiles; the kernel's last template argument is R; a pack grouped for
+    another R, R = 3 and R = 2 with several chunks per stage are refused."""
+    for tiles, nchunks, n in ((688, 64, 16), (19, 16, 1), (256, 172, 64)):
+        lp = tc_launch.launch_params({"WARPS": 4, "SPLIT": "auto", "PIPE": 2, "LOAD": "ring"},
+                                     {"slot_bytes": 26000, "unit": 1, "group": 16, "group_rows": 2})
+        assert (lp["WARPS"], lp["R"], lp["GROUP"], lp["LOAD"]) == (8, 2, 16, "group")
+        g = tc_launch.plan_geometry("words", tiles, nchunks, n, lp, 132)
+        cpc, nt = g["chunks_per_cta"], g["nt"]
+        part = 16 * 16 * nt * 8 * 4 if g["split"] > 1 else 0
+        offs = -(-(cpc * 16 + 1) * 4 // 16) * 16
+        assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * 2 + offs + max(2 * 26000, part)
+        assert g["grid"][0] == -(-tiles // 16) and g["block"] == (9 * 32, 1, 1) and g["rows"] == 2
+        assert tc_launch.kernel_name("words", 1, g) == f"tc_words_grp<1, {nt}, 8, {g['split']}, 2, 1, 1, 1, 2>"
+    one = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 16, "R": 2}
+    with pytest.raises(ValueError, match="this pack has GROUP=8, the launch WARPS=8, R=2"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {**one, "GROUP": 8}, 132)
+    with pytest.raises(ValueError, match=r"R \(row tiles per warp of LOAD='group'\) must be one of"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {**one, "R": 3, "GROUP": 24}, 132)
+    with pytest.raises(ValueError, match="R=2 decodes one chunk per stage: it needs STAGE_CHUNKS=1, got 2"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {**one, "STAGE_CHUNKS": 2}, 132)
+    with pytest.raises(ValueError, match="R=2 \\(row tiles per warp\\) runs with LOAD='group' only, got LOAD='ring'"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {"WARPS": 8, "PIPE": 2, "LOAD": "ring", "R": 2}, 132)
+    from sparseditto.kernel_templates.cost import words_auto_params
+    assert words_auto_params({"R": 2, "LOAD": "auto", "WARPS": "auto", "UNIT": "auto"}, 4096, 4096, 2 ** 23)["LOAD"] == "group"
 
 
 def test_words_auto_params_follow_the_measured_rules():

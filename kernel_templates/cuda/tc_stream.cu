@@ -1256,14 +1256,16 @@ __device__ __forceinline__ void decode_quad(u32 va, uint2 L, u32& lo, u32& hi, u
 
 // A prologue the streaming kernels share (blob_stream_bulk, tc_scatter_rg, tc_words_grp): the CTA's K slice of B staged by
 // every thread and waited for, the accumulators zeroed; B's shared address back.
-template <int NT>
+template <int NT, int R = 1>
 __device__ __forceinline__ u32 stage_b_slice(unsigned char* smem, const u16* __restrict__ B, int c0, int chunks_per_cta,
-                                             int K, int n0, int N, long long ldb, int bvec, float (&acc)[1][NT][4]) {
+                                             int K, int n0, int N, long long ldb, int bvec, float (&acc)[R][NT][4]) {
     stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
     cp_async_wait_all();
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
     return smem_addr(smem);
 }
 
@@ -1857,22 +1859,8 @@ struct WordsDecoder {
             dense_compute<BF16, NT, 1>(z, bs, i, acc);
             return;
         }
-        u32 head[L::HEAD / 4];
-#pragma unroll
-        for (int q = 0; q < L::HEAD / 16; ++q) {
-            const uint4 m = reinterpret_cast<const uint4*>(slot)[q];
-            head[4 * q] = m.x; head[4 * q + 1] = m.y; head[4 * q + 2] = m.z; head[4 * q + 3] = m.w;
-        }
-        const u32 units = smem_addr(slot) + L::HEAD;
         u32 x[1][16];
-#pragma unroll
-        for (int u = 0; u < L::NU; ++u) {
-            const u32 mask = head[u];
-            const u32 base = __byte_perm(head[L::NU + u / 2], 0u, (u & 1) ? 0x4432u : 0x4410u);
-            const u32 at = units + 4u * UNIT * (base + __popc(mask & below));
-            if (UNIT == 1) lds_kept_unit(at, mask, bit, x[0][u]);
-            else lds_kept_unit(at, mask, bit, x[0][UNIT * u], x[0][UNIT * u + UNIT - 1]);
-        }
+        decode(slot, x[0]);
         if constexpr (SD_PROBE == 2) {
             u32 f = 0;
 #pragma unroll
@@ -1881,6 +1869,40 @@ struct WordsDecoder {
             return;
         }
         dense_compute<BF16, NT, 1>(x, bs, i, acc);
+    }
+    // Two row tiles' blobs of one chunk (tc_words_grp with R = 2): both decoded before the mma, so the
+    // two blobs' load chains overlap and B's fragments are read once for both; `second` false (a tile
+    // past M, whose blob is empty) leaves the second fragment zero.
+    template <int BF16, int NT>
+    __device__ __forceinline__ void chunk2(const unsigned char* slot0, const unsigned char* slot1, bool second, u32 bs,
+                                           int i, float (&acc)[2][NT][4]) const {
+        u32 x[2][16];
+        decode(slot0, x[0]);
+        if (second) {
+            decode(slot1, x[1]);
+        } else {
+#pragma unroll
+            for (int r = 0; r < 16; ++r) x[1][r] = 0u;
+        }
+        dense_compute<BF16, NT, 2>(x, bs, i, acc);
+    }
+    // One blob's fragment registers: the header's masks and bases, then one predicated shared load per unit.
+    __device__ __forceinline__ void decode(const unsigned char* slot, u32 (&x)[16]) const {
+        u32 head[L::HEAD / 4];
+#pragma unroll
+        for (int q = 0; q < L::HEAD / 16; ++q) {
+            const uint4 m = reinterpret_cast<const uint4*>(slot)[q];
+            head[4 * q] = m.x; head[4 * q + 1] = m.y; head[4 * q + 2] = m.z; head[4 * q + 3] = m.w;
+        }
+        const u32 units = smem_addr(slot) + L::HEAD;
+#pragma unroll
+        for (int u = 0; u < L::NU; ++u) {
+            const u32 mask = head[u];
+            const u32 base = __byte_perm(head[L::NU + u / 2], 0u, (u & 1) ? 0x4432u : 0x4410u);
+            const u32 at = units + 4u * UNIT * (base + __popc(mask & below));
+            if (UNIT == 1) lds_kept_unit(at, mask, bit, x[u]);
+            else lds_kept_unit(at, mask, bit, x[UNIT * u], x[UNIT * u + UNIT - 1]);
+        }
     }
 };
 
@@ -1927,24 +1949,31 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // STAGES x ~13 KiB in flight at 8 warps without a ring per warp. BP > 1 (B_PARTS): the consumer warps
 // stage B's slice in BP cp.async groups and wait for each (a named barrier among them) at its first chunk,
 // instead of every thread staging all of B behind a CTA barrier; measured slower (session 36, H200: the
-// 1.6-1.7 us that staging B costs is its L2 traffic at the start more than the wait for it).
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP>
+// 1.6-1.7 us that staging B costs is its L2 traffic at the start more than the wait for it). R = 2: the
+// pack groups WARPS x 2 tiles and warp w decodes tiles 2w and 2w + 1 of each chunk run (WordsDecoder::chunk2)
+// before one mma pass over both: two independent load chains per warp and B's fragments read once for two
+// tiles. Why: the stage probe (session 36) put the consumers above the 70% pack's load time, and 14% fewer
+// decode instructions ran slower there, so each warp's dependency chain is the limit. Written after the
+// session's device time: compiled (nvcc 13, sm_90: 71 registers at NT = 2, no spills), not yet run.
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP, int R>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
 tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
              int tiles, int bvec, int stage_bytes) {
     static_assert(STAGES >= 2 && CH >= 1, "one stage in flight while another is decoded");
     static_assert(BP == 1 || (CH == 1 && BP <= 4), "B in parts: one chunk per stage, at most four parts");
+    static_assert(R == 1 || (R == 2 && CH == 1 && SD_PROBE == 0), "two row tiles per warp: one chunk per stage");
+    constexpr int G = WARPS * R;                                // blobs of one chunk run (the pack's group)
     extern __shared__ __align__(16) unsigned char smem[];
-    const WarpWork<NT, 1, WARPS> ww(Kp, chunks_per_cta);
+    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
     const int nc = max(0, ww.c1 - c0);
     const int nst = CH == 1 ? nc : (nc + CH - 1) / CH;          // stages of CH chunks in this K slice
-    const int b_bytes = SmemPlan<NT, 1, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
+    const int b_bytes = SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
     u64* bar_p = reinterpret_cast<u64*>(smem + b_bytes);
     const u32 bars = smem_addr(bar_p);                          // full[STAGES], then empty[STAGES]
     u32* offs = reinterpret_cast<u32*>(bar_p + 2 * STAGES);
-    unsigned char* stages = reinterpret_cast<unsigned char*>(offs) + ((chunks_per_cta * WARPS + 1) * 4 + 15) / 16 * 16;
+    unsigned char* stages = reinterpret_cast<unsigned char*>(offs) + ((chunks_per_cta * G + 1) * 4 + 15) / 16 * 16;
     const u32 stage0 = smem_addr(stages);
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -1954,25 +1983,26 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         fence_barrier_init();
     }
     if (nc) {
-        const u32* off = blob_off + (long long)blockIdx.x * (nchunks * WARPS + 1) + c0 * WARPS;
-        for (int i = threadIdx.x; i <= nc * WARPS; i += blockDim.x) offs[i] = off[i];
+        const u32* off = blob_off + (long long)blockIdx.x * (nchunks * G + 1) + c0 * G;
+        for (int i = threadIdx.x; i <= nc * G; i += blockDim.x) offs[i] = off[i];
     }
     __syncthreads();                                            // barriers and offsets in place
     auto issue = [&](int i) {                                   // the producer: chunks i*CH.. into stage i % STAGES
         const int s = i % STAGES;
         const int end = CH == 1 ? i + 1 : min((i + 1) * CH, nc);
-        const u32 lo = offs[i * CH * WARPS], bytes = (offs[end * WARPS] - lo) * 16u;
+        const u32 lo = offs[i * CH * G], bytes = (offs[end * G] - lo) * 16u;
         mbar_expect_tx(bars + 8 * s, bytes);                    // 0 bytes: a plain arrival completes the phase
         if (bytes) bulk_copy(stage0 + (u32)(s * stage_bytes), blobs + (u64)lo * 16u, bytes, bars + 8 * s);
     };
     const bool producer = warp == WARPS && lane == 0;
     if (producer)
         for (int i = 0; i < min(STAGES, nst); ++i) issue(i);   // in flight while B is staged
-    float acc[1][NT][4];
+    float acc[R][NT][4];
     u32 bs;
     const int part = (nc + BP - 1) / BP;                        // chunks per part of B (BP > 1)
     if constexpr (SD_PROBE == 5 || SD_PROBE == 7 || BP > 1) {
-        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        for (int r = 0; r < R; ++r)
+            for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
         bs = smem_addr(smem);
         if (BP > 1 && warp < WARPS) {                           // the consumers stage B, one cp.async group per part
             for (int q = 0; q < BP; ++q) {
@@ -1982,7 +2012,7 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
             }
         }
     } else {
-        bs = stage_b_slice<NT>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
+        bs = stage_b_slice<NT, R>(smem, B, c0, chunks_per_cta, K, n0, N, ldb, bvec, acc);
     }
     if (warp == WARPS) {
         if (producer && SD_PROBE != 3)
@@ -1992,6 +2022,7 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
             }
     } else {
         const bool live = ww.tile < tiles;                      // a tile past M has empty blobs
+        const bool live2 = R == 2 && ww.tile + 1 < tiles;       // R = 2: the warp's second tile
         const WordsDecoder<UNIT> dec(nullptr, warp, lane);
         for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
@@ -2001,6 +2032,11 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
             }
             if (SD_PROBE != 3 || i < STAGES) mbar_wait(bars + 8 * s, (i / STAGES) & 1);
             if constexpr (SD_PROBE >= 4) {
+            } else if constexpr (R == 2) {                      // tiles 2 warp, 2 warp + 1 of the run
+                const unsigned char* run = stages + s * stage_bytes;
+                const u32 lo = offs[i * G];
+                if (live) dec.template chunk2<BF16, NT>(run + (offs[i * G + 2 * warp] - lo) * 16u,
+                                                        run + (offs[i * G + 2 * warp + 1] - lo) * 16u, live2, bs, i, acc);
             } else if constexpr (CH == 1) {                     // the measured kernel's form (session 35)
                 const int at = SD_PROBE == 3 ? s : i;           // probe 3: the blob that stage s holds
                 if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[at * WARPS + warp] - offs[at * WARPS]) * 16u,
@@ -2018,12 +2054,12 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     float* cpart = reinterpret_cast<float*>(stages);
     if constexpr (SD_PROBE == 6 || SD_PROBE == 7) return;
     if (SPLIT == 1) {
-        if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        if (warp < WARPS) epilogue<BF16, NT, R, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
         return;
     }
     __syncthreads();                                            // every stage consumed: partials go over them
-    if (warp < WARPS) epilogue<BF16, NT, 1, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
-    else split_reduce<BF16, NT, WARPS * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
+    if (warp < WARPS) epilogue<BF16, NT, R, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+    else split_reduce<BF16, NT, WARPS * R * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
 }
 
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
@@ -2225,10 +2261,12 @@ SD_WD(0, 2, 8, 4, 2, 1, 4) SD_WD(1, 1, 4, 8, 2, 2, 8)
 #define SD_WB(BF, NT, W, S, RK, U) template __global__ void tc_words_bulk<BF, NT, W, S, RK, U>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WB(0, 1, 4, 4, 16, 1) SD_WB(1, 2, 8, 2, 24, 2) SD_WB(0, 8, 4, 8, 12, 1) SD_WB(0, 2, 2, 1, 32, 2)
-#define SD_WG2(BF, NT, W, S, ST, U, CH, BP) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH, BP>( \
+#define SD_WG2(BF, NT, W, S, ST, U, CH, BP, R) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH, BP, R>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WG2(0, 1, 8, 4, 3, 1, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1, 1) SD_WG2(0, 2, 4, 1, 3, 1, 1, 1)
-SD_WG2(0, 2, 8, 4, 2, 1, 2, 1) SD_WG2(1, 1, 8, 2, 3, 2, 4, 1) SD_WG2(0, 2, 8, 4, 2, 1, 1, 4) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2)
+SD_WG2(0, 1, 8, 4, 3, 1, 1, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1, 1, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1, 1, 1)
+SD_WG2(0, 2, 4, 1, 3, 1, 1, 1, 1) SD_WG2(0, 2, 8, 4, 2, 1, 2, 1, 1) SD_WG2(1, 1, 8, 2, 3, 2, 4, 1, 1)
+SD_WG2(0, 2, 8, 4, 2, 1, 1, 4, 1) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2, 1) SD_WG2(0, 2, 8, 8, 2, 1, 1, 1, 2)
+SD_WG2(1, 8, 4, 2, 3, 2, 1, 1, 2)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

@@ -50,15 +50,20 @@ META = {
     # staging B before the first chunk. Measured (session 36, 11008x4096 50 / 70%, N = 8 / 16): 2 and 4 parts
     # 0.1-1.9 us slower on all 8 rows (the staging's L2 traffic stays, the producer warp leaves it, a barrier
     # per part is added); 1 stays the default
+    # R (LOAD="group"): row tiles per consumer warp, 1 or 2 (the pack groups WARPS x R tiles): with 2 a warp
+    # decodes two blobs per chunk before one mma pass that reads B's fragments once for both. Why: the stage
+    # probe (session 36) put the consumers' decode + mma (~17.5 us on 11008x4096) above the 70% pack's load time
+    # (15.0 us) with ~14% fewer instructions running slower, i.e. bound by each warp's dependency chain: two
+    # independent chains per warp, same warps per SM. Written after the device time: not run on a GPU yet
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
-               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4]},
+               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": [1, 2]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
     # CTA stream from 512 row tiles)
     "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
-                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1},
+                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1, "R": 1},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
@@ -76,9 +81,10 @@ def prepare(A, dtype, device) -> dict:
     """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled
     kernels; "auto" UNIT / WARPS / LOAD / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
-    group = int(params["WARPS"]) if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
+    rows = int(params["R"]) if params.get("LOAD") == "group" else 1
+    group = int(params["WARPS"]) * rows if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
     return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group),
-                          stage_chunks=int(params["STAGE_CHUNKS"]) if group > 1 else 0)
+                          stage_chunks=int(params["STAGE_CHUNKS"]) if group > 1 else 0, group_rows=rows)
 
 
 def spmm(packed: dict, B, out) -> None:
