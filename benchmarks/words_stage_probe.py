@@ -8,6 +8,7 @@ so only mode 0 is checked against the fp64 reference):
     2  no mma (words decoded, folded)  3  no DRAM after the first stages (the first stages decoded over and over)
     4  consumers only wait and release the stages (the load skeleton inside the real kernel)
     5 / 6 / 7  mode 4 without staging B / without the epilogue (split-K reduction, C) / without either
+    8  mode 4 with only the epilogue's barriers (no partial tiles, DSMEM reads or C stores)
 
 Each mode is timed as the benchmarks time kernels (chained over L2-cold copies of the pack, back to back from
 one graph). On the GPU, from the repo root (benchmarks/device_run.sh's set-up):
@@ -26,7 +27,8 @@ import numpy as np
 import llm_layers as ll
 
 MODES = {0: "as shipped", 1: "no word loads", 2: "no mma", 3: "no DRAM after start", 4: "wait + release only",
-         5: "4 without B staging", 6: "4 without epilogue", 7: "4 without B or epilogue"}
+         5: "4 without B staging", 6: "4 without epilogue", 7: "4 without B or epilogue",
+         8: "4, epilogue barriers only"}
 
 
 SOURCE = Path(__file__).resolve().parents[1] / "kernel_templates" / "cuda" / "tc_stream.cu"

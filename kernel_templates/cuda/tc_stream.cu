@@ -1839,7 +1839,8 @@ __device__ __forceinline__ void lds_kept_unit(u32 addr, u32 mask, u32 bit, u32& 
 // where these branches compile away): 1 = the words are never read (zero fragments, the mma kept); 2 = no
 // mma (the decoded words folded into one accumulator); 3 = tc_words_grp reads its first stages only and
 // decodes them over and over (no DRAM after the start); 4 = tc_words_grp's consumers only wait and release;
-// 5 / 6 / 7 = 4 without staging B / without the epilogue (split-K reduction, C) / without either.
+// 5 / 6 / 7 = 4 without staging B / without the epilogue (split-K reduction, C) / without either; 8 = 4 with
+// only the epilogue's barriers (the CTA barrier and the two cluster barriers: no partials, DSMEM reads or C).
 // Why: the CTA stream's loads alone read the 50% pack at 97% of a pure read (bulk_stream_probe.py, H200),
 // while the kernel reads it at ~72%: these time the kernel with one stage left out.
 #ifndef SD_PROBE
@@ -2053,6 +2054,14 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     }
     float* cpart = reinterpret_cast<float*>(stages);
     if constexpr (SD_PROBE == 6 || SD_PROBE == 7) return;
+    if constexpr (SD_PROBE == 8) {
+        if (SPLIT > 1) {
+            __syncthreads();
+            cluster_sync_all();
+            cluster_sync_all();
+        }
+        return;
+    }
     if (SPLIT == 1) {
         if (warp < WARPS) epilogue<BF16, NT, R, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
         return;
