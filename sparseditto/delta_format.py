@@ -127,9 +127,10 @@ def _unsorted_within_rows(indptr: np.ndarray, indices: np.ndarray) -> bool:
 
 
 def _previous_columns(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """The column of the nonzero before each one in its row, -1 at a row's first."""
+    """The column of the nonzero before each one in its row, -1 at a row's first (int32 where the
+    columns fit, as they do for every matrix from_matrix accepts)."""
     nnz = int(indices.size)
-    prev = np.empty(nnz, dtype=np.int64)
+    prev = np.empty(nnz, dtype=_index_dtype(int(indices.max(initial=0)) + 1))
     if nnz:
         prev[1:] = indices[:-1]
         prev[indptr[:-1][np.diff(indptr) > 0]] = -1          # a row's first nonzero: no gap
@@ -147,16 +148,20 @@ def _gaps(indptr: np.ndarray, indices: np.ndarray, bits: int, prev: np.ndarray |
         prev = _previous_columns(indptr, indices)
     gap = indices - prev
     wide = np.flatnonzero((gap > dmax) & (prev >= 0))
-    fillers = np.zeros(nnz, dtype=np.int64)
+    fillers = np.zeros(nnz, dtype=prev.dtype)                # at most k / dmax each: fits the columns' dtype
     fillers[wide] = (gap[wide] - 1) // dmax
     return prev, fillers
 
 
 def _row_entries(indptr: np.ndarray, fillers: np.ndarray) -> np.ndarray:
-    """Entries (nonzeros + their fillers) per row."""
-    total = np.zeros(fillers.size + 1, dtype=np.int64)
-    np.cumsum(fillers, out=total[1:])
-    return np.diff(indptr) + total[indptr[1:]] - total[indptr[:-1]]
+    """Entries (nonzeros + their fillers) per row (int64). The few nonzeros with fillers are found and
+    counted by row, rather than a running sum over every nonzero."""
+    per_row = np.diff(np.asarray(indptr, dtype=np.int64))
+    owner = np.flatnonzero(fillers)
+    if owner.size:
+        rows = np.searchsorted(indptr, owner, side="right") - 1
+        np.add.at(per_row, rows, fillers[owner].astype(np.int64))
+    return per_row
 
 
 def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int, gaps=None):
@@ -166,21 +171,25 @@ def expanded_entries(indptr: np.ndarray, indices: np.ndarray, bits: int, gaps=No
     width's `_gaps`, when the caller has them already."""
     dmax = max_delta(bits)
     nnz = int(indices.size)
-    indices = np.asarray(indices, dtype=np.int64)
     prev, fillers = gaps if gaps is not None else _gaps(indptr, indices, bits)
-    shift = np.cumsum(fillers)                                # fillers up to and including each nonzero's
-    place = np.arange(nnz, dtype=np.int64) + shift            # where each nonzero lands
-    total = nnz + (int(shift[-1]) if nnz else 0)
-    col = np.empty(total, dtype=np.int64)
-    src = np.full(total, -1, dtype=np.int64)
-    col[place] = indices
-    src[place] = np.arange(nnz, dtype=np.int64)
     owner = np.flatnonzero(fillers)                           # nonzeros with fillers before them
-    if owner.size:
-        count = fillers[owner]
-        k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-        at = np.repeat(place[owner] - count, count) + k       # the fillers, in order, before their nonzero
-        col[at] = np.repeat(prev[owner], count) + dmax * (k + 1)
+    count = fillers[owner].astype(np.int64)
+    total = nnz + int(count.sum())
+    # int32 entries where they fit (half the bytes of int64: this numpy pass is bound by memory and, on
+    # fresh arrays of tens of millions of entries, by page faults); no fillers: the columns as they are
+    it = _index_dtype(max(total, int(indices.max(initial=0)) + 1 + dmax))
+    if not owner.size:
+        return (np.asarray(indices).astype(it, copy=False), np.arange(nnz, dtype=it),
+                _row_entries(indptr, fillers))
+    place = np.arange(nnz, dtype=it)                          # where each nonzero lands: its index plus
+    place += np.cumsum(fillers, dtype=it)                     # the fillers up to and including its own
+    col = np.empty(total, dtype=it)
+    src = np.full(total, -1, dtype=it)
+    col[place] = indices
+    src[place] = np.arange(nnz, dtype=it)
+    k = np.arange(int(count.sum()), dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    at = np.repeat(place[owner] - count, count) + k           # the fillers, in order, before their nonzero
+    col[at] = np.repeat(prev[owner], count) + dmax * (k + 1)
     return col, src, _row_entries(indptr, fillers)
 
 
@@ -405,11 +414,11 @@ class DeltaSlices:
         # the nonzeros appear in the entries in their CSR order (src[real] is 0, 1, ..., nnz - 1,
         # fillers and padding between them), so where[real] is each value's slot in data's order:
         # what `with_values` scatters a matrix's values into
-        slots = where[real].astype(np.int32)
+        slots = where[real].astype(np.int32, copy=False)
         starts = np.zeros(m * lanes, dtype=np.int64)
         lead = slot == 0
         starts[rows[lead].astype(np.int64) * lanes + lane[lead]] = col[lead]
-        delta = np.empty(col.size, dtype=np.int64)
+        delta = np.empty(col.size, dtype=col.dtype)           # col's (int32) width: one pass fewer than int64
         if col.size:
             delta[0] = 0
             np.subtract(col[1:], col[:-1], out=delta[1:])
@@ -417,12 +426,15 @@ class DeltaSlices:
         if delta.size and (delta.min() < 0 or delta.max() > max_delta(bits)):
             raise AssertionError("delta slices: a delta outside its field (a packing defect)")
         fields = np.zeros(pieces * GROUP, dtype=np.uint8)
-        fields[where] = delta.astype(np.uint8)
+        fields[where] = delta                                 # 0 .. max_delta(bits): the uint8 cast is exact
         if bits == 8:
             deltas = fields.view(np.uint64).copy() if pieces else np.zeros(0, dtype=np.uint64)
         else:
-            shifts = (4 * np.arange(GROUP, dtype=np.uint32))[None, :]
-            deltas = (fields.reshape(pieces, GROUP).astype(np.uint32) << shifts).sum(axis=1, dtype=np.uint32)
+            # field i at bits 4i of the piece's word: byte j holds fields 2j (low nibble) and 2j + 1 (high),
+            # so the little-endian bytes of the nibble pairs are the words
+            pairs = fields.reshape(pieces, GROUP // 2, 2)
+            packed = pairs[:, :, 0] | (pairs[:, :, 1] << np.uint8(4))
+            deltas = np.ascontiguousarray(packed).view("<u4").reshape(pieces).astype(np.uint32, copy=False)
         fmt = cls(shape=(m, k), lanes=lanes, bits=bits, skew=skew, values=np.zeros(0), deltas=deltas,
                   starts=starts.astype(np.int32), group_base=group_base.astype(np.int32),
                   nnz=int(slots.size), fillers=int((~real).sum()))
