@@ -6,7 +6,7 @@ analysis, opens the run in the trajectory memory, and looks the pattern up there
 * an **exact hit** (same signature, N bucket, dtype, GPU) is pinned at the front of the queue as an
   origin-"memory" candidate carrying the stored source; it still goes through the debugger's full
   verification before anything trusts it;
-* otherwise the nearest **neighbours** (same pattern class and dtype) become planning priors: the
+* otherwise the nearest **neighbours** (same pattern class, dtype and N bucket) become planning priors: the
   policy sees their best template and parameters.
 
 Memory hits are normalized here to one small shape so that policies never depend on the memory's
@@ -57,14 +57,20 @@ def normalize_neighbour(hit: dict) -> dict:
 
 
 def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[dict]:
-    """Exact hit first; neighbours (same pattern class and dtype) only when there is none."""
+    """Exact hit first; neighbours (same pattern class, dtype and N range) only when there is none.
+
+    Why the N range: a neighbour's winner at another N is the wrong first candidate. On the H200
+    (session 36, `sparseditto bench --suite llm`) the N = 1 runs of 4096x4096 70% / 90% and 11008x4096
+    50% started from tc_words and tc_dense, the best generated kernels of their 4096x4096 50% neighbour's
+    N = 16 / 64 runs, and reached delta_spmv, the winner at N = 1 by 1.2-1.7x, third of three."""
     from sparseditto.memory import n_bucket
 
-    exact = mem.exact_hit(report.signature, n_bucket(list(ctx.n_values)), ctx.dtype, memory_gpu_key(ctx))
+    bucket = n_bucket(list(ctx.n_values))
+    exact = mem.exact_hit(report.signature, bucket, ctx.dtype, memory_gpu_key(ctx))
     if exact is not None:
         return [normalize_exact(exact)]
-    near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, k=NEIGHBOURS,
-                          exclude_run=exclude_run)
+    near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, n_bucket=bucket,
+                          k=NEIGHBOURS, exclude_run=exclude_run)
     out = []
     for h in near:
         hit = normalize_neighbour(h)

@@ -795,10 +795,11 @@ class Memory(TranscriptStore):
             }
 
     def neighbours(self, features: Any, *, pattern: str | None = None, dtype: str | None = None,
-                   k: int = 5, exclude_run: str | None = None) -> list[dict]:
+                   n_bucket: str | None = None, k: int = 5, exclude_run: str | None = None) -> list[dict]:
         """The k past runs nearest to ``features`` (Euclidean distance on the stored normalized
         feature vectors; a feature missing on one side counts as 0), nearest first. Failed and
-        unfinished runs are left out; ``pattern``/``dtype`` restrict the search."""
+        unfinished runs are left out; ``pattern``/``dtype``/``n_bucket`` (`n_bucket()`'s N range)
+        restrict the search."""
         query = _feature_dict(features)
         if not query:
             raise ValueError("neighbours() needs a non-empty feature vector.")
@@ -813,6 +814,9 @@ class Memory(TranscriptStore):
         if dtype is not None:
             sql += " AND dtype = ?"
             args.append(dtype)
+        if n_bucket is not None:
+            sql += " AND n_bucket = ?"
+            args.append(n_bucket)
         if exclude_run is not None:
             sql += " AND id != ?"
             args.append(exclude_run)

@@ -181,6 +181,18 @@ def test_neighbours_ordering_and_filters(mem):
         mem.neighbours({})
 
 
+def test_neighbours_keep_to_the_n_range_when_asked(mem):
+    """A neighbour measured at another N range is no prior for this one (SpMV at N = 1 and SpMM at
+    N = 16 favour different kernels): n_bucket restricts the search to runs of the same range."""
+    spmv, _ = _run(mem, "spmv", features={"density": 0.5}, template="delta_spmv", n_values=(1,))
+    spmm, _ = _run(mem, "spmm", features={"density": 0.49}, template="tc_words", n_values=(16,))
+    assert [g["run_id"] for g in mem.neighbours({"density": 0.49})] == [spmm, spmv]
+    got = mem.neighbours({"density": 0.49}, n_bucket="1")
+    assert [(g["run_id"], g["best_template"], g["n_bucket"]) for g in got] == [(spmv, "delta_spmv", "1")]
+    assert [g["run_id"] for g in mem.neighbours({"density": 0.49}, n_bucket="<=16")] == [spmm]
+    assert mem.neighbours({"density": 0.49}, n_bucket="<=128") == []
+
+
 def test_multi_row_write_is_transactional(mem, monkeypatch):
     """A failure between the kernel row and the candidate row leaves neither behind."""
     run_id = mem.start_run(signature="s", versions=VERSIONS)
@@ -347,3 +359,21 @@ def test_cli_memory_commands(tmp_path, capsys):
     out = tmp_path / "dump.jsonl"
     assert main(["memory", "export", "--memory", str(path), "--out", str(out)]) == 0
     assert json.loads(out.read_text().splitlines()[0])["id"] == run_id
+
+
+def test_analyzer_starts_from_neighbours_of_the_same_n_range_only(mem):
+    """The analyzer's memory lookup (exact hit, else neighbours) keeps to the run's N range: a similar
+    weight's winner at N = 16 is a prior at N = 16, not at N = 1 (where the H200 measured delta_spmv
+    1.2-1.7x ahead of what won at N = 16)."""
+    from sparseditto import generate
+    from sparseditto.agents.analyzer import lookup_memory
+    from sparseditto.agents.state import Context
+    from sparseditto.analysis import analyze
+
+    report = analyze(generate.unstructured(64, 128, 0.5, seed=0))
+    _run(mem, "a-similar-weight", features=report.feature_vector(), pattern=report.pattern, template="tc_words",
+         n_values=(16,))
+    hits = lookup_memory(mem, report, Context(backend="interpret", n_values=[16]), None)
+    assert [(h["kind"], h["template"]) for h in hits] == [("neighbour", "tc_words")]
+    assert lookup_memory(mem, report, Context(backend="interpret", n_values=[12]), None)[0]["template"] == "tc_words"
+    assert lookup_memory(mem, report, Context(backend="interpret", n_values=[1]), None) == []
