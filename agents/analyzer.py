@@ -62,7 +62,7 @@ def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[di
     Why the N range: a neighbour's winner at another N is the wrong first candidate. On the H200
     (session 36, `sparseditto bench --suite llm`) the N = 1 runs of 4096x4096 70% / 90% and 11008x4096
     50% started from tc_words and tc_dense, the best generated kernels of their 4096x4096 50% neighbour's
-    N = 16 / 64 runs, and reached delta_spmv, the winner at N = 1 by 1.2-1.7x, third of three."""
+    N = 16 / 64 runs, and reached delta_spmv, the winner at N = 1 by 1.2-1.7x, only second or third of three."""
     from sparseditto.memory import n_bucket
 
     bucket = n_bucket(list(ctx.n_values))
