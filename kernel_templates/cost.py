@@ -326,13 +326,16 @@ def row_split_csr_terms(stats: ReportStats, n: int, dtype: str, params: dict, *,
 # 4.3 ps each, session 29) and 16.5 us at N = 16 on 4096x4096 (9.8 ps, session 34's run_graph, where
 # csr_rowdecomp ran slower still). 0.55 ps x N is below all of them (a lower bound, as every floor);
 # without it their byte estimates (4.9 us at N = 16 on 4096x4096) put them first where they ran 3.4x
-# slower and lost to cuBLAS. fp32 and wider N (graphs) keep the byte estimates: not measured there.
+# slower and lost to cuBLAS. At N = 64 (session 36, `sparseditto bench --suite llm`, graph-launched)
+# csr_vector ran 186 / 74 / 239 us on 4096x4096 70% / 90% / block-32 75% (0.58 / 0.69 / 0.89 ps), where the
+# byte estimate (~10 us) had put it first ahead of cuBLAS (~17 us). fp32 and wider N (graphs) keep the
+# byte estimates: not measured there.
 CSR_DECODE_NNZ_COLUMN_S = 0.55e-12
-CSR_DECODE_MAX_N = 32
+CSR_DECODE_MAX_N = 64
 
 
 def csr_decode_floor_s(stats: ReportStats, n: int, dtype: str, target: Any) -> float:
-    """The CUDA-core CSR kernels' measured decode floor (0 where it was not measured: fp32, N > 32)."""
+    """The CUDA-core CSR kernels' measured decode floor (0 where it was not measured: fp32, N > 64)."""
     if dtype not in ("float16", "bfloat16") or n > CSR_DECODE_MAX_N:
         return 0.0
     return h200_scaled(stats.nnz * n * CSR_DECODE_NNZ_COLUMN_S, target)
@@ -455,6 +458,12 @@ TC_N_BLOCK = 64   # columns of N one tensor-core launch covers (8 n8 tiles); wid
 def tc_n_blocks(n: int) -> int:
     """Blocks of TC_N_BLOCK columns a tensor-core template runs N as (each streams A once more)."""
     return -(-max(1, int(n)) // TC_N_BLOCK)
+
+
+def tc_n8_tiles(n: int) -> int:
+    """n8 tiles of one launch block at N columns (1 .. TC_N_BLOCK / 8): each adds its mma and B fragment
+    loads to every 16x64 block a decoder feeds, which is why the decode floors grow with N past 16."""
+    return -(-min(max(1, int(n)), TC_N_BLOCK) // 8)
 
 
 def tc_flops(m: int, k: int, n: int) -> float:

@@ -179,3 +179,21 @@ def test_measured_delta_spmv_is_refined_through_its_planned_parameter_sets():
     assert spec.template == "delta_spmv" and spec.params == delta["grid"][1]["params"], (spec, plan.rationale)
     assert {first.params["LANES"], spec.params["LANES"]} == {16, "auto"}
     assert "its planned parameter set" in spec.rationale
+
+
+def test_tc_words_decode_floor_grows_with_the_n8_tiles_past_two():
+    """tc_words' decode floor per 16x64 block: 0.40 ns up to N = 16 (two n8 tiles), + 0.133 ns per further
+    tile, 1.20 ns at N = 64, the H200's 11008x4096 50% N = 64 time (52.8 us over 44032 blocks); wider N runs
+    more 64-column launch blocks, not wider ones. The floor stays under the other measured N = 64 rows."""
+    from sparseditto.kernel_templates.cuda.planning import tc_words as plan
+
+    assert plan.block_s(1) == plan.block_s(16) == plan.BLOCK_S
+    assert plan.block_s(24) == pytest.approx(plan.BLOCK_S + plan.NT_STEP_S)
+    assert plan.block_s(64) == plan.block_s(128) == pytest.approx(1.198e-9)
+
+    class Stats:
+        m, k, nnz = 11008, 4096, 11008 * 2048
+
+    floor = {n: plan.cost(Stats, n, "float16", H200, {}).decode_s for n in (16, 64, 128)}
+    assert floor[64] == pytest.approx(3 * floor[16], rel=0.01) and floor[128] == pytest.approx(2 * floor[64])
+    assert floor[64] * 1e6 <= 53.1 and 16384 * plan.block_s(64) * 1e6 <= 28.5   # the measured N = 64 times (us)

@@ -14,14 +14,24 @@ cuBLAS on these shapes; it is the fastest bitmap kernel at N = 16 (tc_bitmap: 57
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled,
-                                               tc_bytes, tc_flops, tc_n_blocks)
+                                               tc_bytes, tc_flops, tc_n8_tiles, tc_n_blocks)
 
-ELEMENT_S = 0.5e-12          # decode floor per matrix element (H200 fit, below)
+ELEMENT_S = 0.5e-12          # decode floor per matrix element (H200 fit, below), N <= 16
+# Each n8 tile past the second adds its mma and B fragment loads: H200, session 36 (`sparseditto bench --suite
+# llm`, graph-launched), 11008x4096 50% at N = 64 in 85.5 us (1.90 ps per element), 4096x4096 50% / 4:8 in
+# 45.2 / 45.3 us (2.7 ps): (1.90 - 0.5) / 6 more tiles, the lower of the two shapes (a floor).
+NT_STEP_ELEMENT_S = 0.233e-12
+
+
+def element_s(n: int) -> float:
+    """The decode floor per matrix element at N columns (one launch block: N up to 64)."""
+    return ELEMENT_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_ELEMENT_S
 
 APPLICABILITY = (f"density >= {BITMAP_MIN_DENSITY} (one bit per element must cost less than the values it "
                  "indexes); fp16/bf16")
 COST_MODEL = ("bytes = nnz*vb + tiles*chunks*136 + offsets + B + C per block of 64 columns of N; time = max(bytes / "
-              "bandwidth, decode floor 0.5 ps per element per block of 64 columns) (H200 fit)")
+              "bandwidth, decode floor 0.5 ps per element per block of 64 columns at N <= 16, + 0.233 ps per further n8 tile) "
+              "(H200 fit)")
 
 
 def applicable(stats, template) -> tuple[bool, str]:
@@ -36,5 +46,5 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     blocks = tc_n_blocks(n)
     return CostTerms(a_bytes=blocks * tc_bytes("tc_lanemask", stats.m, stats.k, stats.nnz, VALUE_BYTES[dtype]),
                      flops=tc_flops(stats.m, stats.k, n), unit="tensor",
-                     decode_s=h200_scaled(blocks * stats.m * stats.k * ELEMENT_S, target),
+                     decode_s=h200_scaled(blocks * stats.m * stats.k * element_s(n), target),
                      notes=["lane mask words + values in mma fragment order, decoded in registers"])

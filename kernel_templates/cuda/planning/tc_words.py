@@ -15,14 +15,25 @@ units) runs 50% in 24.9-26.4 us (0.97-1.02x cuBLAS, 70-74% of a pure read) and 7
 """
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, round_up, tc_flops, tc_n_blocks,
-                                               words_auto_params, words_bytes)
+from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, round_up, tc_flops, tc_n8_tiles,
+                                               tc_n_blocks, words_auto_params, words_bytes)
 
-BLOCK_S = 0.40e-9   # per 16x64 block and block of 64 columns of N (H200 fit at 90%, above)
+BLOCK_S = 0.40e-9   # per 16x64 block and block of 64 columns of N (H200 fit at 90%, above), N <= 16
+# Each n8 tile past the second adds its mma and B fragment loads to every block. H200, session 36
+# (`sparseditto bench --suite llm`, graph-launched): 11008x4096 50% at N = 64 ran 52.8-53.1 us, 1.20 ns per
+# block against 0.61 at N = 16 (27 us, the same bytes): (1.20 - 0.40) / 6 more tiles. 4096x4096 at N = 64
+# ran 28.5-38.3 us at 50-90% (1.7-2.3 ns per block, fewer CTAs): the floor stays a lower bound.
+NT_STEP_S = 0.133e-9
+
+
+def block_s(n: int) -> float:
+    """The decode floor per 16x64 block at N columns (one launch block: N up to 64)."""
+    return BLOCK_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_S
 
 APPLICABILITY = "any pattern with some all-zero pairs of neighbouring values; fp16/bf16"
 COST_MODEL = ("bytes = 4*UNIT*kept units + tiles*chunks*(header + 8) + offsets + B + C per block of 64 columns of N "
-              "(kept units = Mp*Kp/(2 UNIT)*(1-(1-d)^(2 UNIT)) at random placement); decode floor 0.40 ns per 16x64 block")
+              "(kept units = Mp*Kp/(2 UNIT)*(1-(1-d)^(2 UNIT)) at random placement); decode floor 0.40 ns per 16x64 block "
+              "at N <= 16, + 0.133 ns per further n8 tile (1.20 ns at N = 64)")
 
 
 def applicable(stats, template) -> tuple[bool, str]:
@@ -45,6 +56,6 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     unit = int(words_auto_params(params, stats.m, stats.k, stats.nnz)["UNIT"])
     return CostTerms(a_bytes=tc_n_blocks(n) * words_bytes(stats.m, stats.k, stats.nnz, unit),
                      flops=tc_flops(stats.m, stats.k, n), unit="tensor",
-                     decode_s=h200_scaled(tc_n_blocks(n) * -(-stats.m // 16) * -(-stats.k // 64) * BLOCK_S, target),
+                     decode_s=h200_scaled(tc_n_blocks(n) * -(-stats.m // 16) * -(-stats.k // 64) * block_s(n), target),
                      notes=[f"kept fragment units of {unit} register(s), unit-major behind per-unit lane masks and "
                             "bases; popc addressing"])
