@@ -328,7 +328,7 @@ def row_split_csr_terms(stats: ReportStats, n: int, dtype: str, params: dict, *,
 # without it their byte estimates (4.9 us at N = 16 on 4096x4096) put them first where they ran 3.4x
 # slower and lost to cuBLAS. At N = 64 (session 36, `sparseditto bench --suite llm`, graph-launched)
 # csr_vector ran 186 / 74 / 239 us on 4096x4096 70% / 90% / block-32 75% (0.58 / 0.69 / 0.89 ps), where the
-# byte estimate (~10 us) had put it first ahead of cuBLAS (~17 us). fp32 and wider N (graphs) keep the
+# byte estimate (~10 us) had put it first ahead of cuBLAS (15.5 us). fp32 and wider N (graphs) keep the
 # byte estimates: not measured there.
 CSR_DECODE_NNZ_COLUMN_S = 0.55e-12
 CSR_DECODE_MAX_N = 64

@@ -27,6 +27,7 @@ def element_s(n: int) -> float:
     """The decode floor per matrix element at N columns (one launch block: N up to 64)."""
     return ELEMENT_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_ELEMENT_S
 
+
 APPLICABILITY = (f"density >= {BITMAP_MIN_DENSITY} (one bit per element must cost less than the values it "
                  "indexes); fp16/bf16")
 COST_MODEL = ("bytes = nnz*vb + tiles*chunks*136 + offsets + B + C per block of 64 columns of N; time = max(bytes / "

@@ -30,6 +30,7 @@ def block_s(n: int) -> float:
     """The decode floor per 16x64 block at N columns (one launch block: N up to 64)."""
     return BLOCK_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_S
 
+
 APPLICABILITY = "any pattern with some all-zero pairs of neighbouring values; fp16/bf16"
 COST_MODEL = ("bytes = 4*UNIT*kept units + tiles*chunks*(header + 8) + offsets + B + C per block of 64 columns of N "
               "(kept units = Mp*Kp/(2 UNIT)*(1-(1-d)^(2 UNIT)) at random placement); decode floor 0.40 ns per 16x64 block "
