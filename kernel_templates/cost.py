@@ -466,6 +466,12 @@ def tc_n8_tiles(n: int) -> int:
     return -(-min(max(1, int(n)), TC_N_BLOCK) // 8)
 
 
+def wide_n_floor(at_16: float, per_tile: float, n: int) -> float:
+    """A tensor-core decoder's floor per unit of work at N columns: ``at_16`` up to two n8 tiles (N <= 16,
+    where the floors were fitted), + ``per_tile`` for each further tile of the launch block."""
+    return at_16 + max(0, tc_n8_tiles(n) - 2) * per_tile
+
+
 def tc_flops(m: int, k: int, n: int) -> float:
     """Dense-equivalent mma flops of the tensor-core templates on their padded tiles (16-row tiles,
     64-column chunks, n8 tiles)."""

@@ -125,6 +125,16 @@ __device__ __forceinline__ u16 to_storage(float f) {
     return h;
 }
 
+// Zero R row tiles' fp32 accumulators of NT n8 tiles (every streaming kernel's start, and a stream-K
+// range's next group).
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[R][NT][4]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+}
+
 // ---- bulk copies (TMA, 1-D) ---------------------------------------------------------------------
 
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
@@ -298,6 +308,8 @@ __device__ __forceinline__ void stage_b_chunk(unsigned char* slot, const u16* __
 // Rows kl0 .. kl1 of stage_b's slice (B[k0 + kl0 .. k0 + kl1], the mma permutation), staged by thread
 // `tid` of `nthr`: tc_words_grp's consumer warps stage B part by part (B_PARTS) and start on the first
 // part while the producer warp streams A. Aligned pieces via cp.async (the caller commits and waits).
+// stage_b_chunk's loop over a row range and a thread subset; kept apart from it because folding
+// stage_b_chunk into it changes the SASS of the shipped tc_dense / tc_sp24 B rings (nvcc 13).
 template <int NT>
 __device__ __forceinline__ void stage_b_rows(unsigned char* bs, const u16* __restrict__ B, int k0, int kl0, int kl1,
                                              int K, int n0, int N, long long ldb, int vec, int tid, int nthr) {
@@ -629,10 +641,7 @@ __device__ void stream_registers(const F& fmt, const u16* __restrict__ B, u16* _
     }
     const u32 bs = smem_addr(smem);
     float acc[R][NT][4];
-#pragma unroll
-    for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
+    zero_acc(acc);
     if (BR > 0 || active) {
         for (int c = c0; c < c1; c += PIPE) {
 #pragma unroll
@@ -1009,12 +1018,7 @@ tc_sp24wg(const u16* __restrict__ V, const u32* __restrict__ meta, const u16* __
     }
     wg_wait<0>();
     cp_async_wait<0>();
-    if (nc <= 0) {   // an empty K slice (uniform across the CTA): its partials are zeros
-#pragma unroll
-        for (int rt = 0; rt < R; ++rt)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[rt][j][0] = acc[rt][j][1] = acc[rt][j][2] = acc[rt][j][3] = 0.f;
-    }
+    if (nc <= 0) zero_acc(acc);   // an empty K slice (uniform across the CTA): its partials are zeros
     if (SPLIT > 1) __syncthreads();   // the partials go over B's shared memory
     epilogue<BF16, NT, R, WARPS, SPLIT>(acc, reinterpret_cast<float*>(smem), C, ldc, M, N, n0, tile0);
 #else
@@ -1189,8 +1193,7 @@ tc_sp24tma(const __grid_constant__ TensorMap bmap, const u16* __restrict__ V, co
         }
         wg_wait<0>();
         if (nc <= 0) {
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+            zero_acc(acc);
         }
     }
     float* cpart = reinterpret_cast<float*>(stages);
@@ -1262,10 +1265,7 @@ __device__ __forceinline__ u32 stage_b_slice(unsigned char* smem, const u16* __r
     stage_b<NT, 0>(smem, B, c0 * SD_CHUNK, chunks_per_cta * SD_CHUNK, K, n0, N, ldb, bvec);
     cp_async_wait_all();
     __syncthreads();
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+    zero_acc(acc);
     return smem_addr(smem);
 }
 
@@ -1530,8 +1530,7 @@ __device__ __forceinline__ void blob_stream(const unsigned char* __restrict__ bl
     __syncthreads();
     const u32 bs = smem_addr(smem);
     float acc[1][NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    zero_acc(acc);
     for (int i = 0; i < nc; ++i) {
         if (PF && i + PIPE - 1 + PF < nc) prefetch(i + PIPE - 1 + PF, i + PIPE + PF);
         if (i + PIPE - 1 < nc) issue(i + PIPE - 1);
@@ -2002,8 +2001,7 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     u32 bs;
     const int part = (nc + BP - 1) / BP;                        // chunks per part of B (BP > 1)
     if constexpr (SD_PROBE == 5 || SD_PROBE == 7 || BP > 1) {
-        for (int r = 0; r < R; ++r)
-            for (int j = 0; j < NT; ++j) acc[r][j][0] = acc[r][j][1] = acc[r][j][2] = acc[r][j][3] = 0.f;
+        zero_acc(acc);
         bs = smem_addr(smem);
         if (BP > 1 && warp < WARPS) {                           // the consumers stage B, one cp.async group per part
             for (int q = 0; q < BP; ++q) {
@@ -2153,8 +2151,7 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
     const u32 bs = smem_addr(smem);
     const int g8 = lane >> 2, t4 = lane & 3;
     float acc[1][NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    zero_acc(acc);
     int g = gfirst, c = cfirst;
     for (int i = 0; i < span; ++i) {
         if (i + PIPE - 1 < span) issue(i + PIPE - 1);
@@ -2199,8 +2196,7 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
                     if (threadIdx.x == 0) *count = 0;          // ready for the next launch
                 }
             }
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+            zero_acc(acc);
         }
         if (++c == nchunks) {
             c = 0;

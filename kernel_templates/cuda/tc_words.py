@@ -81,8 +81,9 @@ def prepare(A, dtype, device) -> dict:
     """The packed blobs (lane masks, bases, kept units) and their offsets on `device`, and the compiled
     kernels; "auto" UNIT / WARPS / LOAD / RING_KB resolved for this matrix (packed['params'] holds the numbers)."""
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
-    rows = int(params["R"]) if params.get("LOAD") == "group" else 1
-    group = int(params["WARPS"]) * rows if params.get("LOAD") == "group" else 1   # the CTA stream's pack order
+    stream = params.get("LOAD") == "group"
+    rows = int(params["R"]) if stream else 1
+    group = int(params["WARPS"]) * rows if stream else 1   # the CTA stream's pack order: WARPS x R tiles
     return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group),
                           stage_chunks=int(params["STAGE_CHUNKS"]) if group > 1 else 0, group_rows=rows)
 

@@ -14,7 +14,7 @@ cuBLAS on these shapes; it is the fastest bitmap kernel at N = 16 (tc_bitmap: 57
 from __future__ import annotations
 
 from sparseditto.kernel_templates.cost import (BITMAP_MIN_DENSITY, VALUE_BYTES, CostTerms, bitmap_applicable, h200_scaled,
-                                               tc_bytes, tc_flops, tc_n8_tiles, tc_n_blocks)
+                                               tc_bytes, tc_flops, tc_n_blocks, wide_n_floor)
 
 ELEMENT_S = 0.5e-12          # decode floor per matrix element (H200 fit, below), N <= 16
 # Each n8 tile past the second adds its mma and B fragment loads: H200, session 36 (`sparseditto bench --suite
@@ -25,7 +25,7 @@ NT_STEP_ELEMENT_S = 0.233e-12
 
 def element_s(n: int) -> float:
     """The decode floor per matrix element at N columns (one launch block: N up to 64)."""
-    return ELEMENT_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_ELEMENT_S
+    return wide_n_floor(ELEMENT_S, NT_STEP_ELEMENT_S, n)
 
 
 APPLICABILITY = (f"density >= {BITMAP_MIN_DENSITY} (one bit per element must cost less than the values it "

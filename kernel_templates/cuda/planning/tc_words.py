@@ -15,8 +15,8 @@ units) runs 50% in 24.9-26.4 us (0.97-1.02x cuBLAS, 70-74% of a pure read) and 7
 """
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, round_up, tc_flops, tc_n8_tiles,
-                                               tc_n_blocks, words_auto_params, words_bytes)
+from sparseditto.kernel_templates.cost import (CostTerms, h200_scaled, kept_words, round_up, tc_flops, tc_n_blocks,
+                                               wide_n_floor, words_auto_params, words_bytes)
 
 BLOCK_S = 0.40e-9   # per 16x64 block and block of 64 columns of N (H200 fit at 90%, above), N <= 16
 # Each n8 tile past the second adds its mma and B fragment loads to every block. H200, session 36
@@ -28,7 +28,7 @@ NT_STEP_S = 0.133e-9
 
 def block_s(n: int) -> float:
     """The decode floor per 16x64 block at N columns (one launch block: N up to 64)."""
-    return BLOCK_S + max(0, tc_n8_tiles(n) - 2) * NT_STEP_S
+    return wide_n_floor(BLOCK_S, NT_STEP_S, n)
 
 
 APPLICABILITY = "any pattern with some all-zero pairs of neighbouring values; fp16/bf16"
