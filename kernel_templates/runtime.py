@@ -105,12 +105,16 @@ def cuda_operands(packed: dict, B, out, dtype, who: str):
 
     b and target are B and out where their columns are unit-stride (or N == 1, where only
     column 0 is touched), else contiguous stand-ins: the kernels walk columns with unit stride.
-    The caller copies target back into out when they differ. N == 0 gives (0, None, None)."""
+    The caller copies target back into out when they differ. N == 0 gives (0, None, None). A CUDA prepare
+    that compiled no kernel (no geometry fits its parameters) passes here: the launch's planner then names
+    the parameter that does not fit, which a device complaint would hide."""
     n = check_operands(packed, B, out)
     if B.dtype != dtype or out.dtype != B.dtype:
         raise ValueError(f"Expected B and out in the prepared dtype {dtype}, got B {B.dtype} and out {out.dtype}.")
-    if not B.is_cuda or not packed["kernels"]:
-        raise ValueError(f"{who} runs on a CUDA device (prepare on 'cuda'), got B on {B.device}.")
+    prepared_on_cuda = any(getattr(v, "is_cuda", False) for v in packed.values())
+    if not B.is_cuda or not prepared_on_cuda:
+        where = "prepared on the CPU" if B.is_cuda else f"got B on {B.device}"
+        raise ValueError(f"{who} runs on a CUDA device (prepare on 'cuda'): {where}.")
     if n == 0:
         return 0, None, None
     m = packed["shape"][0]
