@@ -509,6 +509,7 @@ def kept_words(m: int, k: int, nnz: int, unit: int = 1) -> float:
 # against 24.7-27.7 with 4) and lose on 4096x4096 (256 tiles: 12.5-13.7 against 12.3-13.1).
 WORDS_UNIT2_MAX_DENSITY = 0.15
 WORDS_WIDE_TILES = 512
+WORDS_TWO_ROWS_MAX_DENSITY = 0.35   # "auto" R: two row tiles per warp on the CTA stream at or below this density
 BULK_UNIT_BLOBS = 4          # blobs per bulk copy of blob_stream_bulk (SD_UNIT in tc_stream.cu)
 WORDS_RING_UNITS = 3         # tc_words LOAD="bulk": mean bulk copies a warp's ring holds ("auto" RING_KB)
 WORDS_RING_MIN_KB = 4
@@ -517,11 +518,13 @@ WORDS_RING_MIN_KB = 4
 def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
     """tc_words' params with "auto" UNIT (2 at density <= WORDS_UNIT2_MAX_DENSITY, else 1), WARPS (8 from
     WORDS_WIDE_TILES row tiles, else 4), LOAD ("group", the CTA stream, from WORDS_WIDE_TILES row tiles
-    with one-register units, else "ring") and RING_KB resolved for an m x k matrix of nnz kept values.
+    with one-register units, else "ring"), R (2 row tiles per warp on the CTA stream of one-chunk stages at
+    density <= WORDS_TWO_ROWS_MAX_DENSITY, else 1) and RING_KB resolved for an m x k matrix of nnz kept values.
     H200, session 35 (two calls), 11008x4096 at N = 1 / 8 / 16, PIPE 2, fp16 and bf16: the CTA stream
     24.9-26.4 us against the ring's 28.0-29.1 at 50%, 21.6-23.2 against 22.4-23.4 at 70%, and 2-3% slower
     at 90% (two-register units: 17.8-21.2 against 17.3-20.5); on 4096x4096 (256 row tiles) level at 50%
-    with 8 warps, 3-12% slower at 70-90%."""
+    with 8 warps, 3-12% slower at 70-90%. R = 2, session 37 (11008x4096, N = 8 / 16, pushed epilogue):
+    20.7 / 21.6 us against 21.6 / 22.6 at 70%, 26.0 / 30.5 against 25.6 / 25.2 at 50%."""
     out = dict(params)
     if out.get("UNIT", "auto") == "auto":
         out["UNIT"] = 2 if nnz <= WORDS_UNIT2_MAX_DENSITY * m * k else 1
@@ -530,8 +533,11 @@ def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
         out["WARPS"] = 8 if wide else 4
     if out.get("LOAD", "auto") == "auto":   # the stream-K schedule has the per-warp ring only
         stream = wide and int(out["UNIT"]) == 1 and out.get("SCHED", "cluster") == "cluster"
-        two_rows = int(out.get("R", 1)) > 1   # two row tiles per warp exist on the CTA stream only
+        two_rows = out.get("R", 1) == 2   # two row tiles per warp exist on the CTA stream only
         out["LOAD"] = "group" if stream or two_rows else "ring"
+    if out.get("R", 1) == "auto":
+        two = out["LOAD"] == "group" and int(out.get("STAGE_CHUNKS", 1)) == 1   # R 2 decodes one chunk per stage
+        out["R"] = 2 if two and nnz <= WORDS_TWO_ROWS_MAX_DENSITY * m * k else 1
     if out.get("RING_KB", "auto") == "auto":
         out["RING_KB"] = words_ring_kb(m, k, nnz, int(out["UNIT"]))
     return out

@@ -38,6 +38,9 @@ SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob 
 STAGE_CHUNKS_CHOICES = (1, 2, 4)   # tc_words_grp's CH: chunks per stage (one bulk copy, one barrier round trip)
 B_PARTS_CHOICES = (1, 2, 4)        # tc_words_grp's BP: parts of B's slice its consumer warps stage and wait for one by one
 GROUP_ROWS_CHOICES = (1, 2)        # tc_words_grp's R: row tiles per consumer warp (the pack's group is WARPS x R)
+EPILOGUE_CHOICES = ("auto", "pull", "push")   # tc_words_grp's split-K reduction: DSMEM reads after a cluster barrier, or st.async pushes
+PUSH_AUTO_MAX_NT = 2               # EPILOGUE="auto" pushes up to this many n8 tiles (N <= 16: measured there, H200 session 37)
+PUSH_BARRIER_BYTES = 16            # PushReduce: the receive mbarrier, padded so the slots stay 16-byte aligned
 WORDS_LOAD_CHOICES = ("ring", "bulk", "group")   # tc_words' LOAD: the cp.async blob ring, the bulk ring
                                                 # (tc_words_bulk), or the CTA stream (tc_words_grp)
 STREAM_ASSUMED_REGS = 64      # registers per thread a stream-K plan assumes before the kernel is compiled
@@ -336,17 +339,23 @@ def tma_region_bytes(nt: int, warps: int, stages: int, a_stages: int = 0) -> int
 
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
                ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync",
-               load: str = "cp", a_stages: int = 0) -> int:
+               load: str = "cp", a_stages: int = 0, push: bool = False) -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
     tc_lanemask, tc_sp24wg, tc_sp24tma). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row
     chunks of B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes
     (WG_ALIGN_PAD), keeps all BR ring slots (its A slots follow them) and `pipe` A slots per warp;
     tc_sp24tma (load "tma") has `pipe` B stages and, per warp, `a_stages` A slots (0: one in each
-    B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them."""
+    B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them.
+    `push` (tc_words_grp, EPILOGUE="push"): a receive region after the stages (PushReduce: its barrier and
+    `split` slots of the largest row share) instead of the partials over them."""
     partials = warps * rows_per_warp * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
     if load == "group":   # tc_words_grp: B, full and empty barriers, the group's offsets, the stages (partials over them)
-        return (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
-                + round_up((chunks_per_cta * warps * rows_per_warp + 1) * 4, 16) + max(pipe * slot_bytes, partials))
+        head = (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
+                + round_up((chunks_per_cta * warps * rows_per_warp + 1) * 4, 16))
+        if push and split > 1:
+            share = -(-warps * rows_per_warp * TILE_M // split)
+            return head + pipe * slot_bytes + PUSH_BARRIER_BYTES + split * share * nt * 8 * 4
+        return head + max(pipe * slot_bytes, partials)
     if load == "tma":
         stages = max(tma_region_bytes(nt, warps, pipe, a_stages), partials)
         return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
@@ -458,6 +467,11 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         if rows > 1 and int(params.get("STAGE_CHUNKS", 1)) != 1:
             raise ValueError(f"R={rows} decodes one chunk per stage: it needs STAGE_CHUNKS=1, got "
                              f"{params.get('STAGE_CHUNKS')}.")
+    epilogue = params.get("EPILOGUE", "pull") if kind == "words" else "pull"
+    if epilogue not in EPILOGUE_CHOICES:
+        raise ValueError(f"EPILOGUE must be one of {EPILOGUE_CHOICES}, got {epilogue!r}.")
+    if blob_load != "group" and epilogue == "push":
+        raise ValueError(f"EPILOGUE='push' runs with LOAD='group' only, got LOAD={blob_load!r}.")
     if mma == "wgmma" and rows > 2:
         raise ValueError(f"The wgmma kernel takes one or two row tiles per warp (R), got {rows}.")
     ring_kb = int(params.get("RING_KB", 0))
@@ -490,6 +504,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
                 raise ValueError(f"B_PARTS={params.get('B_PARTS')} waits for B's parts chunk by chunk: it needs "
                                  f"STAGE_CHUNKS=1, got {params.get('STAGE_CHUNKS')}.")
         a_stages = int(params.get("ASTAGES", 0)) if load == "tma" else 0
+        push = load == "group" and (epilogue == "push" or (epilogue == "auto" and nt <= PUSH_AUTO_MAX_NT))
         mcast = tma_multicast(params) if load == "tma" else 1
         if split != "auto" and int(split) * mcast > CLUSTER_MAX:
             raise ValueError(f"SPLIT={split} x MCAST={mcast} CTAs would form one cluster; a cluster holds at most "
@@ -500,7 +515,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
                 continue
             cpc = -(-nchunks // s)
             bring = 0 if load == "tma" else b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
-            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load, a_stages)
+            smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load, a_stages,
+                              push)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
@@ -528,13 +544,14 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
             "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load),
             "stage_chunks": int(params.get("STAGE_CHUNKS", 1)) if load == "group" else 1,
-            "b_parts": int(params.get("B_PARTS", 1)) if load == "group" else 1}
+            "b_parts": int(params.get("B_PARTS", 1)) if load == "group" else 1, "push": int(push and s > 1)}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "words" and geom.get("load") == "group":
         return (f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
-                f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}, {geom.get('rows', 1)}>")
+                f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}, {geom.get('rows', 1)}, "
+                f"{geom.get('push', 0)}>")
     if kind == "words" and geom.get("load") == "bulk":
         return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":
@@ -822,7 +839,7 @@ def _b_map(plan: dict, b_ptr: int) -> np.ndarray:
 
 def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
     """out[M, N] = A @ B with one kernel launch on torch's current stream (plans cached)."""
-    n, b, target = runtime.cuda_operands(packed, B, out, packed["dtype"], "The tensor-core templates")
+    n, b, target = runtime.cuda_operands(packed, B, out, packed["dtype"], "A tensor-core template")
     if n == 0:
         return
     scratch = packed["scratch"]

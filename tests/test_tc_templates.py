@@ -74,7 +74,7 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_wordsI" in e]) == 6    # two with the L2 prefetch (PF)
     assert len([e for e in entries if "tc_words_bulk" in e]) == 4
-    assert len([e for e in entries if "tc_words_grp" in e]) == 10   # 2 / 4 chunks per stage; B in 4 / 2 parts; R = 2
+    assert len([e for e in entries if "tc_words_grp" in e]) == 13   # 2 / 4 chunks per stage; B in 4 / 2 parts; R = 2; push
     assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
@@ -783,6 +783,11 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"LOAD": "group", "R": 2, "WARPS": 4, "SPLIT": 1, "PIPE": 3}, "0.3", (1100, 4160)),
     ("tc_words", {"LOAD": "group", "R": 2, "UNIT": 2, "WARPS": 2, "PIPE": 4}, "0.1", (4096, 4096)),
     ("tc_words", {"LOAD": "group", "R": 2}, "0.0", (40, 130)),
+    ("tc_words", {"LOAD": "group", "EPILOGUE": "push"}, "0.5", (300, 1000)),
+    ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "SPLIT": 8, "WARPS": 2}, "0.3", (1100, 4160)),   # 4-row shares
+    ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "R": 2, "SPLIT": 8, "WARPS": 4}, "0.5", (1100, 4160)),
+    ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "SPLIT": 2}, "0.0", (40, 130)),
+    ("tc_words", {}, "0.3", (8200, 700)),   # the defaults on a wide matrix at 30%: CTA stream, R 2, pushed up to N = 16
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -795,7 +800,8 @@ def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dty
     to the pack's largest copy, a whole-K slice per warp at SPLIT 1, an empty matrix), its L2 prefetch
     ahead of the ring (PF, past the slice's end included), and its CTA stream (tc_words_grp: 19 tiles in
     groups of 4, the last padded; a dense 100x260; 2:4 at SPLIT 1; an empty matrix; 2 and 4 chunks per stage,
-    K slices that are not a multiple of them)."""
+    K slices that are not a multiple of them), its pushed split-K reduction (EPILOGUE="push": a warp's rows sent to
+    four owners at 2 warps x split 8, two tiles per warp, an empty matrix)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
@@ -1014,7 +1020,7 @@ def test_words_group_stream_geometry_and_kernel():
                 assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * pipe + offs + max(pipe * stage, part)
                 assert g["smem"] <= tc_launch.SMEM_LIMIT and g["block"] == ((warps + 1) * 32, 1, 1)
                 assert g["grid"][0] == -(-tiles // warps) and g["load"] == "group"
-                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1, 1, 1>"
+                assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1, 1, 1, 0>"
     with pytest.raises(ValueError, match="grouped by WARPS x R row tiles: this pack has GROUP=1"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 3, "LOAD": "group", "GROUP": 1}, 132)
     with pytest.raises(ValueError, match="PIPE >= 2"):
@@ -1023,18 +1029,66 @@ def test_words_group_stream_geometry_and_kernel():
     lp = tc_launch.launch_params({"WARPS": 8, "PIPE": 2, "LOAD": "group", "STAGE_CHUNKS": 1},
                                  {"slot_bytes": 26000, "unit": 1, "group": 8, "stage_chunks": 2})
     g = tc_launch.plan_geometry("words", 688, 64, 16, lp, 132)
-    assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2, 1, 1>")
+    assert lp["STAGE_CHUNKS"] == 2 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 2, 1, 1, 0>")
     with pytest.raises(ValueError, match="STAGE_CHUNKS must be one of"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**lp, "STAGE_CHUNKS": 3}, 132)
     # B_PARTS: a launch choice (the kernel's last template argument), one chunk per stage only
     one = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8, "STAGE_CHUNKS": 1}
     g = tc_launch.plan_geometry("words", 688, 64, 16, {**one, "B_PARTS": 4}, 132)
-    assert g["b_parts"] == 4 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 1, 4, 1>")
+    assert g["b_parts"] == 4 and tc_launch.kernel_name("words", 0, g).endswith(", 1, 1, 4, 1, 0>")
     assert tc_launch.plan_geometry("words", 688, 64, 16, one, 132)["b_parts"] == 1
     with pytest.raises(ValueError, match="B_PARTS must be one of"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**one, "B_PARTS": 3}, 132)
     with pytest.raises(ValueError, match="needs STAGE_CHUNKS=1, got 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {**one, "B_PARTS": 2, "STAGE_CHUNKS": 2}, 132)
+
+
+def test_words_group_push_epilogue_geometry():
+    """EPILOGUE="push" (PushReduce): the partials no longer lie over the stages; a receive region follows
+    them, a 16-byte barrier and SPLIT slots of the largest row share (MC = WARPS x R x 16 rows split as
+    split_reduce splits them, 3 splits of 128 rows: 43 rows a slot); the kernel's last template argument
+    is 1. Without a split there is nothing to push (same kernel and shared memory as "pull"), and the
+    ring kernels refuse it."""
+    for rows, split, nt in ((1, 4, 2), (1, 3, 1), (2, 8, 2), (1, 8, 8), (2, 2, 4)):
+        params = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8 * rows, "R": rows, "SPLIT": split}
+        pull = tc_launch.plan_geometry("words", 688, 64, 8 * nt, {**params, "SLOT_BYTES": 13296}, 132)
+        push = tc_launch.plan_geometry("words", 688, 64, 8 * nt, {**params, "SLOT_BYTES": 13296, "EPILOGUE": "push"}, 132)
+        assert (pull["nt"], pull["split"], push["nt"], push["split"]) == (nt, split, nt, split)
+        head = pull["smem"] - max(2 * 13296, 8 * rows * 16 * nt * 8 * 4)
+        share = -(-8 * rows * 16 // split)
+        assert push["smem"] == head + 2 * 13296 + 16 + split * share * nt * 32
+        assert tc_launch.kernel_name("words", 0, push).endswith(f", {rows}, 1>")
+        assert tc_launch.kernel_name("words", 0, pull).endswith(f", {rows}, 0>")
+    assert (-(-128 // 3), 128 * 1 // 3, 128 * 2 // 3) == (43, 42, 85)   # the slot holds the largest share
+    one = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8, "SPLIT": 1, "SLOT_BYTES": 13296}
+    alone = tc_launch.plan_geometry("words", 688, 64, 16, {**one, "EPILOGUE": "push"}, 132)
+    assert alone == tc_launch.plan_geometry("words", 688, 64, 16, one, 132) and alone["push"] == 0
+    # "auto" (the default) pushes up to two n8 tiles (N <= 16, where it was measured) and pulls wider
+    auto = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8, "SPLIT": 4, "SLOT_BYTES": 13296, "EPILOGUE": "auto"}
+    assert [tc_launch.plan_geometry("words", 688, 64, n, auto, 132)["push"] for n in (1, 8, 16, 17, 32, 64)] == [1, 1, 1, 0, 0, 0]
+    assert tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 2, "LOAD": "ring", "SPLIT": 4, "EPILOGUE": "auto",
+                                                            "SLOT_BYTES": 1664}, 132)["push"] == 0
+    with pytest.raises(ValueError, match="EPILOGUE must be one of"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {**one, "EPILOGUE": "atomic"}, 132)
+    with pytest.raises(ValueError, match="EPILOGUE='push' runs with LOAD='group' only, got LOAD='ring'"):
+        tc_launch.plan_geometry("words", 688, 64, 16, {"WARPS": 8, "PIPE": 2, "LOAD": "ring", "EPILOGUE": "push"}, 132)
+
+
+def test_words_auto_two_tiles_per_warp_from_the_density():
+    """"auto" R: two row tiles per warp only where the CTA stream runs (512+ row tiles, one-register units)
+    with one chunk per stage and the density is at most 35% (H200 session 37: 4-8% faster at 70% on
+    11008x4096, up to 20% slower at 50%); an explicit R is kept."""
+    from sparseditto.kernel_templates.cost import words_auto_params
+
+    base = {"WARPS": "auto", "UNIT": "auto", "LOAD": "auto", "SCHED": "cluster", "RING_KB": "auto", "R": "auto"}
+    k = 4096
+    for m, density, want in ((11008, 0.3, (2, "group")), (11008, 0.35, (2, "group")), (11008, 0.5, (1, "group")),
+                             (11008, 0.1, (1, "ring")), (4096, 0.3, (1, "ring")), (8192, 0.3, (2, "group"))):
+        out = words_auto_params(base, m, k, int(density * m * k))
+        assert (out["R"], out["LOAD"]) == want, (m, density, out)
+    assert words_auto_params({**base, "R": 1}, 11008, k, int(0.3 * 11008 * k))["R"] == 1
+    assert words_auto_params({**base, "STAGE_CHUNKS": 2}, 11008, k, int(0.3 * 11008 * k))["R"] == 1   # one chunk per stage only
+    assert words_auto_params({**base, "R": 2}, 4096, k, int(0.5 * 4096 * k))["LOAD"] == "group"
 
 
 def test_words_group_two_tiles_per_warp_geometry():
@@ -1052,7 +1106,7 @@ def test_words_group_two_tiles_per_warp_geometry():
         offs = -(-(cpc * 16 + 1) * 4 // 16) * 16
         assert g["smem"] == cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * 2 + offs + max(2 * 26000, part)
         assert g["grid"][0] == -(-tiles // 16) and g["block"] == (9 * 32, 1, 1) and g["rows"] == 2
-        assert tc_launch.kernel_name("words", 1, g) == f"tc_words_grp<1, {nt}, 8, {g['split']}, 2, 1, 1, 1, 2>"
+        assert tc_launch.kernel_name("words", 1, g) == f"tc_words_grp<1, {nt}, 8, {g['split']}, 2, 1, 1, 1, 2, 0>"
     one = {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 16, "R": 2}
     with pytest.raises(ValueError, match="this pack has GROUP=8, the launch WARPS=8, R=2"):
         tc_launch.plan_geometry("words", 688, 64, 16, {**one, "GROUP": 8}, 132)

@@ -369,6 +369,14 @@ __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// The cluster barrier without release semantics on the arrival: a CTA leaving its split-K reduction only
+// has to know that its peers' reads of its partials are done, and each peer's reads returned before it
+// arrives (their sums were stored). Why: the release form compiles to MEMBAR.ALL.GPU before the arrival
+// (nvcc 13, sm_90), which waits for the reduction's global stores of C to be acknowledged first.
+__device__ __forceinline__ void cluster_sync_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+}
+
 __device__ __forceinline__ float4 ld_dsmem_f4(u32 local_addr, u32 rank) {
     u32 remote;
     float4 v;
@@ -385,6 +393,24 @@ __device__ __forceinline__ void store_pair(u16* __restrict__ C, long long ldc, i
     u16* c = C + (long long)row * ldc + col;
     if (col < N) c[0] = to_storage<BF16>(x);
     if (col + 1 < N) c[1] = to_storage<BF16>(y);
+}
+
+// Four consecutive values of one row of C: one 8-byte store where all four columns exist and the address
+// is 8-byte aligned (a row stride or base that is not falls back to pairs). Why: the split-K reductions
+// store C four columns per thread; two-byte stores made that four store instructions and transactions.
+template <int BF16>
+__device__ __forceinline__ void store_quad(u16* __restrict__ C, long long ldc, int row, int col, int M, int N,
+                                           float4 v) {
+    if (row >= M) return;
+    u16* c = C + (long long)row * ldc + col;
+    if (col + 3 < N && (reinterpret_cast<unsigned long long>(c) & 7ull) == 0) {
+        const u32 lo = (u32)to_storage<BF16>(v.x) | ((u32)to_storage<BF16>(v.y) << 16);
+        const u32 hi = (u32)to_storage<BF16>(v.z) | ((u32)to_storage<BF16>(v.w) << 16);
+        *reinterpret_cast<uint2*>(c) = make_uint2(lo, hi);
+        return;
+    }
+    store_pair<BF16>(C, ldc, row, col, M, N, v.x, v.y);
+    store_pair<BF16>(C, ldc, row, col + 2, M, N, v.z, v.w);
 }
 
 // The split-K cluster's reduction of the partial tiles every CTA wrote to `cpart` (MC rows of 8 NT
@@ -412,11 +438,9 @@ __device__ void split_reduce(float* cpart, u16* __restrict__ C, long long ldc, i
             const float4 v = ld_dsmem_f4(base + 4u * (u32)(lr * W + col), peer0 + (u32)(q * MX));
             sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
         }
-        const int row = tile0 * 16 + lr;
-        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
-        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
+        store_quad<BF16>(C, ldc, tile0 * 16 + lr, n0 + col, M, N, sum);
     }
-    cluster_sync_all();                               // peers may still read our partials
+    cluster_sync_relaxed();                           // peers may still read our partials
 }
 
 // acc[rt][j][4] of warp-row-tile rt: rows (g, g+8), columns 8j + 2t + {0, 1}. With SPLIT == 1 the
@@ -453,6 +477,84 @@ __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__
         }
     }
     split_reduce<BF16, NT, MC, SPLIT, MX>(cpart, C, ldc, M, N, n0, tile0);
+}
+
+// ---- split-K by pushing partials (tc_words_grp with EP = 1) --------------------------------------
+// Each CTA of the cluster owns MC / SPLIT of the MC partial rows (rounded as split_reduce does) and keeps
+// a receive region: its mbarrier, then SPLIT slots of SHARE rows x W floats, slot q for rank q's partial
+// rows of its share. A consumer warp sends each fragment row straight from its registers to the owner's
+// slot with st.async, which completes bytes on the owner's mbarrier; the owner waits for all SPLIT slots
+// (its own included), sums them in rank order (the pull reduction's order: bit-identical C) and stores
+// its rows. Why (H200, session 37, words_stage_probe): the pull epilogue (partials to shared memory, a
+// cluster barrier, DSMEM loads, C, a second cluster barrier) cost ~2 us of tc_words_grp's 23-26 us on
+// 11008x4096 and its barriers alone 0.3-0.7 us; a push needs one barrier at the start (the receive
+// barriers exist before any peer sends), long before the first partial is ready, and none at the end:
+// an owner has everything once its barrier completes, and no CTA reads another's shared memory.
+template <int NT, int MC, int SPLIT>
+struct PushReduce {
+    static constexpr int W = NT * 8;
+    static constexpr int SHARE = (MC + SPLIT - 1) / SPLIT;     // rows per slot (the largest share)
+    static constexpr int BYTES = 16 + SPLIT * SHARE * W * 4;   // the barrier (padded to 16) and the slots
+    static __device__ __forceinline__ int first_row(int rank) { return rank * MC / SPLIT; }
+    static __device__ __forceinline__ int owner(int lr) { return ((lr + 1) * SPLIT - 1) / MC; }
+    static __device__ __forceinline__ u32 share_bytes(int rank) {
+        return (u32)(SPLIT * (first_row(rank + 1) - first_row(rank)) * W * 4);
+    }
+};
+
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+// Two floats into CTA `rank`'s shared memory at `local` (an address of this CTA's layout), completing 8
+// bytes on that CTA's barrier at `bar` (likewise).
+__device__ __forceinline__ void st_async_f2(u32 local, u32 bar, u32 rank, float x, float y) {
+    asm volatile("{ .reg .b32 d, b;\n\tmapa.shared::cluster.u32 d, %0, %2;\n\tmapa.shared::cluster.u32 b, %1, %2;\n\t"
+                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [d], {%3, %4}, [b]; }"
+                 :: "r"(local), "r"(bar), "r"(rank), "f"(x), "f"(y) : "memory");
+}
+
+// A consumer warp's R row tiles of partials (rows (warp R + rt) 16 + g and + 8 of the CTA's MC) to their
+// owners' slot `rank`.
+template <int NT, int R, int WARPS, int SPLIT>
+__device__ __forceinline__ void push_partials(const float (&acc)[R][NT][4], u32 recv, u32 rank, int warp, int lane) {
+    using P = PushReduce<NT, WARPS * R * 16, SPLIT>;
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < R; ++rt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int lr = (warp * R + rt) * 16 + g + 8 * h;
+            const int o = P::owner(lr);
+            const u32 row = recv + 16u + 4u * (u32)(((int)rank * P::SHARE + lr - P::first_row(o)) * P::W);
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+                st_async_f2(row + 4u * (u32)(8 * j + 2 * t), recv, (u32)o, acc[rt][j][2 * h], acc[rt][j][2 * h + 1]);
+        }
+}
+
+// The owner's side: every slot in, summed in rank order, its rows of C stored (all threads of the CTA).
+template <int BF16, int NT, int MC, int SPLIT>
+__device__ __forceinline__ void reduce_pushed(const float* recv_rows, u32 recv, u32 rank, u16* __restrict__ C,
+                                              long long ldc, int M, int N, int n0, int tile0) {
+    using P = PushReduce<NT, MC, SPLIT>;
+    constexpr int W = P::W;
+    mbar_wait(recv, 0);
+    const int lr0 = P::first_row((int)rank), share = P::first_row((int)rank + 1) - lr0;
+    for (int i = threadIdx.x; i < share * (W / 4); i += blockDim.x) {
+        const int lr = i / (W / 4), col = 4 * (i % (W / 4));
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {
+            const float4 v = *reinterpret_cast<const float4*>(recv_rows + (q * P::SHARE + lr) * W + col);
+            sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
+        }
+        store_quad<BF16>(C, ldc, tile0 * 16 + lr0 + lr, n0 + col, M, N, sum);
+    }
 }
 
 // Where a warp of the streaming kernels works: CTA (x, y, z) owns row tiles x * WARPS * R .. (its warp
@@ -1953,9 +2055,11 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // pack groups WARPS x 2 tiles and warp w decodes tiles 2w and 2w + 1 of each chunk run (WordsDecoder::chunk2)
 // before one mma pass over both: two independent load chains per warp and B's fragments read once for two
 // tiles. Why: the stage probe (session 36) put the consumers above the 70% pack's load time, and 14% fewer
-// decode instructions ran slower there, so each warp's dependency chain is the limit. Written after the
-// session's device time: compiled (nvcc 13, sm_90: 71 registers at NT = 2, no spills), not yet run.
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP, int R>
+// decode instructions ran slower there, so each warp's dependency chain is the limit (session 37, H200,
+// 11008x4096 at 70%: 4-7% faster; at 50%, where the loads set the pace, level to 6% slower: "auto" R in
+// cost.words_auto_params). EP = 1: the split-K partials are pushed to their owner CTAs (PushReduce)
+// instead of pulled after a cluster barrier (split_reduce).
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP, int R, int EP>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
 tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
@@ -1975,10 +2079,18 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     u32* offs = reinterpret_cast<u32*>(bar_p + 2 * STAGES);
     unsigned char* stages = reinterpret_cast<unsigned char*>(offs) + ((chunks_per_cta * G + 1) * 4 + 15) / 16 * 16;
     const u32 stage0 = smem_addr(stages);
+    constexpr bool PUSH = EP == 1 && SPLIT > 1;                 // split-K by pushing partials (PushReduce)
+    using PR = PushReduce<NT, G * 16, SPLIT>;
+    const u32 recv = stage0 + (u32)(STAGES * stage_bytes);     // PUSH: the receive barrier, then the slots
+    const u32 rank = PUSH ? cluster_rank() : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(bars + 8 * s, 1);                         // the producer's expect_tx arrival
             mbar_init(bars + 8 * (STAGES + s), WARPS);          // one arrival per consumer warp
+        }
+        if (PUSH) {                                             // complete once every peer's rows are in
+            mbar_init(recv, 1);
+            mbar_expect_tx(recv, PR::share_bytes((int)rank));
         }
         fence_barrier_init();
     }
@@ -1987,6 +2099,7 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         for (int i = threadIdx.x; i <= nc * G; i += blockDim.x) offs[i] = off[i];
     }
     __syncthreads();                                            // barriers and offsets in place
+    if constexpr (PUSH) cluster_arrive_relaxed();               // waited for before the first push
     auto issue = [&](int i) {                                   // the producer: chunks i*CH.. into stage i % STAGES
         const int s = i % STAGES;
         const int end = CH == 1 ? i + 1 : min((i + 1) * CH, nc);
@@ -2062,6 +2175,14 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     }
     if (SPLIT == 1) {
         if (warp < WARPS) epilogue<BF16, NT, R, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        return;
+    }
+    if constexpr (PUSH) {
+        __syncwarp();
+        cluster_wait();                                         // every peer's receive barrier exists
+        if (warp < WARPS) push_partials<NT, R, WARPS, SPLIT>(acc, recv, rank, warp, lane);
+        reduce_pushed<BF16, NT, G * 16, SPLIT>(reinterpret_cast<const float*>(stages + STAGES * stage_bytes + 16), recv,
+                                              rank, C, ldc, M, N, n0, tile0);
         return;
     }
     __syncthreads();                                            // every stage consumed: partials go over them
@@ -2189,9 +2310,7 @@ __device__ __forceinline__ void blob_stream_sk(const unsigned char* __restrict__
                             const float4 v = ld_cg_f4(ws + (((long long)blockIdx.z * P + q) * kmax + kq) * PART + lr * W + col);
                             sum.x += v.x; sum.y += v.y; sum.z += v.z; sum.w += v.w;
                         }
-                        const int row = tile0 * 16 + lr;
-                        store_pair<BF16>(C, ldc, row, n0 + col, M, N, sum.x, sum.y);
-                        store_pair<BF16>(C, ldc, row, n0 + col + 2, M, N, sum.z, sum.w);
+                        store_quad<BF16>(C, ldc, tile0 * 16 + lr, n0 + col, M, N, sum);
                     }
                     if (threadIdx.x == 0) *count = 0;          // ready for the next launch
                 }
@@ -2266,12 +2385,13 @@ SD_WD(0, 2, 8, 4, 2, 1, 4) SD_WD(1, 1, 4, 8, 2, 2, 8)
 #define SD_WB(BF, NT, W, S, RK, U) template __global__ void tc_words_bulk<BF, NT, W, S, RK, U>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL);
 SD_WB(0, 1, 4, 4, 16, 1) SD_WB(1, 2, 8, 2, 24, 2) SD_WB(0, 8, 4, 8, 12, 1) SD_WB(0, 2, 2, 1, 32, 2)
-#define SD_WG2(BF, NT, W, S, ST, U, CH, BP, R) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH, BP, R>( \
+#define SD_WG2(BF, NT, W, S, ST, U, CH, BP, R, EP) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, CH, BP, R, EP>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
-SD_WG2(0, 1, 8, 4, 3, 1, 1, 1, 1) SD_WG2(1, 2, 8, 4, 2, 2, 1, 1, 1) SD_WG2(0, 8, 4, 8, 4, 1, 1, 1, 1)
-SD_WG2(0, 2, 4, 1, 3, 1, 1, 1, 1) SD_WG2(0, 2, 8, 4, 2, 1, 2, 1, 1) SD_WG2(1, 1, 8, 2, 3, 2, 4, 1, 1)
-SD_WG2(0, 2, 8, 4, 2, 1, 1, 4, 1) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2, 1) SD_WG2(0, 2, 8, 8, 2, 1, 1, 1, 2)
-SD_WG2(1, 8, 4, 2, 3, 2, 1, 1, 2)
+SD_WG2(0, 1, 8, 4, 3, 1, 1, 1, 1, 0) SD_WG2(1, 2, 8, 4, 2, 2, 1, 1, 1, 0) SD_WG2(0, 8, 4, 8, 4, 1, 1, 1, 1, 0)
+SD_WG2(0, 2, 4, 1, 3, 1, 1, 1, 1, 0) SD_WG2(0, 2, 8, 4, 2, 1, 2, 1, 1, 0) SD_WG2(1, 1, 8, 2, 3, 2, 4, 1, 1, 0)
+SD_WG2(0, 2, 8, 4, 2, 1, 1, 4, 1, 0) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2, 1, 0) SD_WG2(0, 2, 8, 8, 2, 1, 1, 1, 2, 0)
+SD_WG2(1, 8, 4, 2, 3, 2, 1, 1, 2, 0) SD_WG2(0, 2, 8, 4, 2, 1, 1, 1, 1, 1) SD_WG2(1, 8, 8, 3, 3, 1, 1, 1, 2, 1)
+SD_WG2(0, 1, 4, 1, 2, 2, 1, 1, 1, 1)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

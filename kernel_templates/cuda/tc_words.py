@@ -54,16 +54,22 @@ META = {
     # decodes two blobs per chunk before one mma pass that reads B's fragments once for both. Why: the stage
     # probe (session 36) put the consumers' decode + mma (~17.5 us on 11008x4096) above the 70% pack's load time
     # (15.0 us) with ~14% fewer instructions running slower, i.e. bound by each warp's dependency chain: two
-    # independent chains per warp, same warps per SM. Written after the device time: not run on a GPU yet
+    # independent chains per warp, same warps per SM. H200 (session 37, 11008x4096, N = 8 / 16): 4-7% faster at
+    # 70% (21.1 / 22.3 us against 22.6 / 23.3), level / 6% slower at 50%
+    # EPILOGUE (LOAD="group", SPLIT > 1): "pull" = partials over the stages, a cluster barrier, each CTA reads
+    # its rows' partials from its peers (DSMEM), a second barrier; "push" = each warp sends its partial rows to
+    # their owner CTA with st.async onto the owner's mbarrier (a receive region beside the stages), no barrier
+    # at the end (tc_stream.cu PushReduce). Why: the stage probe (session 37) put ~2 us on the pull epilogue
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
-               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": [1, 2]},
+               "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": ["auto", 1, 2],
+               "EPILOGUE": ["auto", "pull", "push"]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
     # CTA stream from 512 row tiles)
     "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
-                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1, "R": 1},
+                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1, "R": "auto", "EPILOGUE": "auto"},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
