@@ -9,6 +9,8 @@
 # copied into the output folder first, and BENCH_ARGS should then hold --resume. Example (llm core, 8 minutes):
 #   BENCH_NAME=llm BENCH_ARGS="--suite llm --budget-s 480" bash benchmarks/device_run.sh bench
 #   BENCH_NAME=llm BENCH_FROM=.gpu/bench/llm BENCH_ARGS="--suite llm --budget-s 480 --resume" bash ...
+# The device returns at most 8 files under $OUT: a bench call brings back install.log, bench.log and the bench
+# folder's results.jsonl, environment.json, summary.md, summary.json, report.html, memory.sqlite; write nothing else.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site
@@ -32,7 +34,10 @@ for stage in "$@"; do
     bench)
       BOUT="$OUT/bench${BENCH_NAME:+-$BENCH_NAME}"; mkdir -p "$BOUT"
       if [ -n "${BENCH_FROM:-}" ]; then cp -r "$BENCH_FROM"/. "$BOUT"/ || exit 1; fi
-      python3 -m sparseditto.cli bench --out "$BOUT" --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80 ;;
+      python3 -m sparseditto.cli bench --out "$BOUT" --quiet ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -80
+      # the memory's SQLite side files (empty once the run closed it) would count against the device's 8 returned
+      # files: with them, install.log and bench.log, results.jsonl was left out once (session 37)
+      rm -f "$BOUT"/memory.sqlite-shm "$BOUT"/memory.sqlite-wal ;;
     templates)
       python3 benchmarks/templates.py --out "$OUT/templates" --quiet ${TEMPLATES_ARGS:-} 2>&1 | tee "$OUT/templates.log" | tail -80 ;;
     demo)
