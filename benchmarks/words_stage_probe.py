@@ -10,6 +10,10 @@ so only mode 0 is checked against the fp64 reference):
     5 / 6 / 7  mode 4 without staging B / without the epilogue (split-K reduction, C) / without either
     8  mode 4 with only the epilogue's barriers (no partial tiles, DSMEM reads or C stores)
 
+Modes 1-3 run with one row tile per warp (R = 1; it is set when --params leaves R out, where the default "auto"
+would take 2 at <= 35% density). The default EPILOGUE pushes at N <= 16 (session 37): mode 8 then times its one
+cluster-barrier wait.
+
 Each mode is timed as the benchmarks time kernels (chained over L2-cold copies of the pack, back to back from
 one graph). On the GPU, from the repo root (benchmarks/device_run.sh's set-up):
     python3 benchmarks/words_stage_probe.py --cases 11008x4096:0.5 11008x4096:0.7 -n 8 16 [--params JSON]
@@ -65,6 +69,9 @@ def main() -> None:
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     params = json.loads(args.params)
+    if any(1 <= mode <= 3 for mode in args.modes) and params.setdefault("R", 1) != 1:
+        raise ValueError(f"Modes 1-3 change the one-tile decode (R = 1); got R={params['R']}: time modes 0 and 4-8 "
+                         "with two row tiles per warp.")
     sources = [(spec, None) if spec == "tree" else tuple(spec.split("=", 1)) for spec in args.source]
     rows = []
     for case in args.cases:

@@ -1941,7 +1941,8 @@ __device__ __forceinline__ void lds_kept_unit(u32 addr, u32 mask, u32 bit, u32& 
 // mma (the decoded words folded into one accumulator); 3 = tc_words_grp reads its first stages only and
 // decodes them over and over (no DRAM after the start); 4 = tc_words_grp's consumers only wait and release;
 // 5 / 6 / 7 = 4 without staging B / without the epilogue (split-K reduction, C) / without either; 8 = 4 with
-// only the epilogue's barriers (the CTA barrier and the two cluster barriers: no partials, DSMEM reads or C).
+// only the epilogue's barriers (the CTA barrier and the two cluster barriers: no partials, DSMEM reads or C;
+// with the pushed epilogue, EP = 1, its wait on the cluster barrier that the start arrived on).
 // Why: the CTA stream's loads alone read the 50% pack at 97% of a pure read (bulk_stream_probe.py, H200),
 // while the kernel reads it at ~72%: these time the kernel with one stage left out.
 #ifndef SD_PROBE
@@ -2066,7 +2067,8 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
              int tiles, int bvec, int stage_bytes) {
     static_assert(STAGES >= 2 && CH >= 1, "one stage in flight while another is decoded");
     static_assert(BP == 1 || (CH == 1 && BP <= 4), "B in parts: one chunk per stage, at most four parts");
-    static_assert(R == 1 || (R == 2 && CH == 1 && SD_PROBE == 0), "two row tiles per warp: one chunk per stage");
+    static_assert(R == 1 || (R == 2 && CH == 1 && (SD_PROBE == 0 || SD_PROBE >= 4)),
+                  "two row tiles per warp: one chunk per stage (stage probes 1-3 decode one tile per warp)");
     constexpr int G = WARPS * R;                                // blobs of one chunk run (the pack's group)
     extern __shared__ __align__(16) unsigned char smem[];
     const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
@@ -2166,7 +2168,10 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     float* cpart = reinterpret_cast<float*>(stages);
     if constexpr (SD_PROBE == 6 || SD_PROBE == 7) return;
     if constexpr (SD_PROBE == 8) {
-        if (SPLIT > 1) {
+        if constexpr (PUSH) {
+            __syncwarp();
+            cluster_wait();                                     // the pushed epilogue's one barrier (no pushes)
+        } else if (SPLIT > 1) {
             __syncthreads();
             cluster_sync_all();
             cluster_sync_all();
