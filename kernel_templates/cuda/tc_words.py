@@ -55,11 +55,14 @@ META = {
     # probe (session 36) put the consumers' decode + mma (~17.5 us on 11008x4096) above the 70% pack's load time
     # (15.0 us) with ~14% fewer instructions running slower, i.e. bound by each warp's dependency chain: two
     # independent chains per warp, same warps per SM. H200 (session 37, 11008x4096, N = 8 / 16): 4-7% faster at
-    # 70% (21.1 / 22.3 us against 22.6 / 23.3), level / 6% slower at 50%
+    # 70% (21.1 / 22.3 us against 22.6 / 23.3), level / 6% slower at 50%; "auto": 2 at <= 35% density on the CTA
+    # stream (cost.words_auto_params)
     # EPILOGUE (LOAD="group", SPLIT > 1): "pull" = partials over the stages, a cluster barrier, each CTA reads
     # its rows' partials from its peers (DSMEM), a second barrier; "push" = each warp sends its partial rows to
     # their owner CTA with st.async onto the owner's mbarrier (a receive region beside the stages), no barrier
-    # at the end (tc_stream.cu PushReduce). Why: the stage probe (session 37) put ~2 us on the pull epilogue
+    # at the end (tc_stream.cu PushReduce). Why: the stage probe (session 37) put ~2 us on the pull epilogue, its
+    # barriers 0.3-0.7 of them. H200 (session 37, 11008x4096, N = 8 / 16): push 0.2-0.6 us faster than pull at 50
+    # and 70%; "auto" pushes up to two n8 tiles (N <= 16; the receive region grows with N) and pulls wider
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
                "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": ["auto", 1, 2],
