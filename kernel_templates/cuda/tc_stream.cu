@@ -484,7 +484,7 @@ __device__ void epilogue(float (&acc)[R][NT][4], float* cpart, u16* __restrict__
 // a receive region: its mbarrier, then SPLIT slots of SHARE rows x W floats, slot q for rank q's partial
 // rows of its share. A consumer warp sends each fragment row straight from its registers to the owner's
 // slot with st.async, which completes bytes on the owner's mbarrier; the owner waits for all SPLIT slots
-// (its own included), sums them in rank order (the pull reduction's order: bit-identical C) and stores
+// (its own included), sums them in rank order (the pull reduction's order of additions) and stores
 // its rows. Why (H200, session 37, words_stage_probe): the pull epilogue (partials to shared memory, a
 // cluster barrier, DSMEM loads, C, a second cluster barrier) cost ~2 us of tc_words_grp's 23-26 us on
 // 11008x4096 and its barriers alone 0.3-0.7 us; a push needs one barrier at the start (the receive
