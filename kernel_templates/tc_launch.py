@@ -636,13 +636,18 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
 PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks", "group_rows")
 
 
+def pack_properties(source: dict | None) -> dict:
+    """PACK_KEYS read off `source` (a packed dict, or any dict with some of them) as ints, 0 where absent."""
+    return {key: int((source or {}).get(key, 0)) for key in PACK_KEYS}
+
+
 def launch_params(params: dict, pack: dict | None = None) -> dict:
     """The template's PARAMS with the pack's properties (`pack`: a packed dict, or any dict with some of
     PACK_KEYS) applied: RING_KB raised to the floor its blobs need (the bulk rings), SLOT_BYTES, UNIT,
     and for a tc_words pack in group order (group > 1) its GROUP, with WARPS (GROUP / R), R and LOAD set
     to stream it, and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a
     launch with other params (a sweep) still reads the bytes as they are."""
-    pack = {key: int((pack or {}).get(key, 0)) for key in PACK_KEYS}
+    pack = pack_properties(pack)
     out = dict(params)
     if pack["ring_floor_kb"] and int(out.get("RING_KB", 0)) < pack["ring_floor_kb"]:
         out["RING_KB"] = pack["ring_floor_kb"]
@@ -707,7 +712,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
     make a bulk copy overrun its warp's ring; `slot_bytes` (the blob-ring kernels' `slot_bytes()`) the
     ring slots or stages; `unit` / `group` / `stage_chunks` (tc_words: `TCWords.unit`, `.group`, the
     chunks its stages hold) the kernel's UNIT, GROUP (above 1: WARPS and LOAD="group"), STAGE_CHUNKS."""
-    pack = {key: int((pack or {}).get(key, 0)) for key in PACK_KEYS}
+    pack = pack_properties(pack)
     sms = runtime.sm_count(device)
     cc = tuple(torch.cuda.get_device_capability(device)) if device.type == "cuda" else None
     bf16 = DTYPE_FLAGS[dtype]

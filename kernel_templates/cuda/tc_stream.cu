@@ -369,12 +369,21 @@ __device__ __forceinline__ void cluster_sync_all() {
     asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
 // The cluster barrier without release semantics on the arrival: a CTA leaving its split-K reduction only
 // has to know that its peers' reads of its partials are done, and each peer's reads returned before it
 // arrives (their sums were stored). Why: the release form compiles to MEMBAR.ALL.GPU before the arrival
 // (nvcc 13, sm_90), which waits for the reduction's global stores of C to be acknowledged first.
 __device__ __forceinline__ void cluster_sync_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::: "memory");
+    cluster_arrive_relaxed();
+    cluster_wait();
 }
 
 __device__ __forceinline__ float4 ld_dsmem_f4(u32 local_addr, u32 rank) {
@@ -494,21 +503,13 @@ template <int NT, int MC, int SPLIT>
 struct PushReduce {
     static constexpr int W = NT * 8;
     static constexpr int SHARE = (MC + SPLIT - 1) / SPLIT;     // rows per slot (the largest share)
-    static constexpr int BYTES = 16 + SPLIT * SHARE * W * 4;   // the barrier (padded to 16) and the slots
+    static constexpr int HEAD = 16;                            // the barrier, padded (tc_launch.PUSH_BARRIER_BYTES)
     static __device__ __forceinline__ int first_row(int rank) { return rank * MC / SPLIT; }
     static __device__ __forceinline__ int owner(int lr) { return ((lr + 1) * SPLIT - 1) / MC; }
     static __device__ __forceinline__ u32 share_bytes(int rank) {
         return (u32)(SPLIT * (first_row(rank + 1) - first_row(rank)) * W * 4);
     }
 };
-
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void cluster_wait() {
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-}
 
 // Two floats into CTA `rank`'s shared memory at `local` (an address of this CTA's layout), completing 8
 // bytes on that CTA's barrier at `bar` (likewise).
@@ -530,14 +531,15 @@ __device__ __forceinline__ void push_partials(const float (&acc)[R][NT][4], u32 
         for (int h = 0; h < 2; ++h) {
             const int lr = (warp * R + rt) * 16 + g + 8 * h;
             const int o = P::owner(lr);
-            const u32 row = recv + 16u + 4u * (u32)(((int)rank * P::SHARE + lr - P::first_row(o)) * P::W);
+            const u32 row = recv + (u32)P::HEAD + 4u * (u32)(((int)rank * P::SHARE + lr - P::first_row(o)) * P::W);
 #pragma unroll
             for (int j = 0; j < NT; ++j)
                 st_async_f2(row + 4u * (u32)(8 * j + 2 * t), recv, (u32)o, acc[rt][j][2 * h], acc[rt][j][2 * h + 1]);
         }
 }
 
-// The owner's side: every slot in, summed in rank order, its rows of C stored (all threads of the CTA).
+// The owner's side: every slot in, summed in rank order, its rows of C stored (all threads of the CTA);
+// `recv` is the receive barrier's shared address, `recv_rows` the slots after it (PushReduce::HEAD on).
 template <int BF16, int NT, int MC, int SPLIT>
 __device__ __forceinline__ void reduce_pushed(const float* recv_rows, u32 recv, u32 rank, u16* __restrict__ C,
                                               long long ldc, int M, int N, int n0, int tile0) {
@@ -2186,8 +2188,8 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         __syncwarp();
         cluster_wait();                                         // every peer's receive barrier exists
         if (warp < WARPS) push_partials<NT, R, WARPS, SPLIT>(acc, recv, rank, warp, lane);
-        reduce_pushed<BF16, NT, G * 16, SPLIT>(reinterpret_cast<const float*>(stages + STAGES * stage_bytes + 16), recv,
-                                              rank, C, ldc, M, N, n0, tile0);
+        reduce_pushed<BF16, NT, G * 16, SPLIT>(reinterpret_cast<const float*>(stages + STAGES * stage_bytes + PR::HEAD),
+                                              recv, rank, C, ldc, M, N, n0, tile0);
         return;
     }
     __syncthreads();                                            // every stage consumed: partials go over them
