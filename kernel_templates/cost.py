@@ -510,6 +510,12 @@ def kept_words(m: int, k: int, nnz: int, unit: int = 1) -> float:
 WORDS_UNIT2_MAX_DENSITY = 0.15
 WORDS_WIDE_TILES = 512
 WORDS_TWO_ROWS_MAX_DENSITY = 0.35   # "auto" R: two row tiles per warp on the CTA stream at or below this density
+# "auto" LOAD on narrower matrices: the CTA stream (4 warps, one tile each) from WORDS_NARROW_STREAM_TILES row tiles
+# when K is at most WORDS_NARROW_STREAM_CHUNKS 64-column chunks. H200, session 38 (4096x4096, magnitude 50 / 70 /
+# 90%, N = 8 / 16, chained): 12.6-13.4 / 11.4-12.4 / 9.7-10.9 us against the ring's 13.6-13.9 / 11.8-12.4 /
+# 9.9-11.1 (2-7% at 50%, 1-3% at 70-90%); on 4096x11008 (172 chunks) 4-5% slower than the ring, so K bounds it
+WORDS_NARROW_STREAM_TILES = 128
+WORDS_NARROW_STREAM_CHUNKS = 64
 BULK_UNIT_BLOBS = 4          # blobs per bulk copy of blob_stream_bulk (SD_UNIT in tc_stream.cu)
 WORDS_RING_UNITS = 3         # tc_words LOAD="bulk": mean bulk copies a warp's ring holds ("auto" RING_KB)
 WORDS_RING_MIN_KB = 4
@@ -518,8 +524,10 @@ WORDS_RING_MIN_KB = 4
 def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
     """tc_words' params with "auto" UNIT (2 at density <= WORDS_UNIT2_MAX_DENSITY, else 1), WARPS (8 from
     WORDS_WIDE_TILES row tiles, else 4), LOAD ("group", the CTA stream, from WORDS_WIDE_TILES row tiles
-    with one-register units, else "ring"), R (2 row tiles per warp on the CTA stream of one-chunk stages at
-    density <= WORDS_TWO_ROWS_MAX_DENSITY, else 1) and RING_KB resolved for an m x k matrix of nnz kept values.
+    with one-register units, or from WORDS_NARROW_STREAM_TILES with K up to WORDS_NARROW_STREAM_CHUNKS chunks,
+    else "ring"), R (2 row tiles per warp on the wide CTA stream of one-chunk stages at
+    density <= WORDS_TWO_ROWS_MAX_DENSITY with one warp per tile, else 1) and RING_KB resolved for an m x k
+    matrix of nnz kept values.
     H200, session 35 (two calls), 11008x4096 at N = 1 / 8 / 16, PIPE 2, fp16 and bf16: the CTA stream
     24.9-26.4 us against the ring's 28.0-29.1 at 50%, 21.6-23.2 against 22.4-23.4 at 70%, and 2-3% slower
     at 90% (two-register units: 17.8-21.2 against 17.3-20.5); on 4096x4096 (256 row tiles) level at 50%
@@ -531,12 +539,16 @@ def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
     wide = round_up(m, 16) // 16 >= WORDS_WIDE_TILES
     if out.get("WARPS", "auto") == "auto":
         out["WARPS"] = 8 if wide else 4
+    tiles, chunks = round_up(m, 16) // 16, round_up(k, 64) // 64
+    narrow = not wide and tiles >= WORDS_NARROW_STREAM_TILES and chunks <= WORDS_NARROW_STREAM_CHUNKS
     if out.get("LOAD", "auto") == "auto":   # the stream-K schedule has the per-warp ring only
-        stream = wide and int(out["UNIT"]) == 1 and out.get("SCHED", "cluster") == "cluster"
+        cluster = out.get("SCHED", "cluster") == "cluster"
+        stream = cluster and ((wide and int(out["UNIT"]) == 1) or narrow)
         two_rows = out.get("R", 1) == 2   # two row tiles per warp exist on the CTA stream only
         out["LOAD"] = "group" if stream or two_rows else "ring"
     if out.get("R", 1) == "auto":
-        two = out["LOAD"] == "group" and int(out.get("STAGE_CHUNKS", 1)) == 1   # R 2 decodes one chunk per stage
+        two = (wide and out["LOAD"] == "group" and int(out.get("STAGE_CHUNKS", 1)) == 1   # R 2 decodes one chunk
+               and int(out.get("TILE_WARPS", 1)) == 1)                                   # per stage, one warp per tile
         out["R"] = 2 if two and nnz <= WORDS_TWO_ROWS_MAX_DENSITY * m * k else 1
     if out.get("RING_KB", "auto") == "auto":
         out["RING_KB"] = words_ring_kb(m, k, nnz, int(out["UNIT"]))

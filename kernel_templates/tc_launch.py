@@ -38,6 +38,8 @@ SCATTER_LOAD_CHOICES = ("ring", "reg")   # tc_scatter's LOAD: the cp.async blob 
 STAGE_CHUNKS_CHOICES = (1, 2, 4)   # tc_words_grp's CH: chunks per stage (one bulk copy, one barrier round trip)
 B_PARTS_CHOICES = (1, 2, 4)        # tc_words_grp's BP: parts of B's slice its consumer warps stage and wait for one by one
 GROUP_ROWS_CHOICES = (1, 2)        # tc_words_grp's R: row tiles per consumer warp (the pack's group is WARPS x R)
+TILE_WARPS_CHOICES = (1, 2)        # tc_words_grp's TW: consumer warps per row tile (the pack's group is WARPS / TW,
+                                   # its stages TW chunks, one per warp of a tile)
 EPILOGUE_CHOICES = ("auto", "pull", "push")   # tc_words_grp's split-K reduction: DSMEM reads after a cluster barrier, or st.async pushes
 PUSH_AUTO_MAX_NT = 2               # EPILOGUE="auto" pushes up to this many n8 tiles (N <= 16: measured there, H200 session 37)
 PUSH_BARRIER_BYTES = 16            # PushReduce: the receive mbarrier, padded so the slots stay 16-byte aligned
@@ -339,7 +341,7 @@ def tma_region_bytes(nt: int, warps: int, stages: int, a_stages: int = 0) -> int
 
 def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, chunks_per_cta: int,
                ring_kb: int = 0, pipe: int = 0, slot_bytes: int = 0, b_ring: int = 0, mma: str = "sync",
-               load: str = "cp", a_stages: int = 0, push: bool = False) -> int:
+               load: str = "cp", a_stages: int = 0, push: bool = False, tile_warps: int = 1) -> int:
     """Dynamic shared memory of one CTA, laid out as the kernels carve it (SmemPlan, tc_bitmap,
     tc_lanemask, tc_sp24wg, tc_sp24tma). `b_ring` (tc_dense / tc_sp24: BR) > 0 holds that many 64-row
     chunks of B instead of the CTA's whole K slice; the wgmma kernel aligns B to 1024 bytes
@@ -347,15 +349,19 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     tc_sp24tma (load "tma") has `pipe` B stages and, per warp, `a_stages` A slots (0: one in each
     B stage) after their mbarriers (B full and empty, each warp's A full), its partials over them.
     `push` (tc_words_grp, EPILOGUE="push"): a receive region after the stages (PushReduce: its barrier and
-    `split` slots of the largest row share) instead of the partials over them."""
-    partials = warps * rows_per_warp * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
+    `split` slots of the largest row share) instead of the partials over them. `tile_warps` 2 (tc_words_grp's
+    TW): the CTA holds WARPS / 2 row tiles, and the second warps' partial tiles go over the stages (the
+    region is at least their size)."""
+    tiles_per_cta = warps * rows_per_warp // tile_warps
+    partials = tiles_per_cta * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
     if load == "group":   # tc_words_grp: B, full and empty barriers, the group's offsets, the stages (partials over them)
         head = (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
-                + round_up((chunks_per_cta * warps * rows_per_warp + 1) * 4, 16))
+                + round_up((chunks_per_cta * tiles_per_cta + 1) * 4, 16))
+        stages = pipe * slot_bytes if tile_warps == 1 else max(pipe * slot_bytes, tiles_per_cta * TILE_M * nt * 8 * 4)
         if push and split > 1:
-            share = -(-warps * rows_per_warp * TILE_M // split)
-            return head + pipe * slot_bytes + PUSH_BARRIER_BYTES + split * share * nt * 8 * 4
-        return head + max(pipe * slot_bytes, partials)
+            share = -(-tiles_per_cta * TILE_M // split)
+            return head + stages + PUSH_BARRIER_BYTES + split * share * nt * 8 * 4
+        return head + max(stages, partials)
     if load == "tma":
         stages = max(tma_region_bytes(nt, warps, pipe, a_stages), partials)
         return TMA_BARRIER_BYTES * (2 * pipe + warps * (a_stages or pipe)) + WG_ALIGN_PAD + stages
@@ -458,6 +464,24 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
     if mma == "wgmma" and warps % 4:
         raise ValueError(f"The wgmma kernel runs whole warpgroups: WARPS must be a multiple of 4, got {warps}.")
     rows = 1 if kind in ("bitmap", *BLOB_RING_KINDS) else int(params.get("R", 1))
+    tile_warps = int(params.get("TILE_WARPS", 1)) if kind == "words" else 1
+    if tile_warps not in TILE_WARPS_CHOICES:
+        raise ValueError(f"TILE_WARPS (consumer warps per row tile) must be one of {TILE_WARPS_CHOICES}, got "
+                         f"{params.get('TILE_WARPS')!r}.")
+    if tile_warps > 1:
+        if blob_load != "group":
+            raise ValueError(f"TILE_WARPS={tile_warps} runs with LOAD='group' only, got LOAD={blob_load!r}.")
+        if int(params.get("R", 1)) != 1 or int(params.get("B_PARTS", 1)) != 1:
+            raise ValueError(f"TILE_WARPS={tile_warps} takes one row tile per warp and B staged whole: it needs R=1 "
+                             f"and B_PARTS=1, got R={params.get('R', 1)}, B_PARTS={params.get('B_PARTS', 1)}.")
+        if int(params.get("STAGE_CHUNKS", 1)) != tile_warps:
+            raise ValueError(f"TILE_WARPS={tile_warps} streams a pack whose stages hold one chunk per warp of a tile "
+                             f"(STAGE_CHUNKS={tile_warps}), got STAGE_CHUNKS={params.get('STAGE_CHUNKS', 1)}: prepare "
+                             "with the same TILE_WARPS.")
+        if int(params["WARPS"]) % tile_warps or int(params["WARPS"]) < 2 * tile_warps:
+            raise ValueError(f"TILE_WARPS={tile_warps} shares each row tile among {tile_warps} consumer warps and streams "
+                             f"two tiles per CTA at least: WARPS must be a multiple of {2 * tile_warps}, got "
+                             f"{params['WARPS']}.")
     if kind == "words" and blob_load != "group" and int(params.get("R", 1)) != 1:
         raise ValueError(f"R={params.get('R')} (row tiles per warp) runs with LOAD='group' only, got LOAD={blob_load!r}.")
     if kind == "words" and blob_load == "group":   # tc_words_grp decodes R row tiles per warp
@@ -490,10 +514,10 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             load, pipe = "bulk", 0
         if blob_load == "group":   # tc_words_grp: PIPE stages of the CTA's chunk runs
             load = "group"
-            if int(params.get("GROUP", 0)) != warps * rows:
-                raise ValueError(f"LOAD='group' streams a pack grouped by WARPS x R row tiles: this pack has GROUP="
-                                 f"{params.get('GROUP', 1)}, the launch WARPS={warps}, R={rows}; prepare with "
-                                 f"LOAD='group' and the same WARPS and R.")
+            if int(params.get("GROUP", 0)) != warps * rows // tile_warps:
+                raise ValueError(f"LOAD='group' streams a pack grouped by WARPS x R / TILE_WARPS row tiles: this pack "
+                                 f"has GROUP={params.get('GROUP', 1)}, the launch WARPS={warps}, R={rows}, TILE_WARPS="
+                                 f"{tile_warps}; prepare with LOAD='group' and the same WARPS, R and TILE_WARPS.")
             if pipe < 2:
                 raise ValueError(f"LOAD='group' keeps PIPE >= 2 stages (one in flight while one is decoded), got {pipe}.")
             if int(params.get("STAGE_CHUNKS", 1)) not in STAGE_CHUNKS_CHOICES:
@@ -516,13 +540,13 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             cpc = -(-nchunks // s)
             bring = 0 if load == "tma" else b_ring_for(kind, nt, params.get("BRING", 0), cpc, mma, pipe)
             smem = smem_bytes(kind, nt, warps, rows, s, cpc, ring_kb, pipe, slot_bytes, bring, mma, load, a_stages,
-                              push)
+                              push, tile_warps)
             if smem <= SMEM_LIMIT:
                 feasible.append((s, cpc, smem, bring))
         if feasible or nt == 1:
             break
         nt //= 2
-    gx = -(-tiles // (warps * rows) // mcast) * mcast   # whole cluster rows (a block past M computes zeros)
+    gx = -(-tiles // (warps * rows // tile_warps) // mcast) * mcast   # whole cluster rows (a block past M computes zeros)
     gz = -(-n // (8 * nt))
     if not feasible:
         raise ValueError(f"{kind}: no split of K = {nchunks * CHUNK_K} fits {SMEM_LIMIT} bytes of shared memory "
@@ -544,14 +568,16 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
             "bring": bring, "minb": minb, "slot_bytes": slot_bytes, "mma": mma, "load": load, "a_stages": a_stages,
             "mcast": mcast, "unit": kernel_unit(kind, params), "prefetch": l2_prefetch(kind, params, load),
             "stage_chunks": int(params.get("STAGE_CHUNKS", 1)) if load == "group" else 1,
-            "b_parts": int(params.get("B_PARTS", 1)) if load == "group" else 1, "push": int(push and s > 1)}
+            "b_parts": int(params.get("B_PARTS", 1)) if load == "group" else 1, "push": int(push and s > 1),
+            "tile_warps": tile_warps}
 
 
 def kernel_name(kind: str, bf16: int, geom: dict) -> str:
     if kind == "words" and geom.get("load") == "group":
+        tile_warps = int(geom.get("tile_warps", 1))   # the kernel's last template argument defaults to 1
         return (f"tc_words_grp<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['pipe']}, {geom['unit']}, "
                 f"{geom.get('stage_chunks', 1)}, {geom.get('b_parts', 1)}, {geom.get('rows', 1)}, "
-                f"{geom.get('push', 0)}>")
+                f"{geom.get('push', 0)}{f', {tile_warps}' if tile_warps > 1 else ''}>")
     if kind == "words" and geom.get("load") == "bulk":
         return f"tc_words_bulk<{bf16}, {geom['nt']}, {geom['warps']}, {geom['split']}, {geom['ring_kb']}, {geom['unit']}>"
     if kind == "bitmap":
@@ -631,9 +657,9 @@ def bulk_ring_floor_kb(offsets: np.ndarray) -> int:
 
 #: A pack's own properties (prepare_format reads them off the packed format; packed dicts carry them
 #: under these keys, 0 where a format has none): the bulk rings' RING_KB floor, the ring slot or
-#: stage size, tc_words' UNIT, its CTA-stream GROUP, the STAGE_CHUNKS its stage size holds and the row
-#: tiles per warp (R) its GROUP was made for.
-PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks", "group_rows")
+#: stage size, tc_words' UNIT, its CTA-stream GROUP, the STAGE_CHUNKS its stage size holds, the row
+#: tiles per warp (R) and the warps per row tile (TILE_WARPS) its GROUP was made for.
+PACK_KEYS = ("ring_floor_kb", "slot_bytes", "unit", "group", "stage_chunks", "group_rows", "tile_warps")
 
 
 def pack_properties(source: dict | None) -> dict:
@@ -644,8 +670,8 @@ def pack_properties(source: dict | None) -> dict:
 def launch_params(params: dict, pack: dict | None = None) -> dict:
     """The template's PARAMS with the pack's properties (`pack`: a packed dict, or any dict with some of
     PACK_KEYS) applied: RING_KB raised to the floor its blobs need (the bulk rings), SLOT_BYTES, UNIT,
-    and for a tc_words pack in group order (group > 1) its GROUP, with WARPS (GROUP / R), R and LOAD set
-    to stream it, and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a
+    and for a tc_words pack in group order (group > 1) its GROUP, with WARPS (GROUP x TILE_WARPS / R), R,
+    TILE_WARPS and LOAD set to stream it, and STAGE_CHUNKS. They are properties of the packed matrix, not launch choices, so a
     launch with other params (a sweep) still reads the bytes as they are."""
     pack = pack_properties(pack)
     out = dict(params)
@@ -655,8 +681,9 @@ def launch_params(params: dict, pack: dict | None = None) -> dict:
         if pack[key]:
             out[param] = pack[key]
     if pack["group"] > 1:
-        rows = pack["group_rows"] or 1
-        out["WARPS"], out["R"], out["LOAD"] = pack["group"] // rows, rows, "group"
+        rows, tile_warps = pack["group_rows"] or 1, pack["tile_warps"] or 1
+        out["WARPS"], out["R"], out["LOAD"] = pack["group"] * tile_warps // rows, rows, "group"
+        out["TILE_WARPS"] = tile_warps
     return out
 
 
@@ -742,7 +769,7 @@ def prepare_launch(kind: str, arrays: dict, shape, tiles: int, nchunks: int, dty
 
 
 def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src: str, pack_args: tuple = (),
-                   stage_chunks: int = 0, group_rows: int = 1) -> dict:
+                   stage_chunks: int = 0, group_rows: int = 1, tile_warps: int = 1) -> dict:
     """A tc template's whole prepare: pack A with `fmt_cls` (a sparseditto.tc_formats class; `pack_args`
     after the dtype, e.g. tc_words' unit) in the dtype's bits, move its kernel arrays to `device` and
     compile what the launches can reach."""
@@ -753,7 +780,7 @@ def prepare_format(kind: str, fmt_cls, A, dtype, device, params: dict, cuda_src:
     pack = {"ring_floor_kb": bulk_ring_floor_kb(fmt.offsets) if kind == "bitmap" or (kind == "words" and group == 1) else 0,
             "slot_bytes": (fmt.slot_bytes(stage_chunks) if stage_chunks else fmt.slot_bytes()) if kind in BLOB_RING_KINDS else 0,
             "unit": getattr(fmt, "unit", 0), "group": group, "stage_chunks": stage_chunks,
-            "group_rows": group_rows if group > 1 else 0}
+            "group_rows": group_rows if group > 1 else 0, "tile_warps": tile_warps if group > 1 else 0}
     return prepare_launch(kind, arrays, A.shape, tiles, chunks, dt, torch.device(device), params, cuda_src, pack)
 
 

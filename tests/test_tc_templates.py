@@ -74,7 +74,8 @@ def test_tc_stream_compiles_for_sm90_without_spills(tmp_path):
     assert len([e for e in entries if "tc_bitmap" in e]) == 3
     assert len([e for e in entries if "tc_wordsI" in e]) == 6    # two with the L2 prefetch (PF)
     assert len([e for e in entries if "tc_words_bulk" in e]) == 4
-    assert len([e for e in entries if "tc_words_grp" in e]) == 13   # 2 / 4 chunks per stage; B in 4 / 2 parts; R = 2; push
+    assert len([e for e in entries if "tc_words_grp" in e]) == 17   # 2 / 4 chunks per stage; B in 4 / 2 parts; R = 2; push;
+    assert len([e for e in entries if re.search(r"tc_words_grp.*Li2EEvPKh", e)]) == 4   # two warps per tile (TW = 2)
     assert len([e for e in entries if "tc_words_sk" in e]) == 2
     assert len([e for e in entries if "tc_lanemask" in e]) == 4
     assert len([e for e in entries if "tc_scatterI" in e]) == 4
@@ -787,7 +788,13 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "SPLIT": 8, "WARPS": 2}, "0.3", (1100, 4160)),   # 4-row shares
     ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "R": 2, "SPLIT": 8, "WARPS": 4}, "0.5", (1100, 4160)),
     ("tc_words", {"LOAD": "group", "EPILOGUE": "push", "SPLIT": 2}, "0.0", (40, 130)),
+    ("tc_words", {"LOAD": "group", "TILE_WARPS": 2}, "0.5", (300, 1000)),   # 19 tiles, two a CTA: the last half past M
+    ("tc_words", {"LOAD": "group", "TILE_WARPS": 2, "WARPS": 8, "SPLIT": 1, "PIPE": 3}, "0.3", (1100, 4160)),  # 65 chunks
+    ("tc_words", {"LOAD": "group", "TILE_WARPS": 2, "EPILOGUE": "push", "SPLIT": 8, "WARPS": 4}, "0.5", (1100, 4160)),
+    ("tc_words", {"LOAD": "group", "TILE_WARPS": 2, "UNIT": 2, "WARPS": 16}, "0.1", (4096, 4096)),
+    ("tc_words", {"LOAD": "group", "TILE_WARPS": 2}, "0.0", (40, 130)),
     ("tc_words", {}, "0.3", (8200, 700)),   # the defaults on a wide matrix at 30%: CTA stream, R 2, pushed up to N = 16
+    ("tc_words", {}, "0.5", (2100, 1000)),   # the defaults on a narrow one with short K: CTA stream, 4 warps, R 1
 ])
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
@@ -801,7 +808,9 @@ def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dty
     ahead of the ring (PF, past the slice's end included), and its CTA stream (tc_words_grp: 19 tiles in
     groups of 4, the last padded; a dense 100x260; 2:4 at SPLIT 1; an empty matrix; 2 and 4 chunks per stage,
     K slices that are not a multiple of them), its pushed split-K reduction (EPILOGUE="push": a warp's rows sent to
-    four owners at 2 warps x split 8, two tiles per warp, an empty matrix)."""
+    four owners at 2 warps x split 8, two tiles per warp, an empty matrix), two warps per tile (TILE_WARPS 2: a
+    CTA's last tile past M, an odd chunk count that leaves the second warps idle in the last stage, pushed and
+    pulled epilogues, 16 warps, an empty matrix)."""
     from sparseditto.harness.verify import run_and_verify
 
     if not torch.cuda.is_available():
@@ -1021,7 +1030,7 @@ def test_words_group_stream_geometry_and_kernel():
                 assert g["smem"] <= tc_launch.SMEM_LIMIT and g["block"] == ((warps + 1) * 32, 1, 1)
                 assert g["grid"][0] == -(-tiles // warps) and g["load"] == "group"
                 assert tc_launch.kernel_name("words", 0, g) == f"tc_words_grp<0, {nt}, {warps}, {g['split']}, {pipe}, 1, 1, 1, 1, 0>"
-    with pytest.raises(ValueError, match="grouped by WARPS x R row tiles: this pack has GROUP=1"):
+    with pytest.raises(ValueError, match="grouped by WARPS x R / TILE_WARPS row tiles: this pack has GROUP=1"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 3, "LOAD": "group", "GROUP": 1}, 132)
     with pytest.raises(ValueError, match="PIPE >= 2"):
         tc_launch.plan_geometry("words", 688, 64, 8, {"WARPS": 8, "PIPE": 1, "LOAD": "group", "GROUP": 8}, 132)
@@ -1074,6 +1083,48 @@ def test_words_group_push_epilogue_geometry():
         tc_launch.plan_geometry("words", 688, 64, 16, {"WARPS": 8, "PIPE": 2, "LOAD": "ring", "EPILOGUE": "push"}, 132)
 
 
+def test_words_group_two_warps_per_tile_geometry():
+    """TILE_WARPS = 2 (tc_words_grp's TW): the pack's group is WARPS / 2 tiles with stages of two chunks, so
+    launch_params reads WARPS = GROUP x TILE_WARPS back; one CTA per WARPS / 2 tiles; the offsets, the split-K
+    partials and the pushed receive region are sized for WARPS / 2 tiles, and the stages hold at least the
+    second warps' partial tiles; the kernel names TW = 2 as a last template argument (1 is its default, so
+    every other name is unchanged); R 2, B_PARTS, a pack made without it, odd warps and the ring are refused."""
+    pack = {"slot_bytes": 1500, "unit": 1, "group": 4, "stage_chunks": 2, "group_rows": 1, "tile_warps": 2}
+    lp = tc_launch.launch_params({"WARPS": 4, "SPLIT": "auto", "PIPE": 2, "LOAD": "ring", "STAGE_CHUNKS": 1}, pack)
+    assert (lp["WARPS"], lp["R"], lp["GROUP"], lp["TILE_WARPS"], lp["STAGE_CHUNKS"], lp["LOAD"]) == (8, 1, 4, 2, 2, "group")
+    for tiles, nchunks, n in ((256, 64, 16), (19, 16, 1), (256, 172, 64), (688, 64, 8)):
+        for epilogue in ("pull", "push"):
+            g = tc_launch.plan_geometry("words", tiles, nchunks, n, {**lp, "EPILOGUE": epilogue}, 132)
+            cpc, nt, split = g["chunks_per_cta"], g["nt"], g["split"]
+            pair = 4 * 16 * nt * 8 * 4                      # the second warps' tiles, fp32
+            head = cpc * 64 * tc_launch.b_row_bytes(nt) + 16 * 2 + -(-(cpc * 4 + 1) * 4 // 16) * 16
+            stages = max(2 * 1500, pair)
+            if epilogue == "push" and split > 1:
+                want = head + stages + 16 + split * -(-64 // split) * nt * 32
+            else:
+                want = head + max(stages, pair if split > 1 else 0)
+            assert g["smem"] == want, (tiles, nchunks, n, epilogue)
+            assert g["grid"][0] == -(-tiles // 4) and g["block"] == (9 * 32, 1, 1) and g["tile_warps"] == 2
+            assert tc_launch.kernel_name("words", 0, g) == (f"tc_words_grp<0, {nt}, 8, {split}, 2, 1, 2, 1, 1, "
+                                                            f"{int(epilogue == 'push' and split > 1)}, 2>")
+    one = tc_launch.plan_geometry("words", 256, 64, 16, {"WARPS": 8, "PIPE": 2, "LOAD": "group", "GROUP": 8}, 132)
+    assert one["tile_warps"] == 1 and tc_launch.kernel_name("words", 0, one).endswith(", 1, 1, 1, 1, 0>")
+    with pytest.raises(ValueError, match="TILE_WARPS=2 takes one row tile per warp and B staged whole: it needs R=1"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "R": 2, "GROUP": 8}, 132)
+    with pytest.raises(ValueError, match="it needs R=1 and B_PARTS=1, got R=1, B_PARTS=2"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "B_PARTS": 2}, 132)
+    with pytest.raises(ValueError, match="stages hold one chunk per warp of a tile .STAGE_CHUNKS=2., got STAGE_CHUNKS=1"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "STAGE_CHUNKS": 1}, 132)
+    with pytest.raises(ValueError, match="WARPS must be a multiple of 4, got 2"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "WARPS": 2, "GROUP": 1}, 132)
+    with pytest.raises(ValueError, match="this pack has GROUP=8, the launch WARPS=8, R=1, TILE_WARPS=2"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "GROUP": 8}, 132)
+    with pytest.raises(ValueError, match="TILE_WARPS=2 runs with LOAD='group' only, got LOAD='ring'"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {"WARPS": 8, "PIPE": 2, "LOAD": "ring", "TILE_WARPS": 2}, 132)
+    with pytest.raises(ValueError, match=r"TILE_WARPS \(consumer warps per row tile\) must be one of \(1, 2\), got 4"):
+        tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "TILE_WARPS": 4}, 132)
+
+
 def test_words_auto_two_tiles_per_warp_from_the_density():
     """"auto" R: two row tiles per warp only where the CTA stream runs (512+ row tiles, one-register units)
     with one chunk per stage and the density is at most 35% (H200 session 37: 4-8% faster at 70% on
@@ -1083,12 +1134,30 @@ def test_words_auto_two_tiles_per_warp_from_the_density():
     base = {"WARPS": "auto", "UNIT": "auto", "LOAD": "auto", "SCHED": "cluster", "RING_KB": "auto", "R": "auto"}
     k = 4096
     for m, density, want in ((11008, 0.3, (2, "group")), (11008, 0.35, (2, "group")), (11008, 0.5, (1, "group")),
-                             (11008, 0.1, (1, "ring")), (4096, 0.3, (1, "ring")), (8192, 0.3, (2, "group"))):
+                             (11008, 0.1, (1, "ring")), (4096, 0.3, (1, "group")), (8192, 0.3, (2, "group"))):
         out = words_auto_params(base, m, k, int(density * m * k))
         assert (out["R"], out["LOAD"]) == want, (m, density, out)
     assert words_auto_params({**base, "R": 1}, 11008, k, int(0.3 * 11008 * k))["R"] == 1
     assert words_auto_params({**base, "STAGE_CHUNKS": 2}, 11008, k, int(0.3 * 11008 * k))["R"] == 1   # one chunk per stage only
+    assert words_auto_params({**base, "TILE_WARPS": 2}, 11008, k, int(0.3 * 11008 * k))["R"] == 1   # one warp per tile only
     assert words_auto_params({**base, "R": 2}, 4096, k, int(0.5 * 4096 * k))["LOAD"] == "group"
+
+
+def test_words_auto_cta_stream_on_narrow_short_k_matrices():
+    """"auto" LOAD takes the CTA stream with 4 warps and one tile each on narrower matrices (128 to 511 row
+    tiles) whose K is at most 64 chunks (H200 session 38, 4096x4096: 1-7% faster than the ring at 50-90%, N =
+    8 / 16), two-register units included; longer K (4096x11008, 4-5% slower there), fewer row tiles and the
+    stream-K schedule keep the ring; the wide rule is unchanged."""
+    from sparseditto.kernel_templates.cost import words_auto_params
+
+    base = {"WARPS": "auto", "UNIT": "auto", "LOAD": "auto", "SCHED": "cluster", "RING_KB": "auto", "R": "auto"}
+    for m, k, density, want in ((4096, 4096, 0.5, ("group", 4, 1, 1)), (4096, 4096, 0.1, ("group", 4, 1, 2)),
+                                (2048, 4096, 0.3, ("group", 4, 1, 1)), (4096, 4160, 0.3, ("ring", 4, 1, 1)),
+                                (4096, 11008, 0.3, ("ring", 4, 1, 1)), (2032, 4096, 0.3, ("ring", 4, 1, 1)),
+                                (11008, 4096, 0.3, ("group", 8, 2, 1))):
+        out = words_auto_params(base, m, k, int(density * m * k))
+        assert (out["LOAD"], out["WARPS"], out["R"], out["UNIT"]) == want, (m, k, density, out)
+    assert words_auto_params({**base, "SCHED": "stream"}, 4096, 4096, 2 ** 23)["LOAD"] == "ring"
 
 
 def test_words_group_two_tiles_per_warp_geometry():
@@ -1130,8 +1199,8 @@ def test_words_auto_params_follow_the_measured_rules():
     assert words_auto_params({}, 11008, 4096, int(0.1 * 11008 * 4096)) == {"UNIT": 2, "WARPS": 8, "LOAD": "ring",
                                                                              "RING_KB": 9}
     assert words_auto_params({}, 11008, 4096, int(0.5 * 11008 * 4096))["LOAD"] == "group"
-    assert words_auto_params({}, 4096, 4096, int(0.3 * 4096 * 4096)) == {"UNIT": 1, "WARPS": 4, "LOAD": "ring",
-                                                                         "RING_KB": 14}
+    assert words_auto_params({}, 4096, 4096, int(0.3 * 4096 * 4096)) == {"UNIT": 1, "WARPS": 4, "LOAD": "group",
+                                                                         "RING_KB": 14}   # the narrow stream (K <= 64 chunks)
     # the CTA stream from 512 row tiles with one-register units, except under the stream-K schedule
     assert words_auto_params({"SCHED": "stream"}, 11008, 4096, 10)["LOAD"] == "ring"
     fixed = {"UNIT": 1, "WARPS": 16, "PIPE": 3, "RING_KB": 8, "LOAD": "ring"}
@@ -1139,7 +1208,11 @@ def test_words_auto_params_follow_the_measured_rules():
 
     class Stats:
         m, k, nnz = 4096, 4096, int(0.1 * 4096 * 4096)
-    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}, {"LOAD": "group"}]
+    assert planning.grid(Stats, 8, None, None) == [{}, {"WARPS": 8}, {"UNIT": 1}, {"PIPE": 3}, {"LOAD": "ring"}]
+
+    class LongK(Stats):
+        k, nnz = 11008, int(0.1 * 4096 * 11008)
+    assert planning.grid(LongK, 8, None, None)[-1] == {"LOAD": "group"}
 
     class Wide(Stats):
         m, nnz = 11008, int(0.5 * 11008 * 4096)

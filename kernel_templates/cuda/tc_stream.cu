@@ -2061,8 +2061,15 @@ tc_words_bulk(const unsigned char* __restrict__ blobs, const u32* __restrict__ b
 // decode instructions ran slower there, so each warp's dependency chain is the limit (session 37, H200,
 // 11008x4096 at 70%: 4-7% faster; at 50%, where the loads set the pace, level to 6% slower: "auto" R in
 // cost.words_auto_params). EP = 1: the split-K partials are pushed to their owner CTAs (PushReduce)
-// instead of pulled after a cluster barrier (split_reduce).
-template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP, int R, int EP>
+// instead of pulled after a cluster barrier (split_reduce). TW = 2 (TILE_WARPS): two consumer warps per row
+// tile, the CTA's WARPS / 2 tiles packed with stages of CH = 2 chunks; warp w decodes tile w % (WARPS / 2)
+// at chunk 2 i + w / (WARPS / 2) of stage i, and the second warp's partial tile is added to the first's in
+// shared memory (over the stages, once both are done with them) before the epilogue. Why: on 4096x4096 the
+// CTA stream has 8 chunks per warp and ~19 warps per SM; the stage probe (session 38, H200) put the consumers
+// 3.3 us above the load skeleton's 8.9 us at 70%, ncu issue active 54%, which read as each warp's chain of
+// dependent decode steps setting the time. Measured (session 38, H200): correct, and 5-25% slower than one warp
+// per tile on 4096x4096 and 11008x4096 (8 or 16 warps; docs/kernels.md "Session 38"): not a default.
+template <int BF16, int NT, int WARPS, int SPLIT, int STAGES, int UNIT, int CH, int BP, int R, int EP, int TW = 1>
 __global__ void __cluster_dims__(1, SPLIT, 1) __launch_bounds__((WARPS + 1) * 32)
 tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ blob_off, const u16* __restrict__ B,
              u16* __restrict__ C, int M, int N, int K, int Kp, long long ldb, long long ldc, int chunks_per_cta,
@@ -2071,10 +2078,14 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     static_assert(BP == 1 || (CH == 1 && BP <= 4), "B in parts: one chunk per stage, at most four parts");
     static_assert(R == 1 || (R == 2 && CH == 1 && (SD_PROBE == 0 || SD_PROBE >= 4)),
                   "two row tiles per warp: one chunk per stage (stage probes 1-3 decode one tile per warp)");
-    constexpr int G = WARPS * R;                                // blobs of one chunk run (the pack's group)
+    static_assert(TW == 1 || (TW == 2 && CH == TW && R == 1 && BP == 1 && WARPS % TW == 0 && (SD_PROBE == 0 || SD_PROBE >= 4)),
+                  "two warps per tile: one chunk per warp in each stage, one tile per warp, B staged whole");
+    constexpr int WT = WARPS / TW;                              // warps with a tile of their own (the tiles)
+    constexpr int G = WT * R;                                   // blobs of one chunk run (the pack's group)
     extern __shared__ __align__(16) unsigned char smem[];
-    const WarpWork<NT, R, WARPS> ww(Kp, chunks_per_cta);
+    const WarpWork<NT, R, WT> ww(Kp, chunks_per_cta);
     const int lane = ww.lane, warp = ww.warp, nchunks = ww.nchunks, c0 = ww.c0, n0 = ww.n0, tile0 = ww.tile0;
+    const int wt = TW == 1 ? warp : warp % WT, phase = TW == 1 ? 0 : warp / WT;   // TW = 2: the warp's tile, chunk parity
     const int nc = max(0, ww.c1 - c0);
     const int nst = CH == 1 ? nc : (nc + CH - 1) / CH;          // stages of CH chunks in this K slice
     const int b_bytes = SmemPlan<NT, R, WARPS, SPLIT>::b_bytes(chunks_per_cta * SD_CHUNK);
@@ -2085,7 +2096,9 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
     const u32 stage0 = smem_addr(stages);
     constexpr bool PUSH = EP == 1 && SPLIT > 1;                 // split-K by pushing partials (PushReduce)
     using PR = PushReduce<NT, G * 16, SPLIT>;
-    const u32 recv = stage0 + (u32)(STAGES * stage_bytes);     // PUSH: the receive barrier, then the slots
+    constexpr int PAIR_BYTES = TW > 1 ? G * 16 * NT * 8 * 4 : 0;  // TW = 2: the second warps' partial tiles
+    const int stage_region = TW > 1 ? max(STAGES * stage_bytes, PAIR_BYTES) : STAGES * stage_bytes;
+    const u32 recv = stage0 + (u32)stage_region;               // PUSH: the receive barrier, then the slots
     const u32 rank = PUSH ? cluster_rank() : 0u;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -2137,8 +2150,9 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
                 issue(i);
             }
     } else {
-        const bool live = ww.tile < tiles;                      // a tile past M has empty blobs
-        const bool live2 = R == 2 && ww.tile + 1 < tiles;       // R = 2: the warp's second tile
+        const int tile = TW == 1 ? ww.tile : tile0 + wt;
+        const bool live = tile < tiles;                         // a tile past M has empty blobs
+        const bool live2 = R == 2 && tile + 1 < tiles;          // R = 2: the warp's second tile
         const WordsDecoder<UNIT> dec(nullptr, warp, lane);
         for (int i = 0; i < nst; ++i) {
             const int s = i % STAGES;
@@ -2148,6 +2162,11 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
             }
             if (SD_PROBE != 3 || i < STAGES) mbar_wait(bars + 8 * s, (i / STAGES) & 1);
             if constexpr (SD_PROBE >= 4) {
+            } else if constexpr (TW > 1) {                      // chunk 2 i + phase of the stage, tile wt
+                const int c = i * TW + phase;
+                if (live && c < nc)
+                    dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[c * G + wt] - offs[i * TW * G]) * 16u,
+                                                 bs, c, acc);
             } else if constexpr (R == 2) {                      // tiles 2 warp, 2 warp + 1 of the run
                 const unsigned char* run = stages + s * stage_bytes;
                 const u32 lo = offs[i * G];
@@ -2168,6 +2187,24 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         }
     }
     float* cpart = reinterpret_cast<float*>(stages);
+    if constexpr (TW > 1) {                                     // tile wt's second warp adds its partial to the first's
+        if (warp < WARPS) {
+            named_bar_sync(2, WARPS * 32);                      // every consumer warp is done with the stages
+            float4* pair = reinterpret_cast<float4*>(stages) + (wt * 32 + lane) * NT;
+            if (phase) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) pair[j] = make_float4(acc[0][j][0], acc[0][j][1], acc[0][j][2], acc[0][j][3]);
+            }
+            named_bar_sync(2, WARPS * 32);
+            if (!phase) {
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    const float4 v = pair[j];
+                    acc[0][j][0] += v.x; acc[0][j][1] += v.y; acc[0][j][2] += v.z; acc[0][j][3] += v.w;
+                }
+            }
+        }
+    }
     if constexpr (SD_PROBE == 6 || SD_PROBE == 7) return;
     if constexpr (SD_PROBE == 8) {
         if constexpr (PUSH) {
@@ -2181,20 +2218,20 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
         return;
     }
     if (SPLIT == 1) {
-        if (warp < WARPS) epilogue<BF16, NT, R, WARPS, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
+        if (warp < WT) epilogue<BF16, NT, R, WT, 1>(acc, cpart, C, ldc, M, N, n0, tile0);
         return;
     }
     if constexpr (PUSH) {
         __syncwarp();
         cluster_wait();                                         // every peer's receive barrier exists
-        if (warp < WARPS) push_partials<NT, R, WARPS, SPLIT>(acc, recv, rank, warp, lane);
-        reduce_pushed<BF16, NT, G * 16, SPLIT>(reinterpret_cast<const float*>(stages + STAGES * stage_bytes + PR::HEAD),
+        if (warp < WT) push_partials<NT, R, WT, SPLIT>(acc, recv, rank, warp, lane);
+        reduce_pushed<BF16, NT, G * 16, SPLIT>(reinterpret_cast<const float*>(stages + stage_region + PR::HEAD),
                                               recv, rank, C, ldc, M, N, n0, tile0);
         return;
     }
     __syncthreads();                                            // every stage consumed: partials go over them
-    if (warp < WARPS) epilogue<BF16, NT, R, WARPS, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
-    else split_reduce<BF16, NT, WARPS * R * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
+    if (warp < WT) epilogue<BF16, NT, R, WT, SPLIT>(acc, cpart, C, ldc, M, N, n0, tile0);
+    else split_reduce<BF16, NT, G * 16, SPLIT>(cpart, C, ldc, M, N, n0, tile0);
 }
 
 // ---- stream-K scheduling of the blob-ring kernels (SCHED=stream) ----------------------------------
@@ -2399,6 +2436,9 @@ SD_WG2(0, 2, 4, 1, 3, 1, 1, 1, 1, 0) SD_WG2(0, 2, 8, 4, 2, 1, 2, 1, 1, 0) SD_WG2
 SD_WG2(0, 2, 8, 4, 2, 1, 1, 4, 1, 0) SD_WG2(1, 1, 8, 1, 3, 1, 1, 2, 1, 0) SD_WG2(0, 2, 8, 8, 2, 1, 1, 1, 2, 0)
 SD_WG2(1, 8, 4, 2, 3, 2, 1, 1, 2, 0) SD_WG2(0, 2, 8, 4, 2, 1, 1, 1, 1, 1) SD_WG2(1, 8, 8, 3, 3, 1, 1, 1, 2, 1)
 SD_WG2(0, 1, 4, 1, 2, 2, 1, 1, 1, 1)
+#define SD_WG3(BF, NT, W, S, ST, U, EP) template __global__ void tc_words_grp<BF, NT, W, S, ST, U, 2, 1, 1, EP, 2>( \
+    const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int);
+SD_WG3(0, 2, 8, 8, 2, 1, 1) SD_WG3(1, 1, 4, 4, 3, 2, 0) SD_WG3(0, 8, 8, 1, 2, 1, 0) SD_WG3(1, 2, 16, 2, 2, 1, 1)
 #define SD_SK(KIND, BF, NT, W, P) template __global__ void KIND<BF, NT, W, P>( \
     const unsigned char*, const u32*, const u16*, u16*, SD_TAIL, int, float*, int*, const int*);
 SD_SK(tc_scatter_sk, 0, 1, 4, 3) SD_SK(tc_scatter_sk, 1, 2, 8, 4) SD_SK(tc_scatter_sk, 0, 8, 4, 2)

@@ -39,7 +39,9 @@ META = {
     # "group" = tc_words_grp: the pack stores each CTA's WARPS tiles chunk by chunk, a producer warp moves
     # one chunk run of the CTA per bulk copy, PIPE stages deep, on full / empty mbarriers; "auto": "group"
     # from 512 row tiles with one-register units (11008x4096, H200 session 35: 7-11% faster than "ring" at
-    # 50%, 1-4% at 70%; 2-3% slower at 90% with two-register units), else "ring"
+    # 50%, 1-4% at 70%; 2-3% slower at 90% with two-register units), and with 4 warps of one tile each from 128
+    # row tiles when K is at most 64 chunks (4096x4096, session 38: 1-7% faster than "ring" at 50-90%, N = 8 /
+    # 16; 4-5% slower on 4096x11008), else "ring"
     # STAGE_CHUNKS (LOAD="group"): chunks per stage, one bulk copy and one barrier round trip each (the pack's
     # stage size follows it). H200 session 35, 11008x4096 50 / 70%, N = 8 / 16: 2 ran 28.3 / 31.6 and 22.9 /
     # 25.4 us, 4 ran 32.5 / 52.0 and 28.9 / 33.7, against 26.3 / 26.0 and 22.7 / 23.1 at 1: bigger stages cost
@@ -63,16 +65,25 @@ META = {
     # at the end (tc_stream.cu PushReduce). Why: the stage probe (session 37) put ~2 us on the pull epilogue, its
     # barriers 0.3-0.7 of them. H200 (session 37, 11008x4096, N = 8 / 16): push 0.2-0.6 us faster than pull at 50
     # and 70%; "auto" pushes up to two n8 tiles (N <= 16; the receive region grows with N) and pulls wider
+    # TILE_WARPS (LOAD="group", R 1, STAGE_CHUNKS 1): consumer warps per row tile; 2 packs WARPS / 2 tiles per CTA
+    # with stages of two chunks, one for each warp of a tile, and adds the pair's partials in shared memory
+    # before the epilogue. Why: on 4096x4096 (256 row tiles) the CTA stream gives each warp 8 chunks at ~19
+    # warps per SM, and the stage probe (session 38, H200) put its consumers 3.3 us above the loads at 70%
+    # (ncu: issue active 54%): a warp's chain of decode steps, it seemed, set the time. Measured (session 38, H200,
+    # N = 8 / 16, chained): slower on every row: 4096x4096 at 50 / 70 / 90% 13.6-14.5 / 12.5-13.5 / 10.8-12.6 us
+    # with 8 warps (16: 15.3-16.4 / 13.9-15.1 / 11.9-13.2) against 12.6-13.4 / 11.5-12.4 / 9.7-10.9 for 4 warps of
+    # one tile; 11008x4096 26.5-31.5 against 21.7-25.1 (the default). Correct (GPU tests), not a default
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
                "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": ["auto", 1, 2],
-               "EPILOGUE": ["auto", "pull", "push"]},
+               "EPILOGUE": ["auto", "pull", "push"], "TILE_WARPS": [1, 2]},
     # H200 (session 34, magnitude 50-90%, N = 1-16): PIPE 4 / 6 0-20% slower than 3, PIPE 2 3.4% faster
     # than 3 (geomean of 20 rows, 15 faster, -4% to +18%: benchmarks/results/tc_words_h200_2026-12-04);
     # "auto" UNIT, WARPS and LOAD follow cost.words_auto_params (UNIT 2 at <= 15% density, 8 warps and the
     # CTA stream from 512 row tiles)
     "defaults": {"WARPS": "auto", "SPLIT": "auto", "PIPE": 2, "UNIT": "auto", "SCHED": "cluster", "LOAD": "auto",
-                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1, "R": "auto", "EPILOGUE": "auto"},
+                 "RING_KB": "auto", "PF": 0, "STAGE_CHUNKS": 1, "B_PARTS": 1, "R": "auto", "EPILOGUE": "auto",
+                 "TILE_WARPS": 1},
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
@@ -92,9 +103,11 @@ def prepare(A, dtype, device) -> dict:
     params = words_auto_params(PARAMS, A.shape[0], A.shape[1], A.nnz)
     stream = params.get("LOAD") == "group"
     rows = int(params["R"]) if stream else 1
-    group = int(params["WARPS"]) * rows if stream else 1   # the CTA stream's pack order: WARPS x R tiles
+    pair = int(params.get("TILE_WARPS", 1)) if stream else 1   # warps per tile: stages of one chunk per warp
+    group = max(1, int(params["WARPS"]) * rows // pair) if stream else 1   # the CTA stream's pack order: WARPS x R / TILE_WARPS tiles
+    stage_chunks = int(params["STAGE_CHUNKS"]) * pair
     return prepare_format("words", TCWords, A, dtype, device, params, CUDA_SRC, (int(params["UNIT"]), group),
-                          stage_chunks=int(params["STAGE_CHUNKS"]) if group > 1 else 0, group_rows=rows)
+                          stage_chunks=stage_chunks if group > 1 else 0, group_rows=rows, tile_warps=pair)
 
 
 def spmm(packed: dict, B, out) -> None:
