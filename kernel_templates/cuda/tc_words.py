@@ -72,7 +72,8 @@ META = {
     # (ncu: issue active 54%): a warp's chain of decode steps, it seemed, set the time. Measured (session 38, H200,
     # N = 8 / 16, chained): slower on every row: 4096x4096 at 50 / 70 / 90% 13.6-14.5 / 12.5-13.5 / 10.8-12.6 us
     # with 8 warps (16: 15.3-16.4 / 13.9-15.1 / 11.9-13.2) against 12.6-13.4 / 11.5-12.4 / 9.7-10.9 for 4 warps of
-    # one tile; 11008x4096 26.5-31.5 against 21.7-25.1 (the default). Correct (GPU tests), not a default
+    # one tile; 11008x4096 26.5-31.5 against 21.7-25.1 (the default); on 4096x11008 32.7 / 31.4 at 50 / 70% (8 /
+    # 16 warps) against the ring's 36.5 / 34.0, all below cuBLAS (28.6-28.8). Correct (GPU tests), not a default
     "params": {"WARPS": ["auto", 2, 4, 8, 16], "SPLIT": ["auto", 1, 2, 4, 8], "PIPE": [2, 3, 4, 6], "UNIT": ["auto", 1, 2],
                "SCHED": ["cluster", "stream"], "LOAD": ["auto", "ring", "bulk", "group"], "RING_KB": ["auto", 8, 12, 16, 24, 32],
                "PF": [0, 2, 4, 8], "STAGE_CHUNKS": [1, 2, 4], "B_PARTS": [1, 2, 4], "R": ["auto", 1, 2],
