@@ -361,3 +361,26 @@ def test_template_sweep_times_named_templates_beside_the_answer(shared_data, tmp
     assert by["csr_rowsplit"].format_bytes > 0
     assert by["bsr_tc"].status == "not_applicable" and "block" in by["bsr_tc"].message
     assert "Template sweep" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_speedup_plot_draws_one_line_per_pattern_n_shape_and_dtype():
+    """The speedup-vs-sparsity plot's lines join one pattern's cases at one N, on one shape, in one dtype, by
+    sparsity: two shapes at the same sparsities are two lines (joined, they zigzagged between the shapes)."""
+    from sparseditto.benchmark.plots import speedup_series, speedup_vs_sparsity
+
+    rows = []
+    for i, (shape, sparsity, n, dtype, x) in enumerate([((4096, 4096), 0.5, 16, "float16", 1.1),
+                                                         ((11008, 4096), 0.5, 16, "float16", 1.0),
+                                                         ((4096, 4096), 0.7, 16, "float16", 1.2),
+                                                         ((11008, 4096), 0.7, 16, "float16", 1.3),
+                                                         ((4096, 4096), 0.7, 16, "bfloat16", 1.25),
+                                                         ((4096, 4096), 0.7, 1, "float16", 1.4)]):
+        rows.append(row(f"c{i}", timings((10.0, 10.0), (10.0 * x, 10.0 * x))).model_copy(
+            update=dict(shape=shape, sparsity=sparsity, n=n, dtype=dtype)))
+    series = speedup_series(rows, "llm")
+    assert sorted((n, shape, xs, ys) for _, n, shape, xs, ys in series) == [
+        (1, (4096, 4096), [70.0], [1.4]),
+        (16, (4096, 4096), [50.0, 70.0], [1.1, 1.2]),
+        (16, (4096, 4096), [70.0], [1.25]),
+        (16, (11008, 4096), [50.0, 70.0], [1.0, 1.3])]
+    assert speedup_vs_sparsity(rows, "llm").startswith(b"\x89PNG")

@@ -8,13 +8,13 @@ interpreter timings says so in its title.
 from __future__ import annotations
 
 import io
-from collections import defaultdict
 
 from .metrics import fast_p, p_key
 from .rows import BenchRow, SuiteSummary
 
 CPU_NOTE = "\n[CPU interpreter: NOT GPU timings]"
 MARKERS = "os^Dvp*hX<>"
+LINESTYLES = ("-", "--", ":", "-.")   # one per matrix shape in the speedup-vs-sparsity plot
 
 
 def _plt():
@@ -56,28 +56,40 @@ def _note(rows: list[BenchRow]) -> str:
     return "" if rows and all(r.timings_are_gpu for r in rows) else CPU_NOTE
 
 
+def speedup_series(rows: list[BenchRow], suite: str) -> list[tuple[str, int, tuple, list[float], list[float]]]:
+    """(pattern, N, shape, sparsities in %, speedups over dense) per line of the speedup-vs-sparsity plot: one
+    pattern's correct cases at one N on one matrix shape in one dtype, by sparsity. Why per shape: joined across
+    shapes (4096x4096 and 11008x4096 at 50% and 70%), a line zigzagged between them and read as a trend that is
+    not there."""
+    pts = [r for r in rows if r.suite == suite and r.correct and r.speedup_vs_dense]
+    lines: dict[tuple, list[BenchRow]] = {}
+    for r in pts:
+        lines.setdefault((r.pattern, r.n, tuple(r.shape or (0, 0)), r.dtype), []).append(r)
+    return [(pattern, n, shape, [100 * r.sparsity for r in sel], [r.speedup_vs_dense.value for r in sel])
+            for (pattern, n, shape, _dtype), rs in sorted(lines.items())
+            for sel in [sorted(rs, key=lambda r: r.sparsity)]]
+
+
 def speedup_vs_sparsity(rows: list[BenchRow], suite: str) -> bytes | None:
     pts = [r for r in rows if r.suite == suite and r.correct and r.speedup_vs_dense]
     if not pts:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    by_pattern: dict[str, list[BenchRow]] = defaultdict(list)
-    for r in pts:
-        by_pattern[r.pattern].append(r)
     ns = sorted({r.n for r in pts})
-    for pattern, rs in sorted(by_pattern.items()):
-        color = None
-        for n in ns:
-            sel = sorted((r for r in rs if r.n == n), key=lambda r: r.sparsity)
-            if not sel:
-                continue
-            line, = ax.plot([100 * r.sparsity for r in sel], [r.speedup_vs_dense.value for r in sel],
-                            marker=MARKERS[ns.index(n) % len(MARKERS)], linestyle="-" if len(sel) > 1 else "none",
-                            color=color, label=pattern if color is None else None, alpha=0.85)
-            color = line.get_color()
+    shapes = sorted({tuple(r.shape or (0, 0)) for r in pts})
+    dashed = len(shapes) <= len(LINESTYLES)
+    colors: dict[str, str] = {}
+    for pattern, n, shape, xs, ys in speedup_series(rows, suite):
+        style = LINESTYLES[shapes.index(shape)] if dashed else "-"
+        line, = ax.plot(xs, ys, marker=MARKERS[ns.index(n) % len(MARKERS)], linestyle=style if len(xs) > 1 else "none",
+                        color=colors.get(pattern), label=None if pattern in colors else pattern, alpha=0.85)
+        colors.setdefault(pattern, line.get_color())
     for n in ns:
         ax.plot([], [], marker=MARKERS[ns.index(n) % len(MARKERS)], color="gray", linestyle="none", label=f"N={n}")
+    if dashed and len(shapes) > 1:
+        for i, (m, k) in enumerate(shapes):
+            ax.plot([], [], color="gray", linestyle=LINESTYLES[i], label=f"{m}x{k}")
     ax.axhline(1.0, color="gray", linestyle="--", linewidth=1)
     _speedup_axis(ax, [r.speedup_vs_dense.value for r in pts])
     ax.set_xlabel("sparsity (%)")
@@ -165,8 +177,8 @@ def all_plots(rows: list[BenchRow], summaries: list[SuiteSummary]) -> list[tuple
     for suite in dict.fromkeys(r.suite for r in rows):
         png = speedup_vs_sparsity(rows, suite)
         if png:
-            out.append((f"{suite}: speedup over dense cuBLAS against sparsity, one line per pattern "
-                        "(marker = N)", png))
+            out.append((f"{suite}: speedup over dense cuBLAS against sparsity, one line per pattern, N and matrix "
+                        "shape (colour = pattern, marker = N, line style = shape)", png))
     for caption, png in (("Roofline: achieved bandwidth (format bytes / time) against the bytes moved; "
                           "the dashed line is the measured copy bandwidth", roofline_scatter(rows)),
                          ("Per-suite geomean speedups", suite_bars(summaries, rows)),
