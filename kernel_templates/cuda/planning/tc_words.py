@@ -13,7 +13,7 @@ Session 35: on 11008x4096 the CTA stream (LOAD "auto" -> "group" from 512 row ti
 units) runs 50% in 24.9-26.4 us (0.97-1.02x cuBLAS, 70-74% of a pure read) and 70% in 21.6-23.2 us
 (1.11-1.17x), fp16 and bf16; the grid tries the other load. Session 38: on 4096x4096 the CTA stream with 4
 warps of one tile (now "auto" there: 128-511 row tiles, K <= 64 chunks) runs 50 / 70 / 90% in 12.6-13.4 /
-11.4-12.4 / 9.7-10.9 us chained at N = 8 / 16 (1.07-1.14 / 1.14-1.27 / 1.32-1.49x cuBLAS chained).
+11.4-12.4 / 9.7-10.9 us chained at N = 8 / 16 (1.07-1.16 / 1.14-1.27 / 1.32-1.49x cuBLAS chained).
 """
 from __future__ import annotations
 
