@@ -477,7 +477,7 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
         if int(params.get("STAGE_CHUNKS", 1)) != tile_warps:
             raise ValueError(f"TILE_WARPS={tile_warps} streams a pack whose stages hold one chunk per warp of a tile "
                              f"(STAGE_CHUNKS={tile_warps}), got STAGE_CHUNKS={params.get('STAGE_CHUNKS', 1)}: prepare "
-                             "with the same TILE_WARPS.")
+                             "with the same TILE_WARPS and STAGE_CHUNKS=1.")
         if int(params["WARPS"]) % tile_warps or int(params["WARPS"]) < 2 * tile_warps:
             raise ValueError(f"TILE_WARPS={tile_warps} shares each row tile among {tile_warps} consumer warps and streams "
                              f"two tiles per CTA at least: WARPS must be a multiple of {2 * tile_warps}, got "
