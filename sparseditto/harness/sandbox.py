@@ -129,6 +129,7 @@ class _Worker:
         self.log_path: Path | None = None
         self.workdir: Path | None = None
         self._key = b""
+        self._held: set[str] = set()   # keys of the large matrices this worker process was shipped (matrix_cache)
         self.start()
 
     def start(self) -> None:
@@ -166,6 +167,7 @@ class _Worker:
         os.close(rep_w)
         self.conn_out, self.conn_in = Connection(req_w, readable=False), Connection(rep_r, writable=False)
         self._key = secrets.token_bytes(32)
+        self._held = set()   # a new process holds no matrices
         self.ready = False
         try:
             self.conn_out.send({"key": self._key, "workdir": str(self.workdir), "cache_dir": cache_dir})
@@ -238,6 +240,22 @@ class _Worker:
                            log=_tail(self.log_path), seconds=time.monotonic() - start)
 
     def call(self, task: str, payload: Any, timeout: float) -> WorkerReply:
+        """Run `task` in the worker. A large matrix in the payload is shipped once per worker process and
+        referenced by its content key afterwards (matrix_cache); should the worker have lost it, the call is
+        sent once more with the matrix whole."""
+        from .matrix_cache import MATRIX_MISSING, outgoing
+
+        sent, shipped = outgoing(payload, self._held)
+        reply = self._send(task, sent, timeout)
+        if reply.status == "error" and MATRIX_MISSING in (reply.error or ""):
+            self._held.clear()
+            sent, shipped = outgoing(payload, self._held)
+            reply = self._send(task, sent, timeout)
+        if reply.status in ("ok", "error"):   # the worker answered, so it kept what was shipped
+            self._held.update(shipped)
+        return reply
+
+    def _send(self, task: str, payload: Any, timeout: float) -> WorkerReply:
         start = time.monotonic()
         call_id = next(_CALL_IDS)
         try:

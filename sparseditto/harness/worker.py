@@ -86,6 +86,9 @@ def ping_task(payload, wctx: WorkerContext) -> dict:
             "cwd": os.getcwd(), "home": os.environ.get("HOME")}
     if payload and payload.get("echo") is not None:
         info["echo"] = payload["echo"]
+    if payload and payload.get("matrix") is not None:   # what a task would be handed (matrix_cache resolves it)
+        m = payload["matrix"]
+        info["matrix"] = {"name": m.name, "shape": list(m.shape), "nnz": m.nnz, "data_sum": float(m.data.sum(dtype="f8"))}
     return info
 
 
@@ -226,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         limits["address_space"] = isolation.apply_address_space_limit()
 
     from . import guard
+    from .matrix_cache import WorkerMatrices
 
     policy = guard.Policy.for_worker(workdir, cache_dir, [str(p) for p in isolation.cache_subdirs(cache_dir).values()])
     for extra in ("TRITON_CACHE_DIR", "CUPY_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_HOME"):
@@ -241,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                "env_names": sorted(os.environ), "workdir": workdir, "cwd": os.getcwd()}
     info["sandbox"] = sandbox
     wctx = WorkerContext(gate=gate, backend=args.backend, info=info)
+    matrices = WorkerMatrices()   # large matrices shipped once, referenced by key afterwards
     conn_out.send_bytes(encode_reply(key, ["ready", info]))
 
     while True:
@@ -259,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             offset = 0
         isolation.set_cpu_budget(float(timeout or 600.0) * max(1, os.cpu_count() or 1))
         try:
+            payload = matrices.incoming(payload)
             value = _profiled(task, call_id, payload, wctx, profile_dir) if profile_dir else \
                 _resolve(task)(payload, wctx)
             restart = bool(wctx.tainted) or bool(args.backend == "cuda" and cuda_context_broken())
