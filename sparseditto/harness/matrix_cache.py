@@ -2,10 +2,11 @@
 
 Why: every verify, bench, compile and baselines call sends its task's matrix through the worker's pipe, and
 an LLM layer's is large: 11008x4096 at 50% is 180 MB of pattern and values, 1.1 s a call to pickle, pipe and
-unpickle on the 2-core CI machine (session 38), against 0.1 s for a call without it. A run_graph sends it to
-the same worker ~20 times (a verification and a benchmark per candidate, vendor paths included), a batch's
-reused layer 2-3 times. So the driver ships a large matrix whole once per worker process, keyed by a SHA-256
-of its contents, and afterwards only that key; the worker keeps the last few it was sent.
+unpickle on the 2-core CI machine (session 38), against 0.1 s for a call without it. A run_graph sends it for
+each candidate's verification and benchmark (5 calls for 2 candidates on the CPU; the H200 bench's LLM cases
+verify 6-8, vendor paths included), a batch's reused layer 2-3 times. So the driver ships a large matrix whole
+once per worker process, keyed by a SHA-256 of its contents, and afterwards only that key; the worker keeps the
+last few it was sent.
 
 Trust: the driver computes every key from the contents it is about to use, so a matrix changed in place
 on the driver side gets a new key and is shipped again. Candidate code runs inside the worker and is handed
