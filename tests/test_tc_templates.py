@@ -751,6 +751,15 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     assert result.ok, result.message
 
 
+def _param_id(value) -> str:
+    """Test ids a `-k` can select on the GPU: the template, its params as KEYvalue, the style, the shape MxK."""
+    if isinstance(value, dict):
+        return "_".join(f"{k}{v}" for k, v in value.items()) or "defaults"
+    if isinstance(value, tuple):
+        return "x".join(str(x) for x in value)
+    return str(value)
+
+
 @gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("name,params,style,shape", [
@@ -795,7 +804,7 @@ def test_gpu_verifies_against_fp64(name, style, shape, dtype):
     ("tc_words", {"LOAD": "group", "TILE_WARPS": 2}, "0.0", (40, 130)),
     ("tc_words", {}, "0.3", (8200, 700)),   # the defaults on a wide matrix at 30%: CTA stream, R 2, pushed up to N = 16
     ("tc_words", {}, "0.5", (2100, 1000)),   # the defaults on a narrow one with short K: CTA stream, 4 warps, R 1
-])
+], ids=lambda v: _param_id(v))
 def test_gpu_template_params_verify_against_fp64(name, params, style, shape, dtype):
     """Kernels that only non-default parameters reach. tc_scatter's stream-K schedule: groups split between
     many CTAs (a 40x130 matrix has 3 chunks and gets a CTA per item), rows past the last tile, K not a
