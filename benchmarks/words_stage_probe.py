@@ -12,8 +12,8 @@ so only mode 0 is checked against the fp64 reference):
 
 Modes 1-3 run with one row tile per warp (R = 1; it is set when --params leaves R out, where the default "auto"
 would take 2 at <= 35% density on 512+ row tiles). Session 38's 4096x4096 probe ran before "auto" R became 1 on
-narrower matrices: its `--params '{"LOAD": "group", "WARPS": 4}'` meant R 2 at 70% and 90% then, R 1 now. The default EPILOGUE pushes at N <= 16 (session 37): mode 8 then times its one
-cluster-barrier wait.
+narrower matrices: its `--params '{"LOAD": "group", "WARPS": 4}'` meant R 2 at 70% and 90% then, R 1 now. The
+default EPILOGUE pushes at N <= 16 (session 37): mode 8 then times its one cluster-barrier wait.
 
 Each mode is timed as the benchmarks time kernels (chained over L2-cold copies of the pack, back to back from
 one graph). On the GPU, from the repo root (benchmarks/device_run.sh's set-up):

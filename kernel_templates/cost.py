@@ -536,10 +536,10 @@ def words_auto_params(params: dict, m: int, k: int, nnz: int) -> dict:
     out = dict(params)
     if out.get("UNIT", "auto") == "auto":
         out["UNIT"] = 2 if nnz <= WORDS_UNIT2_MAX_DENSITY * m * k else 1
-    wide = round_up(m, 16) // 16 >= WORDS_WIDE_TILES
+    tiles, chunks = round_up(m, 16) // 16, round_up(k, 64) // 64
+    wide = tiles >= WORDS_WIDE_TILES
     if out.get("WARPS", "auto") == "auto":
         out["WARPS"] = 8 if wide else 4
-    tiles, chunks = round_up(m, 16) // 16, round_up(k, 64) // 64
     narrow = not wide and tiles >= WORDS_NARROW_STREAM_TILES and chunks <= WORDS_NARROW_STREAM_CHUNKS
     if out.get("LOAD", "auto") == "auto":   # the stream-K schedule has the per-warp ring only
         cluster = out.get("SCHED", "cluster") == "cluster"

@@ -353,11 +353,12 @@ def smem_bytes(kind: str, nt: int, warps: int, rows_per_warp: int, split: int, c
     TW): the CTA holds WARPS / 2 row tiles, and the second warps' partial tiles go over the stages (the
     region is at least their size)."""
     tiles_per_cta = warps * rows_per_warp // tile_warps
-    partials = tiles_per_cta * TILE_M * nt * 8 * 4 if split > 1 else 0   # split-K fp32 tiles
+    tile_sums = tiles_per_cta * TILE_M * nt * 8 * 4                    # the CTA's row tiles as fp32 partials
+    partials = tile_sums if split > 1 else 0                            # split-K fp32 tiles
     if load == "group":   # tc_words_grp: B, full and empty barriers, the group's offsets, the stages (partials over them)
         head = (chunks_per_cta * CHUNK_K * b_row_bytes(nt) + 2 * pipe * TMA_BARRIER_BYTES
                 + round_up((chunks_per_cta * tiles_per_cta + 1) * 4, 16))
-        stages = pipe * slot_bytes if tile_warps == 1 else max(pipe * slot_bytes, tiles_per_cta * TILE_M * nt * 8 * 4)
+        stages = pipe * slot_bytes if tile_warps == 1 else max(pipe * slot_bytes, tile_sums)
         if push and split > 1:
             share = -(-tiles_per_cta * TILE_M // split)
             return head + stages + PUSH_BARRIER_BYTES + split * share * nt * 8 * 4
@@ -480,8 +481,8 @@ def plan_geometry(kind: str, tiles: int, nchunks: int, n: int, params: dict, sm_
                              "with the same TILE_WARPS and STAGE_CHUNKS=1.")
         if int(params["WARPS"]) % tile_warps or int(params["WARPS"]) < 2 * tile_warps:
             raise ValueError(f"TILE_WARPS={tile_warps} shares each row tile among {tile_warps} consumer warps and streams "
-                             f"two tiles per CTA at least: WARPS must be a multiple of {2 * tile_warps}, got "
-                             f"{params['WARPS']}.")
+                             f"two tiles per CTA at least: WARPS must be a multiple of {tile_warps} and at least "
+                             f"{2 * tile_warps}, got {params['WARPS']}.")
     if kind == "words" and blob_load != "group" and int(params.get("R", 1)) != 1:
         raise ValueError(f"R={params.get('R')} (row tiles per warp) runs with LOAD='group' only, got LOAD={blob_load!r}.")
     if kind == "words" and blob_load == "group":   # tc_words_grp decodes R row tiles per warp

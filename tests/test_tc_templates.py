@@ -1124,7 +1124,7 @@ def test_words_group_two_warps_per_tile_geometry():
         tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "B_PARTS": 2}, 132)
     with pytest.raises(ValueError, match="stages hold one chunk per warp of a tile .STAGE_CHUNKS=2., got STAGE_CHUNKS=1"):
         tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "STAGE_CHUNKS": 1}, 132)
-    with pytest.raises(ValueError, match="WARPS must be a multiple of 4, got 2"):
+    with pytest.raises(ValueError, match="WARPS must be a multiple of 2 and at least 4, got 2"):
         tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "WARPS": 2, "GROUP": 1}, 132)
     with pytest.raises(ValueError, match="this pack has GROUP=8, the launch WARPS=8, R=1, TILE_WARPS=2"):
         tc_launch.plan_geometry("words", 256, 64, 16, {**lp, "GROUP": 8}, 132)

@@ -2174,13 +2174,13 @@ tc_words_grp(const unsigned char* __restrict__ blobs, const u32* __restrict__ bl
                                                         run + (offs[i * G + 2 * warp + 1] - lo) * 16u, live2, bs, i, acc);
             } else if constexpr (CH == 1) {                     // the measured kernel's form (session 35)
                 const int at = SD_PROBE == 3 ? s : i;           // probe 3: the blob that stage s holds
-                if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[at * WARPS + warp] - offs[at * WARPS]) * 16u,
+                if (live) dec.template chunk<BF16, NT>(stages + s * stage_bytes + (offs[at * G + warp] - offs[at * G]) * 16u,
                                                        bs, i, acc);
             } else if (live) {
                 const unsigned char* stage = stages + s * stage_bytes;
-                const u32 base = offs[i * CH * WARPS];
+                const u32 base = offs[i * CH * G];
                 for (int c = i * CH; c < min((i + 1) * CH, nc); ++c)
-                    dec.template chunk<BF16, NT>(stage + (offs[c * WARPS + warp] - base) * 16u, bs, c, acc);
+                    dec.template chunk<BF16, NT>(stage + (offs[c * G + warp] - base) * 16u, bs, c, acc);
             }
             __syncwarp();                                       // every lane's loads of the stage are done
             if (lane == 0) mbar_arrive(bars + 8 * (STAGES + s));
