@@ -48,13 +48,23 @@ for stage in "$@"; do
       python3 benchmarks/graph_runs.py --out "$OUT/graph_runs" --quiet ${GRAPH_ARGS:-} 2>&1 | tee "$OUT/graph.log" | tail -60 ;;
     batch7b)
       # issue 12: the synthetic Llama-7B-shaped checkpoint (made once into .gpu/llama7b, ~13 GB), batched into
-      # $OUT/batch7b; carry .gpu/batch7b and set BATCH_FROM=.gpu/batch7b to continue (--resume) a call that ran out of time
-      CK=${BATCH_CKPT:-$PWD/.gpu/llama7b}; [ -f "$CK/model.safetensors.index.json" ] || python3 benchmarks/batch_7b.py make --dir "$CK" ${BATCH_BLOCKS:+--blocks $BATCH_BLOCKS} 2>&1 | tail -3
-      BO="$OUT/batch7b"; mkdir -p "$BO"; RES=""
-      if [ -n "${BATCH_FROM:-}" ]; then cp -r "$BATCH_FROM"/. "$BO"/ && RES=--resume; fi
-      timeout ${BATCH_TIMEOUT:-420} python3 ${BATCH_PROFILE:+-m cProfile -o $OUT/batch7b.prof} benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES ${BATCH_ARGS:-} 2>&1 | tee "$OUT/batch7b.log" | tail -20 ;;
+      # .gpu/batch7b-out (its memory inside it) and returned as one file, $OUT/batch7b.tgz (the device returns 8
+      # files, and a bundle holds one source per kernel); to continue (--resume) a call that ran out of time, unpack
+      # that file into a carried folder and set BATCH_FROM to it (a .tgz works too)
+      CK=${BATCH_CKPT:-$PWD/.gpu/llama7b}; T0=$(date +%s)
+      [ -f "$CK/model.safetensors.index.json" ] || python3 benchmarks/batch_7b.py make --dir "$CK" ${BATCH_BLOCKS:+--blocks $BATCH_BLOCKS} 2>&1 | tail -3
+      echo "checkpoint ready in $(( $(date +%s) - T0 )) s"
+      BO="$PWD/.gpu/batch7b-out"; rm -rf "$BO"; mkdir -p "$BO"; RES=""
+      if [ -n "${BATCH_FROM:-}" ]; then
+        case "$BATCH_FROM" in *.tgz) tar -xzf "$BATCH_FROM" -C "$BO" ;; *) cp -r "$BATCH_FROM"/. "$BO"/ ;; esac && RES=--resume
+      fi
+      BT=${BATCH_TIMEOUT:-420}; [ -n "${BATCH_DEADLINE:-}" ] && BT=$(( BATCH_DEADLINE - $(date +%s) ))   # epoch s: end in time to pack
+      echo "batch timeout $BT s"
+      SPARSEDITTO_MEMORY="$BO/memory.sqlite" timeout $BT python3 ${BATCH_PROFILE:+-m cProfile -o $OUT/batch7b.prof} \
+        benchmarks/batch_7b.py batch --dir "$CK" --out "$BO" $RES ${BATCH_ARGS:-} 2>&1 | tee "$OUT/batch7b.log" | tail -20
+      rm -f "$BO"/*.sqlite-shm "$BO"/*.sqlite-wal; tar -czf "$OUT/batch7b.tgz" -C "$BO" . ; cp "$BO/report.json" "$OUT/" 2>/dev/null ;;
     batch7b-retime)
-      python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$OUT/batch7b}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
+      python3 benchmarks/batch_7b.py retime --dir "${BATCH_CKPT:-$PWD/.gpu/llama7b}" --out "${BATCH_FROM:-$PWD/.gpu/batch7b-out}" 2>&1 | tee "$OUT/retime.log" | tail -20 ;;
     decode)
       # issue 10's open checks (docs/kernels.md, "fourth H200 session"): the timing spin, then delta_spmv's
       # unmeasured variants (PIPE 6 under the register cap; ROW_SPLIT; B_HALF) beside the default, N = 1, 2, 4
