@@ -1,6 +1,7 @@
 """The batch's speed-ups that need no GPU to test: the shape's dense baseline taken from the
 search's dense vendor record, the one vendor a reused layer re-times, a timing miss confirmed by
-a second timing (stubbed GPU timings), and the parallel analysis keeping the model's order."""
+a second timing and judged against the group's median (stubbed GPU timings), and the parallel
+analysis keeping the model's order."""
 from __future__ import annotations
 
 import types
@@ -82,7 +83,7 @@ def test_a_timing_miss_is_confirmed_by_a_second_timing(monkeypatch, times, kept,
                          source="def spmm(): pass", kernel_ms=0.0130, vendor_ms={"cusparse_csr_torch": 0.07})
     phases: dict = {}
     got = reuse._gpu_timing(winner, {}, A, {"kernel": 1.0}, _settings(), phases)
-    observed, expected, dense_ms, _source, _vendors, basis = got
+    observed, expected, dense_ms, _source, _vendors, basis, _scale = got
     assert len(calls) == benches and observed == pytest.approx(kept) and expected == pytest.approx(0.0130)
     assert calls[0] == ["cusparse_csr_torch"] and all(c is False for c in calls[1:])   # vendors timed once
     assert dense_ms == pytest.approx(0.02) and "time" in phases and "dense" in phases
@@ -191,3 +192,59 @@ def test_the_eta_counts_one_search_per_group_without_a_winner_and_reused_layers_
     again.plan({"a": ["a0", "a1", "a2"]}, {"a0": layer("a0", "a", "searched", 60.0)})
     again.finished(layer("a1", "a", "reused", 5.0))
     assert again.seconds_left() == pytest.approx(5.0)
+
+
+def test_group_times_expect_the_groups_median_once_three_layers_measured_it():
+    times = reuse.GroupTimes()
+    times.add(0.0134)                                  # the lead's own (lowest-of-two) measurement
+    assert times.winner_ms(0.0134) == pytest.approx(0.0134)
+    times.add(0.0272, scale=2.0)                       # a layer the cost model puts at twice the lead's time
+    assert times.winner_ms(0.0134) == pytest.approx(0.0134)   # two samples: still the lead's own
+    times.add(0.0137)
+    times.add(0.0138)
+    assert times.winner_ms(0.0134) == pytest.approx(0.01365)  # median of 13.4, 13.6, 13.7, 13.8 us
+    times.add(None)                                    # a layer without a time adds nothing
+    assert len(times.normalized_ms) == 4
+
+
+def test_group_times_note_a_search_only_when_it_chose_the_winners_kernel():
+    lead = LayerResult(name="lead", shape=(64, 64), dtype="float16", status="searched", template="delta_spmv",
+                       params={"LANES": "auto"}, source_hash="abc", kernel_ms=0.0134)
+    other = lead.model_copy(update=dict(name="l7", params={"LANES": 16}, source_hash="def"))
+    same = lead.model_copy(update=dict(name="l9"))
+    times = reuse.GroupTimes()
+    times.confirm(lead, other)
+    assert times.search_confirmed is None              # the search found another kernel: misses still search
+    times.confirm(lead, same)
+    times.confirm(lead, lead.model_copy(update=dict(name="l12")))
+    assert times.search_confirmed == "l9"              # the first confirming search is the one named
+
+
+@pytest.mark.parametrize("observed, confirmed, kept", [
+    (0.0140, None, True),       # within 5% of the group's median (13.55 us)
+    (0.0145, None, False),      # 7% over, no search has confirmed the kernel: the caller searches
+    (0.0145, "l3", True),       # 7% over, a search sent by such a miss chose this kernel: kept
+    (0.0152, "l3", False),      # 12% over: beyond twice the tolerance, searched whatever came before
+])
+def test_a_reused_layer_is_judged_against_the_groups_median(monkeypatch, observed, confirmed, kept):
+    from sparseditto import harness
+
+    monkeypatch.setattr(harness, "bench", lambda *a, **k: _Bench(observed))
+    monkeypatch.setattr(harness, "run_and_verify", lambda *a, **k: types.SimpleNamespace(
+        ok=True, status="verified", seed=1, backend="cuda", seconds=0.1, message="", checks=[]))
+    monkeypatch.setattr(reuse, "estimates", lambda *a, **k: {"kernel": 1.0, "dense": 2.0, "best": 1.0,
+                                                              "format_bytes": 10})
+    A = types.SimpleNamespace(shape=(64, 64), name="layer")
+    winner = LayerResult(name="lead", shape=(64, 64), dtype="float16", status="searched", template="delta_spmv",
+                         source="def spmm(): pass", kernel_ms=0.0130, vendor_ms={})
+    times = reuse.GroupTimes(normalized_ms=[0.0130, 0.0135, 0.0136, 0.0138], search_confirmed=confirmed)
+    base = LayerResult(name="l20", shape=(64, 64), dtype="float16", status="failed")
+    got = reuse.try_reuse(winner, {}, base, A, {}, _settings(), {}, times)
+    assert isinstance(got, LayerResult) == kept
+    if kept:
+        assert got.expected_ms == pytest.approx(0.01355) and got.kernel_ms == pytest.approx(observed)
+        assert "the group's median (4 layers)" in got.reason
+        assert ("kept: within 10%" in got.reason) == (observed > 0.01355 * 1.05)
+        assert len(times.normalized_ms) == 5           # its time joins the group's
+    else:
+        assert "not within 5% of its expected time" in got and len(times.normalized_ms) == 4

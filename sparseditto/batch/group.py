@@ -13,7 +13,7 @@ import time
 
 from sparseditto.batch.models import WINNER_STATUSES, LayerResult
 from sparseditto.batch.progress import Progress
-from sparseditto.batch.reuse import BatchSettings, estimates, try_reuse
+from sparseditto.batch.reuse import BatchSettings, GroupTimes, estimates, try_reuse
 from sparseditto.batch.weights import WeightRef, as_matrix_tensor
 from sparseditto.harness.sandbox import WorkerStartError
 
@@ -160,6 +160,9 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
     winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
     winner_ref = next((ref for ref, _ in members if winner is not None and ref.name == winner.name), None)
     winner_report = None
+    times = GroupTimes()                     # what the winner's kernel measured on this group's layers
+    if winner is not None:
+        times.add(winner.kernel_ms)
     by_signature = {x.signature: x for x in finished if x.status != "failed" and x.template}
     prev_by_signature = {x.signature: x for x in prev.values() if x.signature and x.template}
     for ref, report in members:
@@ -191,15 +194,18 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
                     bar.working(ref.name, f"starting from {winner.name}'s {winner.template}")
                     if winner_report is None:   # the winner was done before a resume: analyze it again
                         winner_report = layer_report(winner_ref)
-                    got = try_reuse(winner, winner_report, base, A, report, settings, phases)
+                    got = try_reuse(winner, winner_report, base, A, report, settings, phases, times)
                     layer, why = (got, None) if isinstance(got, LayerResult) else (None, got)
                 if layer is None:
                     bar.working(ref.name, "full search (run_graph)")
                     t1 = time.time()
                     layer = _search(A, base, report, settings, why)
                     phases["search"] = round(time.time() - t1, 3)
+                    if why is not None and winner is not None:
+                        times.confirm(winner, layer)
                 if winner is None and layer.status in WINNER_STATUSES:
                     winner, winner_report = layer, report
+                    times.add(winner.kernel_ms)
         except WorkerStartError:   # the environment, not this layer: no later layer could run either
             raise
         except Exception as exc:   # one layer's failure is recorded; the batch goes on
