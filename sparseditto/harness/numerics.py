@@ -62,7 +62,9 @@ def draw_matrix_values(matrix, rng: np.random.Generator, dtype: str) -> np.ndarr
     values = rng.uniform(0.5, 1.5, matrix.nnz)
     negative = rng.random(matrix.nnz) < 0.5                  # the same draws as ever: seeds reproduce
     values *= np.repeat(per_row, lengths)
-    np.copysign(values, 0.5 - negative, out=values)          # in place (22M values on an LLM weight)
+    # in place (22M values on an LLM weight); the values are positive, so this is copysign's result
+    # without its float copy of the mask (2.1 -> 0.2 s for 22M on the CPU machine)
+    np.negative(values, out=values, where=negative)
     return round_to_dtype(values, dtype)
 
 
