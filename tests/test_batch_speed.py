@@ -248,3 +248,48 @@ def test_a_reused_layer_is_judged_against_the_groups_median(monkeypatch, observe
         assert len(times.normalized_ms) == 5           # its time joins the group's
     else:
         assert "not within 5% of its expected time" in got and len(times.normalized_ms) == 4
+
+
+def test_a_resumed_group_takes_in_what_its_finished_layers_measured(monkeypatch):
+    """A resume (a new process) judges its layers against the group's median and the search that
+    confirmed the kernel, as the batch it continues would have, not against the lead alone."""
+    # the cost model puts layer "big" at twice the lead's time, every other layer at the lead's
+    monkeypatch.setattr(reuse, "estimates", lambda report, *a, **k: {"kernel": report["est"]})
+    lead = LayerResult(name="lead", shape=(64, 64), dtype="float16", status="searched", template="delta_spmv",
+                       params={"LANES": "auto"}, source_hash="abc", kernel_ms=0.0130)
+    done = [lead,
+            lead.model_copy(update=dict(name="r1", status="reused", kernel_ms=0.0136)),
+            lead.model_copy(update=dict(name="big", status="reused", kernel_ms=0.0274)),
+            lead.model_copy(update=dict(name="s1", status="searched", kernel_ms=0.0135,
+                                        reason="full search (delta_spmv from lead is not within 5% ...); ...")),
+            lead.model_copy(update=dict(name="other", status="reused", params={"LANES": 16}, source_hash="x",
+                                        kernel_ms=0.0200)),            # another kernel: not this group's times
+            lead.model_copy(update=dict(name="nore", status="reused", kernel_ms=0.0150))]   # no analysis kept
+    reports = {"lead": {"est": 1.0}, "r1": {"est": 1.0}, "big": {"est": 2.0}, "s1": {"est": 1.0},
+               "other": {"est": 1.0}, "nore": None}
+    times = reuse.GroupTimes()
+    times.add(lead.kernel_ms)
+    times.resumed(lead, reports["lead"], done, reports, _settings())
+    assert times.normalized_ms == pytest.approx([0.0130, 0.0136, 0.0137])
+    assert times.winner_ms(0.0130) == pytest.approx(0.0136) and times.search_confirmed == "s1"
+    # without the lead's analysis only the confirming search is taken in
+    times = reuse.GroupTimes()
+    times.resumed(lead, None, done, reports, _settings())
+    assert times.normalized_ms == [] and times.search_confirmed == "s1"
+
+
+def test_a_resumed_batch_hands_the_finished_layers_analyses_to_their_groups(monkeypatch, tmp_path):
+    """The finished layers of a resumed batch keep their journaled analyses in their group's members
+    (the group's winner is not loaded and analyzed again: 10 s on the H200 for a 4096 x 4096 lead)."""
+    from sparseditto.batch.journal import Journal
+
+    refs = [types.SimpleNamespace(name=f"w{i}") for i in range(3)]
+    monkeypatch.setattr(runner, "_analyze_one", lambda ref, s: (None, {"shape": [4, 4], "signature": ref.name}))
+    monkeypatch.setattr(runner, "group_key", lambda report, dtype: "g")
+    bar = types.SimpleNamespace(working=lambda *a: None)
+    journal = Journal(tmp_path)
+    runner._analyze(refs, {}, journal, bar, 0.3, "float16")
+    done = {"w0": LayerResult(name="w0", shape=(4, 4), dtype="float16", status="searched", group="g")}
+    groups = runner._analyze(refs, done, journal, bar, 0.3, "float16")
+    assert [(r.name, rep and rep["signature"]) for r, rep in groups["g"]] == [("w0", "w0"), ("w1", "w1"), ("w2", "w2")]
+    journal.close()

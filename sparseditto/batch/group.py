@@ -159,10 +159,13 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
     finished = [done[ref.name] for ref, _ in members if ref.name in done]
     winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
     winner_ref = next((ref for ref, _ in members if winner is not None and ref.name == winner.name), None)
-    winner_report = None
+    # a resumed batch has every analysis in its journal (runner._analyze hands the finished layers' on too)
+    winner_report = next((rep for ref, rep in members if winner is not None and ref.name == winner.name), None)
     times = GroupTimes()                     # what the winner's kernel measured on this group's layers
     if winner is not None:
         times.add(winner.kernel_ms)
+        if settings.gpu:
+            times.resumed(winner, winner_report, finished, {ref.name: rep for ref, rep in members}, settings)
     by_signature = {x.signature: x for x in finished if x.status != "failed" and x.template}
     prev_by_signature = {x.signature: x for x in prev.values() if x.signature and x.template}
     for ref, report in members:
@@ -192,7 +195,7 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
                 why = None
                 if layer is None and winner is not None:
                     bar.working(ref.name, f"starting from {winner.name}'s {winner.template}")
-                    if winner_report is None:   # the winner was done before a resume: analyze it again
+                    if winner_report is None:   # a journal without the winner's analysis: analyze it again
                         winner_report = layer_report(winner_ref)
                     got = try_reuse(winner, winner_report, base, A, report, settings, phases, times)
                     layer, why = (got, None) if isinstance(got, LayerResult) else (None, got)

@@ -84,11 +84,29 @@ class GroupTimes:
             return statistics.median(self.normalized_ms)
         return lead_ms
 
+    def resumed(self, winner: LayerResult, winner_report: dict | None, finished: list[LayerResult],
+                reports: dict[str, dict | None], settings: "BatchSettings") -> None:
+        """Take in what the layers a resumed batch finished before measured with the winner's kernel
+        (reused ones' times, each divided by the cost model's ratio to the winner's layer; a full
+        search a miss sent that chose the kernel again), so that a resume judges its layers as the
+        batch it continues would have. ``reports``: the layers' analyses (the journal's)."""
+        for x in finished:
+            if x.name == winner.name or not _same_kernel(winner, x):
+                continue
+            if x.status == "searched" and (x.reason or "").startswith("full search ("):
+                self.search_confirmed = self.search_confirmed or x.name
+            elif x.status == "reused" and winner_report is not None and reports.get(x.name) is not None:
+                est = estimates(reports[x.name], settings, winner.template, winner.params)
+                self.add(x.kernel_ms, _lead_scale(winner, winner_report, est, settings))
+
     def confirm(self, winner: LayerResult, searched: LayerResult) -> None:
         """Note ``searched`` (a full search sent by a timing miss) if it chose the winner's kernel."""
-        if (searched.template, searched.params, searched.source_hash) == (winner.template, winner.params,
-                                                                           winner.source_hash):
+        if _same_kernel(winner, searched):
             self.search_confirmed = self.search_confirmed or searched.name
+
+
+def _same_kernel(a: LayerResult, b: LayerResult) -> bool:
+    return (a.template, a.params, a.source_hash) == (b.template, b.params, b.source_hash)
 
 
 def cost_table(report: dict, settings: BatchSettings) -> list[dict]:

@@ -209,8 +209,8 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
         prior = done.get(ref.name)
         if prior is not None and (prior.status == "skipped" or not prior.group):
             continue
-        if prior is not None:   # done before a resume: its group is known, no need to load it again
-            groups.setdefault(prior.group, []).append((ref, None))
+        if prior is not None:   # done before a resume: its group and analysis are known, no need to load it again
+            groups.setdefault(prior.group, []).append((ref, known.get(ref.name)))
             continue
         todo.append(ref)
     if not todo:
