@@ -185,7 +185,8 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
     dense = settings.baselines.dense_for(A, settings.dtype, settings.n, settings.backend,
                                          repeats=repeats, warmup=warmup)
     phases["dense"] = round(time.time() - t0, 3)
-    source = (f"the group's median ({len(times.normalized_ms)} layers)" if typical != lead_ms else winner.name)
+    from_median = times is not None and len(times.normalized_ms) >= GroupTimes.MIN_SAMPLES
+    source = f"the group's median ({len(times.normalized_ms)} layers)" if from_median else winner.name
     basis = f"measured {observed * 1e3:.1f} us vs {expected * 1e3:.1f} us expected from {source}{retimed}"
     return observed, expected, dense.for_basis(graph), dense.source, _vendor_times(timed), basis, scale
 
