@@ -271,6 +271,46 @@ def positions(per_row: np.ndarray, lanes: int):
     return rows, lane, pos, groups
 
 
+def _entry_slots(per_row: np.ndarray, groups: np.ndarray, group_base: np.ndarray, lanes: int):
+    """(value slot of every entry, rows' entries in order; the entries that start a lane's run; their
+    row * lanes + lane): what `positions` gives, turned into slots, without a division per entry.
+
+    Entry p of row r (run = 8 x its groups per lane) goes to lane p // run, slot s = p % run, i.e. to
+    value slot 8 (group_base[r] + (s // 8) lanes + lane) + s % 8. Everything but group_base[r] depends
+    only on (run, p), and a weight's rows have few distinct runs (per-row pruning keeps near-equal
+    rows), so one table per distinct run and a gather replace the per-entry divisions and ~10 other
+    passes (CPU machine, 50% per-row magnitude: a new pattern's packing 0.69 -> 0.54 s at 4096x4096,
+    1.9-3.9 -> 1.3-1.4 s at 11008x4096; identical arrays on 297 matrix x setting combinations)."""
+    m = per_row.size
+    total = int(per_row.sum())
+    it = _index_dtype(max(int(group_base[-1]) * GROUP, total, 1))
+    run = GROUP * groups
+    live = per_row > 0
+    runs, which = np.unique(run[live], return_inverse=True)
+    tables, offsets, at = [], [], 0
+    for r in runs.tolist():
+        p = np.arange(lanes * r, dtype=np.int64)
+        lane, slot = p // r, p % r
+        tables.append(((slot // GROUP) * lanes + lane) * GROUP + slot % GROUP)
+        offsets.append(at)
+        at += lanes * r
+    table = np.concatenate(tables).astype(it) if tables else np.zeros(0, dtype=it)
+    row_first = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(per_row, out=row_first[1:])
+    shift = np.zeros(m, dtype=np.int64)                        # table offset of the row's run, less its first entry
+    shift[live] = np.asarray(offsets, dtype=np.int64)[which] - row_first[:-1][live]
+    index = np.repeat(shift.astype(it), per_row)
+    index += np.arange(total, dtype=it)
+    where = np.repeat((group_base[:-1] * GROUP).astype(it), per_row)
+    where += table[index]
+    used = -(-per_row // np.maximum(run, 1))                   # lanes with entries in each row
+    lane = np.arange(lanes, dtype=np.int64)
+    grid = lane[None, :] < used[:, None]
+    lead_at = (row_first[:-1, None] + lane[None, :] * run[:, None])[grid]
+    lead_slot = (np.arange(m, dtype=np.int64)[:, None] * lanes + lane[None, :])[grid]
+    return where, lead_at, lead_slot
+
+
 def _distinct(keys: np.ndarray) -> np.ndarray:
     """Sorted distinct values (a sort: numpy's hashing np.unique is far slower on int64 keys here)."""
     keys = np.sort(keys)
@@ -397,32 +437,25 @@ class DeltaSlices:
     @classmethod
     def _pack(cls, shape, lanes: int, bits: int, skew: int, col, src, per_row) -> tuple["DeltaSlices", np.ndarray]:
         m, k = shape
-        rows, lane, slot, groups = positions(per_row, lanes)
+        groups = -(-per_row // (GROUP * lanes))
         group_base = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(groups * lanes, out=group_base[1:])
         pieces = int(group_base[-1])
         if pieces * GROUP >= 2 ** 31:
             raise ValueError(f"delta slices need {pieces * GROUP} slots, more than int32 offsets address.")
-        it = _index_dtype(pieces * GROUP)
-        # where = (group_base[row] + (slot // 8) * lanes + lane) * 8 + slot % 8, in place
-        where = group_base.astype(it)[rows]
-        where += (slot // GROUP) * lanes
-        where += lane
-        where *= GROUP
-        where += slot % GROUP
+        where, lead_at, lead_slot = _entry_slots(per_row, groups, group_base, lanes)
         real = src >= 0
         # the nonzeros appear in the entries in their CSR order (src[real] is 0, 1, ..., nnz - 1,
         # fillers and padding between them), so where[real] is each value's slot in data's order:
         # what `with_values` scatters a matrix's values into
         slots = where[real].astype(np.int32, copy=False)
         starts = np.zeros(m * lanes, dtype=np.int64)
-        lead = slot == 0
-        starts[rows[lead].astype(np.int64) * lanes + lane[lead]] = col[lead]
+        starts[lead_slot] = col[lead_at]
         delta = np.empty(col.size, dtype=col.dtype)           # col's (int32) width: one pass fewer than int64
         if col.size:
             delta[0] = 0
             np.subtract(col[1:], col[:-1], out=delta[1:])
-        delta[lead] = 0
+        delta[lead_at] = 0
         if delta.size and (delta.min() < 0 or delta.max() > max_delta(bits)):
             raise AssertionError("delta slices: a delta outside its field (a packing defect)")
         fields = np.zeros(pieces * GROUP, dtype=np.uint8)

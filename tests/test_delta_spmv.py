@@ -486,3 +486,25 @@ def test_a_known_pattern_reuses_its_layout_and_takes_the_new_values():
     assert C.nnz == B.nnz
     assert abs(DeltaSlices.from_matrix(C).to_csr() - C.to_scipy()).max() < 1e-12   # a stale layout would not be
     assert len(delta_format._LAYOUTS) <= delta_format.LAYOUT_CACHE_ENTRIES
+
+
+@pytest.mark.parametrize("lanes", [32, 16, 8, 4])
+def test_entry_slots_match_the_per_entry_formula(lanes):
+    """The table lookup `_pack` uses gives every entry the slot the per-entry formula does
+    (lane p // run, slot p % run, run = 8 x the row's groups per lane), and the lane starts."""
+    from sparseditto.delta_format import _entry_slots, positions
+
+    rng = np.random.default_rng(lanes)
+    per_row = rng.integers(0, 700, size=257)
+    per_row[::17] = 0                                      # empty rows
+    per_row[3] = 8 * lanes                                 # exactly full lanes
+    per_row[5] = 1
+    groups = -(-per_row // (GROUP * lanes))
+    group_base = np.zeros(per_row.size + 1, dtype=np.int64)
+    np.cumsum(groups * lanes, out=group_base[1:])
+    where, lead_at, lead_slot = _entry_slots(per_row, groups, group_base, lanes)
+    rows, lane, slot, _ = positions(per_row, lanes)
+    expected = (group_base[rows] + (slot // GROUP) * lanes + lane) * GROUP + slot % GROUP
+    assert np.array_equal(where, expected)
+    lead = np.flatnonzero(slot == 0)
+    assert np.array_equal(lead_at, lead) and np.array_equal(lead_slot, rows[lead].astype(np.int64) * lanes + lane[lead])
