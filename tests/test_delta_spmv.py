@@ -15,7 +15,7 @@ import scipy.sparse as sp
 import torch
 
 from sparseditto.delta_format import GROUP, DeltaSlices, packing_score
-from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
+from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 
 from template_instances import load_candidate
