@@ -90,6 +90,7 @@ class GroupTimes:
         (reused ones' times, each divided by the cost model's ratio to the winner's layer; a full
         search a miss sent that chose the kernel again), so that a resume judges its layers as the
         batch it continues would have. ``reports``: the layers' analyses (the journal's)."""
+        lead = _lead_estimate(winner, winner_report, settings) if winner_report is not None else None
         for x in finished:
             if x.name == winner.name or not _same_kernel(winner, x):
                 continue
@@ -97,7 +98,7 @@ class GroupTimes:
                 self.search_confirmed = self.search_confirmed or x.name
             elif x.status == "reused" and winner_report is not None and reports.get(x.name) is not None:
                 est = estimates(reports[x.name], settings, winner.template, winner.params)
-                self.add(x.kernel_ms, _lead_scale(winner, winner_report, est, settings))
+                self.add(x.kernel_ms, _ratio(est["kernel"], lead))
 
     def confirm(self, winner: LayerResult, searched: LayerResult) -> None:
         """Note ``searched`` (a full search sent by a timing miss) if it chose the winner's kernel."""
@@ -140,10 +141,14 @@ def _vendor_times(bench) -> dict[str, float]:
             if b.ok and b.timing is not None and b.name != "cublas_dense"}
 
 
-def _lead_scale(winner: LayerResult, winner_report: dict, est: dict, settings: BatchSettings) -> float:
-    """The cost model's ratio of this layer (``est``) to the winner's layer, same kernel."""
-    lead = estimates(winner_report, settings, winner.template, winner.params)["kernel"]
-    return (est["kernel"] / lead) if (lead and est["kernel"]) else 1.0
+def _lead_estimate(winner: LayerResult, winner_report: dict, settings: BatchSettings) -> float | None:
+    """The cost model's time of the winner's kernel on the winner's own layer (ms)."""
+    return estimates(winner_report, settings, winner.template, winner.params)["kernel"]
+
+
+def _ratio(kernel_ms: float | None, lead_ms: float | None) -> float:
+    """The cost model's ratio of a layer's time (``kernel_ms``) to the winner layer's, same kernel (1 unknown)."""
+    return (kernel_ms / lead_ms) if (lead_ms and kernel_ms) else 1.0
 
 
 def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings: BatchSettings, phases: dict,
@@ -155,7 +160,7 @@ def _gpu_timing(winner: LayerResult, winner_report: dict, A, est: dict, settings
 
     vendors = vendor_names(winner.vendor_ms)
     repeats, warmup = GPU_REPEATS
-    scale = _lead_scale(winner, winner_report, est, settings)
+    scale = _ratio(est["kernel"], _lead_estimate(winner, winner_report, settings))
     def timing(baselines):
         """(bench result, the kernel's ms: graph-replayed when captured, else eager)."""
         res = harness.bench(_runnable(winner), A, settings.n, dtype=settings.dtype, backend=settings.backend,
