@@ -338,3 +338,24 @@ def test_unstructured_decode_plans_tc_words_first_on_analyzed_llm_weights():
             firsts[sparsity, n] = [c.template for c in plan.candidates][:2]
     assert firsts[0.9, 16][0] == "tc_words" and firsts[0.7, 16][0] == "tc_words" and firsts[0.7, 8][0] == "tc_words"
     assert firsts[0.9, 8][0] in ("delta_spmv", "csr_vector")
+
+
+def test_near_its_own_bound_does_not_stop_while_an_untried_template_promises_more():
+    """The 11008x4096 70% N = 1 case of the H200 llm suite: a memory prior's tc_words measured 83% of its
+    own bound and ended the search, though delta_spmv's estimate was under half its time."""
+    templates = [DENSE, entry("tc_words", 0.0194, bound="decode"), entry("delta_spmv", 0.0109)]
+    best = verified("tc_words", 0.0234).model_copy(update={"pct_of_roofline": 83.0})
+    inp = make_input(templates=templates, tried=[best], best=best, roofline_ms=0.0109, n=1, sparsity=0.7)
+    plan = ExpertPolicy().plan(inp)
+    assert plan.action == "try" and plan.candidates[0].template == "delta_spmv"
+    # no rival below the measured time (after rescaling the estimates to the measuring GPU): stop
+    slow = [DENSE, entry("tc_words", 0.0194, bound="decode"), entry("delta_spmv", 0.0300)]
+    stop = ExpertPolicy().plan(make_input(templates=slow, tried=[best], best=best, roofline_ms=0.0109, n=1,
+                                          sparsity=0.7))
+    assert stop.action == "stop" and "83% of its cost-model bound" in stop.rationale
+    # estimates on a slower plan target (half the bandwidth) are rescaled by the best's own ratio:
+    # delta_spmv's 0.040 plan-target estimate is 0.020 on the measuring GPU, under 23.4 us
+    halved = [dict(DENSE, estimate_ms=0.047), entry("tc_words", 0.0388, bound="decode"), entry("delta_spmv", 0.040)]
+    again = ExpertPolicy().plan(make_input(templates=halved, tried=[best], best=best, roofline_ms=0.0109, n=1,
+                                           sparsity=0.7))
+    assert again.action == "try" and again.candidates[0].template == "delta_spmv"
