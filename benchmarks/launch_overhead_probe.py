@@ -8,7 +8,11 @@ outermost first: torch's F.linear (what an unpatched layer pays); the template's
 transposed x (what patch_model passes at N > 1: a column-strided B and out, copied to unit-stride
 stand-ins); spmm on contiguous operands; tc_launch.launch's operand checks, stream lookup and CuPy
 launch; the bare CuPy launch inside its device/stream contexts; and a cProfile of spmm's calls.
+Above them all, what a patched model pays: an ``nn.Linear`` patched by hand the way `patch_model`
+patches it (its forward through `batch.patch._forward`, the SpMMKernel of the template's source),
+eager, with a cProfile of those calls.
   python3 benchmarks/launch_overhead_probe.py --shape 4096x4096 -n 1 16
+  python3 benchmarks/launch_overhead_probe.py --shape 11008x4096 --template delta_spmv --style magnitude --sparsity 0.7 -n 1
 """
 from __future__ import annotations
 
@@ -51,12 +55,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="4096x4096", choices=sorted(SHAPES))
     ap.add_argument("-n", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--template", default="tc_sp24")
+    ap.add_argument("--style", default="nm24")
+    ap.add_argument("--sparsity", type=float, default=0.5)
     args = ap.parse_args(argv)
     m, k = SHAPES[args.shape]
-    A = prune(m, k, "nm24", 0.5, seed=0)
-    mod = load_module(get_template("tc_sp24").instantiate({}).source)
+    A = prune(m, k, args.style, args.sparsity, seed=0)
+    source = get_template(args.template).instantiate({}).source
+    mod = load_module(source)
     packed = mod.prepare(A, torch.float16, torch.device("cuda"))
     W = torch.from_numpy(A.to_scipy().toarray()).to("cuda", torch.float16)
+    linear = patched_linear(A, W, source, args.template, args.n)
     for n in args.n:
         x = torch.randn(n, k, device="cuda", dtype=torch.float16)
         y = torch.empty(n, m, device="cuda", dtype=torch.float16)
@@ -70,30 +79,69 @@ def main(argv=None) -> int:
                 "tc_launch.launch": lambda: tc_launch.launch(packed, B, out)}
         plan = cached_plan(packed, n)
         device, stream = runtime.cupy_stream(packed["scratch"], B.device)
-        args_ = plan["head"] + (np.uint64(B.data_ptr()), np.uint64(out.data_ptr())) + plan["tail"]
+        if plan is not None:     # the tensor-core templates' plans (tc_launch)
+            args_ = plan["head"] + (np.uint64(B.data_ptr()), np.uint64(out.data_ptr())) + plan["tail"]
 
-        def bare():
-            with device, stream:
-                plan["fn"](plan["grid"], plan["block"], args_, shared_mem=plan["smem"])
-        rows["CuPy launch in device+stream contexts"] = bare
-        rows["CuPy launch, no contexts"] = lambda: plan["fn"](plan["grid"], plan["block"], args_,
-                                                              shared_mem=plan["smem"])
+            def bare():
+                with device, stream:
+                    plan["fn"](plan["grid"], plan["block"], args_, shared_mem=plan["smem"])
+            rows["CuPy launch in device+stream contexts"] = bare
+            rows["CuPy launch, no contexts"] = lambda: plan["fn"](plan["grid"], plan["block"], args_,
+                                                                  shared_mem=plan["smem"])
+        else:
+            del rows["tc_launch.launch"]
         rows["cuda_operands"] = lambda: runtime.cuda_operands(packed, B, out, torch.float16, "probe")
         rows["cupy_stream"] = lambda: runtime.cupy_stream(packed["scratch"], B.device)
         rows["torch.cuda.current_stream"] = lambda: torch.cuda.current_stream(B.device)
-        print(f"== {args.shape} 2:4 tc_sp24 N={n} (views correct: {ok})")
+        with torch.inference_mode():
+            got = linear(x)
+            ok_patched = torch.allclose(got, x @ W.t(), rtol=2e-2, atol=2e-2)
+        print(f"== {args.shape} {args.style} {args.sparsity} {args.template} N={n} (views correct: {ok}, "
+              f"patched forward correct: {ok_patched})")
+
+        def patched():
+            with torch.inference_mode():
+                linear(x)
+
+        def dense_inference():
+            with torch.inference_mode():
+                torch.nn.functional.linear(x, W)
+        rows = {"patched nn.Linear forward (inference_mode)": patched,
+                "F.linear (dense, inference_mode)": dense_inference, **rows}
         for label, fn in rows.items():
             print(f"   {label:40s} {per_call_us(fn):7.2f} us/call")
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(500):
-            mod.spmm(packed, x.t(), y.t())
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
-        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:3000])
+        for label, fn in (("spmm on views", lambda: mod.spmm(packed, x.t(), y.t())), ("patched forward", patched)):
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(500):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(16)
+            print(f"-- cProfile, 500 calls: {label}")
+            print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:3500])
     return 0
+
+
+def patched_linear(A, W, source: str, template: str, ns):
+    """An nn.Linear over W with its forward replaced as `patch_model` replaces it (the kernel verified
+    for ``ns`` here by construction: this probe times host cost, the harness verifies elsewhere)."""
+    import torch
+
+    from sparseditto.api import SpMMKernel
+    from sparseditto.batch import patch
+
+    m, k = W.shape
+    linear = torch.nn.Linear(k, m, bias=False, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        linear.weight.copy_(W)
+    kernel = SpMMKernel(A, source, template, verified_ns=ns, verified_dtype="float16")
+    key = f"probe.{template}"
+    patch._KERNELS[key] = patch.PatchedLinear(name=key, kernel=kernel, verified_ns=frozenset(ns),
+                                              verified_dtype="float16", out_features=m)
+    linear.forward = patch._forward(linear, key)
+    return linear
 
 
 if __name__ == "__main__":
