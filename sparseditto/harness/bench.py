@@ -27,6 +27,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from . import gpu_lock
 from .candidate_spec import as_spec
 from .results import BaselineTiming, BenchResult, VerifyResult
 
@@ -112,6 +113,8 @@ def bench_task(payload: dict, wctx) -> dict:
     from .worker import is_sticky_cuda_error
 
     backend = payload["backend"]
+    if backend == "cuda":
+        gpu_lock.for_current_device()   # opened now, before any candidate scope (gpu_lock's docstring)
     start = time.perf_counter()
     try:
         module = load_candidate(payload["spec"], wctx)
@@ -224,10 +227,12 @@ def _bench(module, payload: dict, wctx) -> BenchResult:
     b64 = draw_dense(rng, (k, n), dtype)
     B = torch.from_numpy(b64).to(device=device, dtype=tdtype)
 
-    out = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
-    call_spmm(module, packed, B, out, device, wctx, source=getattr(module, "source", ""))
+    with gpu_lock.shared_section():   # never during another process's timing (gpu_lock)
+        out = torch.full((m, n), float("nan"), dtype=tdtype, device=device)
+        call_spmm(module, packed, B, out, device, wctx, source=getattr(module, "source", ""))
+        got = out.to(torch.float64).cpu().numpy()
     ref = Reference.compute(matrix, values, b64, dtype)
-    first = compare(out.to(torch.float64).cpu().numpy(), ref.value, ref)
+    first = compare(got, ref.value, ref)
     if not first.ok:
         raise CandidateFailure("wrong_result", "wrong_values", f"N={n} (bench input): {first.message}")
     del ref

@@ -26,6 +26,7 @@ never an exception.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -238,7 +239,11 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
         args_path, env = child_inputs(tmp, kernel, matrix, n, dtype, warmup=warmup, seed=seed)
         cmd = build_command(ncu, args_path, metrics=metrics, kernel_regex=kernel_regex,
                             launch_count=launch_count)
-        rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
+        from . import gpu_lock
+
+        lock = gpu_lock.for_current_device()
+        with lock.exclusive() if lock is not None else contextlib.nullcontext():   # alone on the GPU (gpu_lock)
+            rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
 
 

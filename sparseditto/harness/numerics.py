@@ -148,14 +148,17 @@ def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.nd
         except ImportError:
             use_gpu = False
         if use_gpu:
-            a = torch.zeros(m * k, dtype=torch.float64, device="cuda")
-            a[torch.from_numpy(_flat_positions(matrix)).cuda()] = torch.from_numpy(
-                np.ascontiguousarray(values64, dtype=np.float64)).cuda()
-            a = a.view(m, k)
-            b = torch.from_numpy(np.ascontiguousarray(b64, dtype=np.float64)).cuda()
-            value = (a @ b).cpu().numpy()
-            bound = (a.abs_() @ b.abs_()).cpu().numpy()
-            del a, b
+            from . import gpu_lock
+
+            with gpu_lock.shared_section():   # never during another process's timing (gpu_lock)
+                a = torch.zeros(m * k, dtype=torch.float64, device="cuda")
+                a[torch.from_numpy(_flat_positions(matrix)).cuda()] = torch.from_numpy(
+                    np.ascontiguousarray(values64, dtype=np.float64)).cuda()
+                a = a.view(m, k)
+                b = torch.from_numpy(np.ascontiguousarray(b64, dtype=np.float64)).cuda()
+                value = (a @ b).cpu().numpy()
+                bound = (a.abs_() @ b.abs_()).cpu().numpy()
+                del a, b
             return value, bound
     a = sp.csr_array((values64, matrix.indices, matrix.indptr), shape=(m, k))
     value = np.asarray(a @ b64, dtype=np.float64)

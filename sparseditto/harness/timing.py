@@ -50,6 +50,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import gpu_lock
 from .results import Timing
 
 _DEFAULT_L2_BYTES = 128 * 1024 * 1024  # used when the device does not report its L2 size
@@ -192,21 +193,23 @@ def _time_launches(launch: Callable[[], None], repeats: int, warmup: int, flush:
             flush_l2(buf)
         launch()
 
-    warm_up(step, warmup, before, after)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-    cycles = lead_cycles() if lead else 0
-    for i in range(repeats):
-        before(i)
-        if buf is not None:
-            flush_l2(buf)
-        if cycles:
-            torch.cuda._sleep(cycles)
-        starts[i].record()
-        launch()
-        ends[i].record()
-        after(i)
-    torch.cuda.synchronize()
+    with gpu_lock.exclusive_section():   # no other process's work of ours on the GPU meanwhile (gpu_lock)
+        torch.cuda.synchronize()
+        warm_up(step, warmup, before, after)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        cycles = lead_cycles() if lead else 0
+        for i in range(repeats):
+            before(i)
+            if buf is not None:
+                flush_l2(buf)
+            if cycles:
+                torch.cuda._sleep(cycles)
+            starts[i].record()
+            launch()
+            ends[i].record()
+            after(i)
+        torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 

@@ -33,6 +33,7 @@ import time
 
 import numpy as np
 
+from . import gpu_lock
 from .candidate_spec import as_spec
 from .numerics import DISTRIBUTIONS, Reference, check_dtype, compare, draw_b, draw_matrix_values, \
     round_to_dtype, torch_dtype, with_values
@@ -177,6 +178,8 @@ def verify_task(payload: dict, wctx) -> dict:
 
     spec, matrix, dtype = payload["spec"], payload["matrix"], payload["dtype"]
     backend = payload["backend"]
+    if backend == "cuda":
+        gpu_lock.for_current_device()   # opened now, before any candidate scope (gpu_lock's docstring)
     start = time.perf_counter()
     checks: list[NCheck] = []
     common = dict(backend=backend, gpu_timings=backend == "cuda", seed=payload["seed"],
@@ -266,16 +269,18 @@ class _Run:
         from .execution import CandidateFailure, call_spmm
 
         torch = self.torch
-        b_before = B.detach().clone()
-        out = self._prefilled(garbage_prefill)
-        self.snapshot.reset_scratch(self.packed)
-        call_spmm(self.module, self.packed, B, out, self.device, self.wctx, source=getattr(self.module, "source", ""))
-        self._check_state(B, b_before, out, kind)
-        if tuple(out.shape) != (self.m, self.n) or out.dtype != self.tdtype:
-            raise CandidateFailure("wrong_result", "bad_output_shape",
-                                   f"N={self.n} ({kind}): out was resized/retyped to {tuple(out.shape)} "
-                                   f"{out.dtype}; expected {(self.m, self.n)} {self.tdtype}")
-        got = out.detach().to(torch.float64).cpu().numpy()
+        with gpu_lock.shared_section():   # beside other processes' verifications, never during a timing
+            b_before = B.detach().clone()
+            out = self._prefilled(garbage_prefill)
+            self.snapshot.reset_scratch(self.packed)
+            call_spmm(self.module, self.packed, B, out, self.device, self.wctx,
+                      source=getattr(self.module, "source", ""))
+            self._check_state(B, b_before, out, kind)
+            if tuple(out.shape) != (self.m, self.n) or out.dtype != self.tdtype:
+                raise CandidateFailure("wrong_result", "bad_output_shape",
+                                       f"N={self.n} ({kind}): out was resized/retyped to {tuple(out.shape)} "
+                                       f"{out.dtype}; expected {(self.m, self.n)} {self.tdtype}")
+            got = out.detach().to(torch.float64).cpu().numpy()
         ref = self._reference(b64)   # only now: after the call
         if not garbage_prefill:
             nan_mask = np.isnan(got)
