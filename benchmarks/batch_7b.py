@@ -1,7 +1,7 @@
 """The issue-12 GPU goal: a synthetic Llama-7B-shaped checkpoint, batched end to end, re-timed.
 
     python benchmarks/batch_7b.py make  --dir CKPT [--blocks 32]       # fp16 safetensors shards + index
-    python benchmarks/batch_7b.py batch --dir CKPT --out OUT [--resume] # sparseditto batch on the GPU
+    python benchmarks/batch_7b.py batch --dir CKPT --out OUT [--resume] [--workers 4]  # sparseditto batch on the GPU
     python benchmarks/batch_7b.py retime --dir CKPT --out OUT          # independent re-timing vs the report
 
 The checkpoint: ``blocks`` x {q,k,v,o (4096 x 4096), gate, up (11008 x 4096), down (4096 x 11008)},
@@ -49,7 +49,8 @@ def make(folder: Path, blocks: int, sparsity: float = 0.5, scale: int = 1) -> No
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int], ncu: str = "best") -> None:
+def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int], ncu: str = "best",
+          workers: str | None = None) -> None:
     import signal
 
     from sparseditto import run_batch
@@ -61,7 +62,8 @@ def batch(folder: Path, out: Path, resume: bool, target: str, n: list[int], ncu:
     signal.signal(signal.SIGTERM, stop)
     t0 = time.time()
     try:
-        report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True, ncu=ncu)
+        report = run_batch(folder, target=target, n=n, out=out, resume=resume, progress=True, ncu=ncu,
+                           workers=workers)
     except KeyboardInterrupt:
         report = BatchReport.model_validate_json((out / "report.json").read_text())
     print(report.summary())
@@ -128,11 +130,13 @@ def main() -> None:
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--ncu", default="best", choices=["best", "all", "off"], help="batch: Nsight Compute in searches")
     ap.add_argument("--budget-s", type=float, default=480.0, help="retime: stop after this many seconds")
+    ap.add_argument("--workers", default=None, help="batch: worker processes (several share one GPU; "
+                                                     "timings take it alone: harness.gpu_lock)")
     args = ap.parse_args()
     if args.stage == "make":
         make(Path(args.dir), args.blocks, scale=args.scale)
     elif args.stage == "batch":
-        batch(Path(args.dir), Path(args.out), args.resume, args.target, args.n or [16], args.ncu)
+        batch(Path(args.dir), Path(args.out), args.resume, args.target, args.n or [16], args.ncu, args.workers)
     else:
         retime(Path(args.dir), Path(args.out), args.budget_s)
 

@@ -96,3 +96,66 @@ def test_a_second_batch_of_worker_processes_compiles_nothing_new(tmp_path, monke
     second = run_batch(path, out=tmp_path / "out2", workers=2, **gpu)   # two new worker processes
     assert [x.source_hash for x in second.layers] == [x.source_hash for x in first.layers]
     assert _cache_files(tmp_path / "cache") == compiled     # same files, same mtimes: all cache hits
+
+
+def _refs(names, shape=(256, 1024)):
+    from sparseditto.batch.weights import WeightRef
+
+    return [WeightRef(name, shape, "float16", lambda: None) for name in names]
+
+
+def test_a_group_is_sent_out_as_its_lead_then_shards_that_start_from_the_winner(tmp_path):
+    """The scheduling of run_groups without running anything: a group with no winner sends its lead;
+    one with a winner sends the rest in shards, layers of one signature together, each shard carrying
+    the winner (and a few finished layers for its median) but never a layer of another shard."""
+    from sparseditto.batch.group import base_layer
+    from sparseditto.batch.reuse import BatchSettings
+    from sparseditto.batch.workers import _lead_job, _shard_jobs, shard_members
+    from sparseditto.targets import get_target
+
+    refs = _refs([f"l{i}" for i in range(8)])
+    sig = {"l0": "a", "l1": "b", "l2": "c", "l3": "c", "l4": "d", "l5": "e", "l6": "f", "l7": "g"}
+    members = [(ref, {"signature": sig[ref.name]}) for ref in refs]
+    settings = BatchSettings(target=get_target("A100"), n_values=[16], dtype="float16", backend="interpret",
+                             budget=1, tolerance=0.05, memory=False, checkpoint=str(tmp_path / "c.sqlite"))
+    lead = _lead_job("g", members, {}, settings, tmp_path)
+    assert lead.lead and [r.name for r, _ in lead.members] == [r.name for r in refs] and lead.own == {}
+    assert lead.settings.memory is False and lead.settings.checkpoint.startswith(str(tmp_path / "checkpoints"))
+    assert _shard_jobs("g", members, {}, settings, tmp_path, 2) == []          # no winner yet: no shards
+    done = {"l0": base_layer(refs[0], status="searched", template="bsr_tc", kernel_ms=0.01),
+            "l1": base_layer(refs[1], status="reused", template="bsr_tc", kernel_ms=0.011)}
+    shards = shard_members(members, done, 2)
+    assert [[r.name for r, _ in s] for s in shards] == [["l2", "l3"], ["l4", "l5"], ["l6", "l7"]]
+    assert [[r.name for r, _ in s] for s in shard_members(members, done, 1)] == [["l2", "l3"], ["l4"], ["l5"],
+                                                                                 ["l6"], ["l7"]]
+    jobs = _shard_jobs("g", members, done, settings, tmp_path, 2)
+    assert len(jobs) == 3 and not any(j.lead for j in jobs)
+    for job, shard in zip(jobs, shards):
+        assert set(job.own) == {"l0", "l1"}                                    # the winner and a finished layer
+        work = [r.name for r, _ in job.members if r.name not in job.own]
+        assert work == [r.name for r, _ in shard]
+        assert job.settings.checkpoint != lead.settings.checkpoint            # searches of two shards: two files
+    assert len({j.settings.checkpoint for j in jobs}) == 3
+
+
+@pytest.mark.slow(seconds=60)
+def test_local_workers_share_a_group_in_shards(tmp_path, monkeypatch):
+    """A group of four layers over two workers: one full search (the lead), then the three others in
+    shards on both workers, each reused from the lead's kernel, and the outcome the one-process batch's."""
+    from batch_models import block_weight
+
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    sd = {f"layers.{i}.up.weight": block_weight(i) for i in range(4)}
+    torch.save(sd, tmp_path / "model.pt")
+    report = run_batch(tmp_path / "model.pt", out=tmp_path / "out", workers=2, **RUN)
+    by = {x.name: x for x in report.layers}
+    assert report.complete and set(by) == set(sd)
+    statuses = sorted(x.status for x in report.layers)
+    assert statuses == ["reused", "reused", "reused", "searched"], [(x.name, x.status, x.reason) for x in report.layers]
+    lead = next(x for x in report.layers if x.status == "searched")
+    assert lead.name == "layers.0.up.weight"
+    for x in report.layers:
+        assert (x.template, x.source_hash) == (lead.template, lead.source_hash)
+        assert x.status == "searched" or x.reason.startswith(f"{lead.name}'s kernel, verified here")
+    with sqlite3.connect(str(tmp_path / "out" / JOURNAL_NAME)) as conn:
+        assert {r[0] for r in conn.execute("SELECT name FROM layers")} == set(sd)

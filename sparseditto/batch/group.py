@@ -155,9 +155,13 @@ def layer_report(ref: WeightRef) -> dict:
 
 
 def run_group(key: str, members: list, done: dict, journal, bar: Progress, settings: BatchSettings,
-               prev: dict[str, LayerResult]) -> None:
+               prev: dict[str, LayerResult], *, until_winner: bool = False) -> None:
+    """Work through ``members`` in order (module docstring); ``until_winner``: return as soon as the
+    group has a winner (`workers.run_groups` sends the rest out in shards that start from it)."""
     finished = [done[ref.name] for ref, _ in members if ref.name in done]
     winner = next((x for x in finished if x.status in WINNER_STATUSES), None)
+    if until_winner and winner is not None:
+        return
     winner_ref = next((ref for ref, _ in members if winner is not None and ref.name == winner.name), None)
     # a resumed batch has every analysis in its journal (runner._analyze hands the finished layers' on too)
     winner_report = next((rep for ref, rep in members if winner is not None and ref.name == winner.name), None)
@@ -232,3 +236,5 @@ def run_group(key: str, members: list, done: dict, journal, bar: Progress, setti
         done[ref.name] = record_layer(journal, bar, layer)
         if layer.status != "failed" and layer.template:
             by_signature.setdefault(layer.signature, layer)
+        if until_winner and winner is not None:
+            return

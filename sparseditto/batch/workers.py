@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sparseditto.batch.models import LayerResult
+import numpy as np
+
+from sparseditto.batch.models import WINNER_STATUSES, LayerResult
 
 
 class _Collect:
@@ -46,8 +48,9 @@ def group_checkpoint(out: Path, key: str) -> str:
 
 
 def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]], done: dict[str, LayerResult],
-               settings, prev: dict[str, LayerResult]) -> list[LayerResult]:
-    """Run one group in this process; returns the layers it finished (in order)."""
+               settings, prev: dict[str, LayerResult], until_winner: bool = False) -> list[LayerResult]:
+    """Run one group (or one shard of it) in this process; returns the layers it finished, in order.
+    ``until_winner``: stop once the group has its winner (the lead job of `run_groups`)."""
     if settings.cache_dir:   # before this process's sandbox starts
         os.environ["SPARSEDITTO_CACHE_DIR"] = settings.cache_dir
     from sparseditto.harness.sandbox import get_pool
@@ -60,7 +63,7 @@ def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]]
     refs = {r.name: r for r in list_weights(model_path)}
     sink = _Collect()
     run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, Progress(False, 0),
-              settings, prev)
+              settings, prev, until_winner=until_winner)
     return sink.layers
 
 
@@ -71,13 +74,83 @@ def _pin(devices) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device)
 
 
-def _jobs(groups, done, settings, out: Path):
-    for key, members in groups.items():
-        if all(ref.name in done for ref, _ in members):
-            continue
-        names = [(ref.name, report) for ref, report in members]
-        own = {ref.name: done[ref.name] for ref, _ in members if ref.name in done}
-        yield key, names, own, replace(settings, memory=False, checkpoint=group_checkpoint(out, key))
+@dataclass
+class _Job:
+    """One unit sent to a worker: a group's lead (its layers up to the winner) or a shard of the
+    rest of a group (layers that each start from the winner)."""
+
+    key: str                                   # the group
+    members: list                              # [(ref, report)] this job works on
+    own: dict                                  # finished layers of the group it needs (the winner, ...)
+    settings: Any
+    lead: bool
+
+    def args(self, model_path: str, prev: dict) -> tuple:
+        names = [(ref.name, report) for ref, report in self.members]
+        return (model_path, self.key, names, self.own, self.settings, prev, self.lead)
+
+
+SHARDS_PER_WORKER = 3    # a group's reused layers go out in about this many shards per worker (load balance)
+MAX_SHARD_LAYERS = 8     # and at most this many layers each: a job's layers reach the journal when it returns,
+                         # so an interrupted batch loses at most this many per worker
+TIMES_SEED_LAYERS = 8    # finished layers of the group a shard gets to seed its GroupTimes median
+
+
+def _winner(members, done) -> LayerResult | None:
+    return next((done[ref.name] for ref, _ in members if ref.name in done
+                 and done[ref.name].status in WINNER_STATUSES), None)
+
+
+def _settings_for(settings, out: Path, key: str, part: str | None):
+    name = key if part is None else f"{key}|{part}"
+    return replace(settings, memory=False, checkpoint=group_checkpoint(out, name))
+
+
+def _lead_job(key, members, done, settings, out: Path) -> _Job:
+    """The group's layers up to its winner (a full search; failures before it are recorded and the
+    next layer searched), with the members already done (a resumed batch)."""
+    own = {ref.name: done[ref.name] for ref, _ in members if ref.name in done}
+    return _Job(key, list(members), own, _settings_for(settings, out, key, None), lead=True)
+
+
+def shard_members(members: list, done: dict, shard_size: int) -> list[list]:
+    """A group's unfinished members cut into shards of about ``shard_size`` layers, in order; the
+    layers of one structure signature stay in one shard (the first shares its kernel with the rest)."""
+    by_signature: dict = {}
+    for ref, report in members:
+        if ref.name not in done:
+            sig = (report or {}).get("signature") or ref.name
+            by_signature.setdefault(sig, []).append((ref, report))
+    shards, current = [], []
+    for same in by_signature.values():
+        if current and len(current) + len(same) > shard_size:
+            shards.append(current)
+            current = []
+        current = current + same
+    if current:
+        shards.append(current)
+    return shards
+
+
+def _shard_jobs(key, members, done, settings, out: Path, shard_size: int) -> list[_Job]:
+    """The rest of a group that has its winner, in shards that each start from the winner."""
+    winner = _winner(members, done)
+    if winner is None:
+        return []
+    seen = [ref for ref, _ in members if ref.name in done and ref.name != winner.name][-TIMES_SEED_LAYERS:]
+    own = {winner.name: winner, **{ref.name: done[ref.name] for ref in seen}}
+    by_name = {ref.name: (ref, report) for ref, report in members}
+    context = [by_name[name] for name in own]            # the winner's (and seed layers') analyses travel too
+    jobs = []
+    for shard in shard_members(members, done, shard_size):
+        jobs.append(_Job(key, context + shard, own, _settings_for(settings, out, key, f"from {shard[0][0].name}"),
+                         lead=False))
+    return jobs
+
+
+def _cost(job: _Job) -> float:
+    """Work of a job for longest-first dispatch: its unfinished layers' elements."""
+    return sum(float(np.prod(ref.matrix_shape or (1, 1))) for ref, _ in job.members if ref.name not in job.own)
 
 
 def _failed(members, done, reason: str) -> list[LayerResult]:
@@ -88,63 +161,136 @@ def _failed(members, done, reason: str) -> list[LayerResult]:
 
 def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: str, out: Path,
                workers: int | str, ray_address: str | None = None) -> None:
-    """Every unfinished group, sent out; each returned layer is journaled by the driver."""
-    jobs = list(_jobs(groups, done, settings, out))
-    if not jobs:
+    """Every unfinished layer, sent out; each returned layer is journaled by the driver.
+
+    First every group without a winner sends out its lead (all groups at once); a group with its
+    winner, and each group as soon as its lead returns one, sends the rest in shards, longest
+    first, so that all workers stay busy on the big groups too (a 7B model has three groups of
+    128, 64 and 32 layers). Several workers may share one GPU: every timing takes the GPU alone
+    (`harness.gpu_lock`), the rest of their work runs side by side."""
+    pending_groups = {key: members for key, members in groups.items()
+                      if any(ref.name not in done for ref, _ in members)}
+    if not pending_groups:
         return
+    slots = 2 if workers == "ray" else int(workers)
+    remaining = sum(1 for members in pending_groups.values() for ref, _ in members if ref.name not in done)
+    shard_size = max(1, min(MAX_SHARD_LAYERS, -(-remaining // (slots * SHARDS_PER_WORKER))))
     if workers == "ray":
         if ray_address is not None:   # a remote cluster: its nodes keep their own cache directory
-            jobs = [(key, names, own, replace(s, cache_dir=None)) for key, names, own, s in jobs]
-        results = _ray_results(jobs, model_path, prev, settings, ray_address)
+            settings = replace(settings, cache_dir=None)
+        pool = _RayPool(model_path, prev, settings, ray_address)
     else:
-        results = _local_results(jobs, model_path, prev, settings, int(workers))
-    for key, layers, error in results:
-        if error is not None:
-            layers = _failed(groups[key], done, f"worker failed: {error}")
-        for layer in layers:
-            journal.record(layer)
-            bar.done(layer)
-            done[layer.name] = layer
+        pool = _LocalPool(model_path, prev, settings, int(workers))
+
+    def first_jobs():
+        for key, members in pending_groups.items():
+            if _winner(members, done) is None:
+                yield _lead_job(key, members, done, settings, out)
+            else:
+                yield from _shard_jobs(key, members, done, settings, out, shard_size)
+
+    with pool:
+        for job in sorted(first_jobs(), key=lambda j: (not j.lead, -_cost(j))):
+            pool.submit(job)
+        while pool.busy():
+            job, layers, error = pool.next_done()
+            if error is not None:
+                layers = _failed(job.members, done, f"worker failed: {error}")
+            for layer in layers:
+                journal.record(layer)
+                bar.done(layer)
+                done[layer.name] = layer
+            if job.lead and error is None:
+                for shard in sorted(_shard_jobs(job.key, groups[job.key], done, settings, out, shard_size),
+                                    key=lambda j: -_cost(j)):
+                    pool.submit(shard)
 
 
-def _local_results(jobs, model_path: str, prev, settings, workers: int):
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+class _LocalPool:
+    """Spawned worker processes, each pinned to one local GPU (round robin: several per GPU when
+    there are more workers than GPUs)."""
 
-    ctx = mp.get_context("spawn")
-    devices = ctx.Queue()
-    count = 0
-    if settings.gpu:
-        import torch
+    def __init__(self, model_path: str, prev, settings, workers: int):
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-        count = torch.cuda.device_count()
-    for i in range(workers):
-        devices.put(i % count if count else None)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin, initargs=(devices,)) as pool:
-        futures = {pool.submit(group_task, model_path, key, names, own, s, prev): key for key, names, own, s in jobs}
-        for future in as_completed(futures):
-            try:
-                yield futures[future], future.result(), None
-            except Exception as exc:   # a worker process that died takes only its group with it
-                yield futures[future], [], f"{type(exc).__name__}: {str(exc)[:300]}"
+        ctx = mp.get_context("spawn")
+        devices = ctx.Queue()
+        count = 0
+        if settings.gpu:
+            import torch
 
+            count = torch.cuda.device_count()
+        for i in range(workers):
+            devices.put(i % count if count else None)
+        self._pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_pin, initargs=(devices,))
+        self._model_path, self._prev = model_path, prev
+        self._futures: dict = {}
 
-def _ray_results(jobs, model_path: str, prev, settings, address: str | None):
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("workers='ray' needs Ray: pip install 'sparseditto[ray]'.") from None
-    if not ray.is_initialized():
-        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-    task = ray.remote(num_gpus=1 if settings.gpu else 0, num_cpus=1, max_retries=0)(group_task)
-    pending = {task.remote(model_path, key, names, own, s, prev): key for key, names, own, s in jobs}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
-        key = pending.pop(ready[0])
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            # Ctrl-C, or `timeout`'s SIGTERM turned into KeyboardInterrupt in the driver: the report of
+            # what was journaled is written now, not after every running job's last layer
+            for process in list(getattr(self._pool, "_processes", {}).values()):
+                process.terminate()
+        self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
+
+    def submit(self, job: _Job) -> None:
+        self._futures[self._pool.submit(group_task, *job.args(self._model_path, self._prev))] = job
+
+    def busy(self) -> bool:
+        return bool(self._futures)
+
+    def next_done(self):
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        finished, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
+        future = next(iter(finished))
+        job = self._futures.pop(future)
         try:
-            yield key, ray.get(ready[0]), None
+            return job, future.result(), None
+        except Exception as exc:   # a worker process that died takes only its job with it
+            return job, [], f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+class _RayPool:
+    """The same jobs as Ray tasks with one GPU each."""
+
+    def __init__(self, model_path: str, prev, settings, address: str | None):
+        try:
+            import ray
+        except ImportError:
+            raise ValueError("workers='ray' needs Ray: pip install 'sparseditto[ray]'.") from None
+        if not ray.is_initialized():
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        self._ray = ray
+        self._task = ray.remote(num_gpus=1 if settings.gpu else 0, num_cpus=1, max_retries=0)(group_task)
+        self._model_path, self._prev = model_path, prev
+        self._pending: dict = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for ref in self._pending:
+            self._ray.cancel(ref, force=True)
+
+    def submit(self, job: _Job) -> None:
+        self._pending[self._task.remote(*job.args(self._model_path, self._prev))] = job
+
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    def next_done(self):
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1)
+        job = self._pending.pop(ready[0])
+        try:
+            return job, self._ray.get(ready[0]), None
         except Exception as exc:
-            yield key, [], f"{type(exc).__name__}: {str(exc)[:300]}"
+            return job, [], f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def check_workers(workers: Any, ray_address: str | None, model) -> int | str | None:

@@ -105,8 +105,9 @@ def _add_batch_options(p: argparse.ArgumentParser) -> None:
                    help="how close (fraction) a reused kernel must be to its expected time (default: 0.05)")
     p.add_argument("--memory", default=None, metavar="FILE", help="SQLite memory file (default: the cache's)")
     p.add_argument("--workers", default=None, metavar="K|ray",
-                   help="groups in K worker processes (pinned to a GPU each), or 'ray' for Ray tasks (default: one "
-                        "per local GPU when there are several, else this process)")
+                   help="K worker processes (pinned to the local GPUs round robin: several may share one, each "
+                        "timing takes it alone), or 'ray' for Ray tasks (default: one per local GPU when there are "
+                        "several, else this process); on one GPU, 4 runs a 7B-shaped model's reused layers ~4 at a time")
     p.add_argument("--ray-address", default=None, metavar="ADDR", help="run the groups as Ray tasks on this cluster")
     p.add_argument("--json", action="store_true", help="print report.json's content instead of the summary")
     p.add_argument("-q", "--quiet", action="store_true", help="no live progress on stderr")
