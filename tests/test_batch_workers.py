@@ -159,3 +159,20 @@ def test_local_workers_share_a_group_in_shards(tmp_path, monkeypatch):
         assert x.status == "searched" or x.reason.startswith(f"{lead.name}'s kernel, verified here")
     with sqlite3.connect(str(tmp_path / "out" / JOURNAL_NAME)) as conn:
         assert {r[0] for r in conn.execute("SELECT name FROM layers")} == set(sd)
+
+
+def test_a_workers_dense_timings_are_merged_into_the_drivers_without_overwriting():
+    """group_task hands back the dense timings its process knew; the driver keeps the first per shape,
+    and its later jobs carry them (pickled with the settings), so a shape's dense is timed about once."""
+    import pickle
+
+    from sparseditto.batch.baselines import DenseTiming, ShapeBaselines
+
+    driver = ShapeBaselines()
+    key = ShapeBaselines.key((4096, 4096), "float16", 1, "cuda")
+    driver.merge({key: DenseTiming(0.0138, 0.0162, "search of q")})
+    driver.merge({key: DenseTiming(0.0200, 0.0210, "timed for k"), ((11008, 4096), "float16", 1, "cuda"):
+                  DenseTiming(None, 0.027, "timed for gate")})
+    assert driver.dense[key].source == "search of q" and len(driver.dense) == 2
+    carried = pickle.loads(pickle.dumps(driver))
+    assert carried.dense == driver.dense and carried.timed == 0

@@ -9,8 +9,9 @@ cuSPARSELt, Triton BSR) depend on the sparsity structure, so they are never shar
 layer times one itself, the fastest that ran on its group's first layer (a library that refused
 that layer's pattern, such as cuSPARSELt on a non-2:4 weight, refuses its group-mates too).
 
-The cache travels in `BatchSettings` (so worker processes start from what the driver knew) and
-holds timings only on a GPU; on the interpreter nothing is timed (times are cost-model estimates).
+The cache travels in `BatchSettings` (so worker processes start from what the driver knew; a
+worker hands back what it timed or seeded with its layers, and the driver merges it, so with
+several workers a shape's dense is still timed about once) and holds timings only on a GPU; on the interpreter nothing is timed (times are cost-model estimates).
 """
 from __future__ import annotations
 
@@ -49,6 +50,12 @@ class ShapeBaselines:
         graph = (dense.get("graph") or {}).get("median_ms")
         if eager:
             self.dense.setdefault(self.key(shape, dtype, n, backend), DenseTiming(graph, eager, source))
+
+    def merge(self, other: dict[tuple, DenseTiming]) -> None:
+        """Take in another process's dense timings (a batch worker's, returned with its layers), so
+        the driver's later jobs carry them and no worker times a shape's dense again."""
+        for key, timing in (other or {}).items():
+            self.dense.setdefault(tuple(key), timing)
 
     def dense_for(self, A, dtype: str, n: int, backend: str, *, repeats: int = 50, warmup: int = 5) -> DenseTiming:
         """The shape's dense timing, measured now (once) when no layer of this shape has one."""

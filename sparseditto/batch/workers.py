@@ -48,8 +48,9 @@ def group_checkpoint(out: Path, key: str) -> str:
 
 
 def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]], done: dict[str, LayerResult],
-               settings, prev: dict[str, LayerResult], until_winner: bool = False) -> list[LayerResult]:
-    """Run one group (or one shard of it) in this process; returns the layers it finished, in order.
+               settings, prev: dict[str, LayerResult], until_winner: bool = False) -> tuple[list[LayerResult], dict]:
+    """Run one group (or one shard of it) in this process; returns the layers it finished, in order,
+    and the dense timings by shape it knows (`baselines.ShapeBaselines`: the driver merges them).
     ``until_winner``: stop once the group has its winner (the lead job of `run_groups`)."""
     if settings.cache_dir:   # before this process's sandbox starts
         os.environ["SPARSEDITTO_CACHE_DIR"] = settings.cache_dir
@@ -64,7 +65,7 @@ def group_task(model_path: str, key: str, members: list[tuple[str, dict | None]]
     sink = _Collect()
     run_group(key, [(refs[name], report) for name, report in members], dict(done), sink, Progress(False, 0),
               settings, prev, until_winner=until_winner)
-    return sink.layers
+    return sink.layers, dict(settings.baselines.dense)
 
 
 def _pin(devices) -> None:
@@ -193,9 +194,12 @@ def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: 
         for job in sorted(first_jobs(), key=lambda j: (not j.lead, -_cost(j))):
             pool.submit(job)
         while pool.busy():
-            job, layers, error = pool.next_done()
+            job, returned, error = pool.next_done()
             if error is not None:
                 layers = _failed(job.members, done, f"worker failed: {error}")
+            else:
+                layers, dense = returned
+                settings.baselines.merge(dense)   # later jobs carry the shapes' dense timings
             for layer in layers:
                 journal.record(layer)
                 bar.done(layer)
@@ -253,7 +257,7 @@ class _LocalPool:
         try:
             return job, future.result(), None
         except Exception as exc:   # a worker process that died takes only its job with it
-            return job, [], f"{type(exc).__name__}: {str(exc)[:300]}"
+            return job, None, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 class _RayPool:
@@ -290,7 +294,7 @@ class _RayPool:
         try:
             return job, self._ray.get(ready[0]), None
         except Exception as exc:
-            return job, [], f"{type(exc).__name__}: {str(exc)[:300]}"
+            return job, None, f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def check_workers(workers: Any, ray_address: str | None, model) -> int | str | None:
