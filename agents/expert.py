@@ -352,7 +352,8 @@ class ExpertPolicy:
         return None
 
     def _untried_rival(self, inp: PlanningInput) -> str | None:
-        """An untried template whose estimate, on the GPU that measures, is below the best measured time.
+        """An untried template of the pattern's preferences whose estimate, on the GPU that measures, is
+        below the best measured time.
 
         "The best runs near its own bound" says that template cannot get faster, not that no other
         one can: on 11008x4096 at 70% and N = 1 (H200, session 39's llm suite) a memory prior put
@@ -369,9 +370,12 @@ class ExpertPolicy:
             scale = best.pct_of_roofline / 100.0 * best.median_ms / best_est
         tried = {t.template for t in inp.tried}
         failed = self._failed_templates(inp.tried)
+        # only templates the pattern class points to: a raw roofline estimate of one it does not (nm_compressed's
+        # 15.7 us on an unstructured 70% weight at N = 16, no expand cost in it) is no reason to search on
+        prefs = pattern_preferences(inp.report, int(inp.n_values[0]) if inp.n_values else 16)
         bar = best.median_ms * (1.0 - self.plateau_gain)
         rivals = [(t["estimate_ms"] * scale, t["name"]) for t in inp.templates
-                  if not t.get("builtin") and t.get("name") not in tried and t.get("name") not in failed
+                  if t.get("name") in prefs and t.get("name") not in tried and t.get("name") not in failed
                   and t.get("estimate_ms") is not None and t["estimate_ms"] * scale < bar]
         return min(rivals)[1] if rivals else None
 

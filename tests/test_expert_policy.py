@@ -348,6 +348,10 @@ def test_near_its_own_bound_does_not_stop_while_an_untried_template_promises_mor
     inp = make_input(templates=templates, tried=[best], best=best, roofline_ms=0.0109, n=1, sparsity=0.7)
     plan = ExpertPolicy().plan(inp)
     assert plan.action == "try" and plan.candidates[0].template == "delta_spmv"
+    # a low estimate of a template the pattern class does not point to (nm_compressed on unstructured) is no rival
+    other = [DENSE, entry("tc_words", 0.0194, bound="decode"), entry("nm_compressed", 0.0156)]
+    assert ExpertPolicy().plan(make_input(templates=other, tried=[best], best=best, roofline_ms=0.0109, n=1,
+                                          sparsity=0.7)).action == "stop"
     # no rival below the measured time (after rescaling the estimates to the measuring GPU): stop
     slow = [DENSE, entry("tc_words", 0.0194, bound="decode"), entry("delta_spmv", 0.0300)]
     stop = ExpertPolicy().plan(make_input(templates=slow, tried=[best], best=best, roofline_ms=0.0109, n=1,
