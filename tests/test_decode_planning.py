@@ -197,3 +197,27 @@ def test_tc_words_decode_floor_grows_with_the_n8_tiles_past_two():
     floor = {n: plan.cost(Stats, n, "float16", H200, {}).decode_s for n in (16, 64, 128)}
     assert floor[64] == pytest.approx(3 * floor[16], rel=0.01) and floor[128] == pytest.approx(2 * floor[64])
     assert floor[64] * 1e6 <= 53.1 and 16384 * plan.block_s(64) * 1e6 <= 28.5   # the measured N = 64 times (us)
+
+
+def test_grid_points_within_the_tie_keep_the_planning_modules_order():
+    """ranked_points: the cheapest estimate first unless the planning module's earlier proposal is within
+    GRID_TIE of it; beyond the tie the estimate decides."""
+    from sparseditto.agents.costing import GRID_TIE, ranked_points
+
+    pts = [{"params": {"LANES": "auto"}, "estimate_ms": 7.54}, {"params": {"LANES": 16}, "estimate_ms": 7.46},
+           {"params": {"WARPS": 4}, "estimate_ms": 9.0}, {"params": {"SKEW": 0}, "estimate_ms": 7.50}]
+    assert [p["params"] for p in ranked_points(pts)] == [{"LANES": "auto"}, {"LANES": 16}, {"SKEW": 0}, {"WARPS": 4}]
+    far = [{"params": {"a": 1}, "estimate_ms": 7.46 * (1 + GRID_TIE) * 1.01}, {"params": {"a": 2}, "estimate_ms": 7.46}]
+    assert [p["params"] for p in ranked_points(far)] == [{"a": 2}, {"a": 1}]
+    assert ranked_points([]) == []
+
+
+def test_delta_spmv_tries_its_default_lanes_first_at_n1():
+    """On a K = 4096 weight at 50% (32 lanes a row) 16 lanes are estimated ~1% under the default, which won
+    every unstructured N = 1 case of the H200 llm suite where delta_spmv won (session 39): default first."""
+    report = analyze(_weight("0.5", m=512, k=4096)).model_dump(mode="json")
+    table, _ = template_table(report, 1, "float16", H200, exec_backend="cuda")
+    delta = next(t for t in table if t["name"] == "delta_spmv")
+    lanes = [g["params"]["LANES"] for g in delta["grid"]]
+    assert lanes[0] == "auto" and 16 in lanes[1:]
+    assert min(g["estimate_ms"] for g in delta["grid"]) < delta["grid"][0]["estimate_ms"]   # 16 lanes: lower, within the tie
