@@ -73,33 +73,39 @@ class GpuLock:
             if self._mode == "shared":
                 raise RuntimeError("gpu_lock: exclusive() inside shared() would deadlock with another process "
                                    "upgrading the same way; take exclusive() first.")
-            if self._mode is None:
-                fcntl.flock(self._turn, fcntl.LOCK_EX)
-                try:
-                    fcntl.flock(self._gate, fcntl.LOCK_EX)
-                finally:
-                    fcntl.flock(self._turn, fcntl.LOCK_UN)
-                self._mode = "exclusive"
-            self._depth += 1
-            try:
+            with self._holding("exclusive", self._take_exclusive):
                 yield self
-            finally:
-                self._release()
 
     @contextlib.contextmanager
     def shared(self):
         """GPU work that may run beside other processes' shared work, never during a timing."""
-        with self._state:
-            if self._mode is None:
-                fcntl.flock(self._turn, fcntl.LOCK_EX)     # waits behind a timing that is waiting
-                fcntl.flock(self._turn, fcntl.LOCK_UN)
-                fcntl.flock(self._gate, fcntl.LOCK_SH)
-                self._mode = "shared"
-            self._depth += 1
-            try:
-                yield self
-            finally:
-                self._release()
+        with self._state, self._holding("shared", self._take_shared):
+            yield self
+
+    def _take_exclusive(self) -> None:
+        fcntl.flock(self._turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._gate, fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(self._turn, fcntl.LOCK_UN)
+
+    def _take_shared(self) -> None:
+        fcntl.flock(self._turn, fcntl.LOCK_EX)     # waits behind a timing that is waiting
+        fcntl.flock(self._turn, fcntl.LOCK_UN)
+        fcntl.flock(self._gate, fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def _holding(self, mode: str, take):
+        """Take the lock in ``mode`` unless this process holds it already (re-entrant), release it at
+        the outermost exit."""
+        if self._mode is None:
+            take()
+            self._mode = mode
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._release()
 
     def _release(self) -> None:
         self._depth -= 1
