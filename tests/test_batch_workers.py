@@ -136,6 +136,11 @@ def test_a_group_is_sent_out_as_its_lead_then_shards_that_start_from_the_winner(
         assert work == [r.name for r, _ in shard]
         assert job.settings.checkpoint != lead.settings.checkpoint            # searches of two shards: two files
     assert len({j.settings.checkpoint for j in jobs}) == 3
+    # a job carries only the previous batch's layers its own layers can use: by name or by signature
+    prev = {"l2": base_layer(refs[2], status="searched", signature="zz"),
+            "old9": base_layer(_refs(["old9"])[0], status="searched", signature="d"),
+            "old8": base_layer(_refs(["old8"])[0], status="searched", signature="q")}
+    assert set(jobs[0].args("m", prev)[5]) == {"l2"} and set(jobs[1].args("m", prev)[5]) == {"old9"}
 
 
 @pytest.mark.slow(seconds=60)

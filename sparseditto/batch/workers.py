@@ -88,6 +88,11 @@ class _Job:
 
     def args(self, model_path: str, prev: dict) -> tuple:
         names = [(ref.name, report) for ref, report in self.members]
+        # of the previous batch, only what this job's layers can use: their own (the slower-than-before
+        # flag) and those of their signatures (a kernel to start from), not every layer's source
+        mine = {name for name, _ in names}
+        signatures = {(report or {}).get("signature") for _, report in names} - {None}
+        prev = {name: x for name, x in prev.items() if name in mine or x.signature in signatures}
         return (model_path, self.key, names, self.own, self.settings, prev, self.lead)
 
 

@@ -39,6 +39,7 @@ PASS_NAMES = frozenset({
     "NVIDIA_DRIVER_CAPABILITIES", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "OPENBLAS_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH",
     "SPARSEDITTO_WORKER_PROFILE",   # a developer's opt-in: the worker's cProfile stats per task (worker.py)
+    "SPARSEDITTO_GPU_LOCK",         # 0 turns the cross-process GPU lock off (harness.gpu_lock)
 })
 # Prefixes of compiler/runtime settings the templates' toolchains read.
 PASS_PREFIXES = ("TRITON_", "CUPY_", "NVRTC_")
