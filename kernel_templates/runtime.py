@@ -111,7 +111,12 @@ def cuda_operands(packed: dict, B, out, dtype, who: str):
     n = check_operands(packed, B, out)
     if B.dtype != dtype or out.dtype != B.dtype:
         raise ValueError(f"Expected B and out in the prepared dtype {dtype}, got B {B.dtype} and out {out.dtype}.")
-    prepared_on_cuda = any(getattr(v, "is_cuda", False) for v in packed.values())
+    scratch = packed.get("scratch")
+    prepared_on_cuda = scratch.get("_on_cuda") if isinstance(scratch, dict) else None
+    if prepared_on_cuda is None:   # once per prepared matrix (scratch is reset before each verification call)
+        prepared_on_cuda = any(getattr(v, "is_cuda", False) for v in packed.values())
+        if isinstance(scratch, dict):
+            scratch["_on_cuda"] = prepared_on_cuda
     if not B.is_cuda or not prepared_on_cuda:
         where = "prepared on the CPU" if B.is_cuda else f"got B on {B.device}"
         raise ValueError(f"{who} runs on a CUDA device (prepare on 'cuda'): {where}.")
@@ -153,6 +158,105 @@ def compile_cuda(source: str, names, device, who: str) -> dict:
         return {name: module.get_function(name) for name in names}
 
 
+def direct_launch_enabled() -> bool:
+    """``SPARSEDITTO_DIRECT_LAUNCH=1``: CUDA C++ kernels launch through `DirectLaunch` from their plan's
+    second call on (off by default until the H200 has measured and verified it: issue 12's eager host
+    time; `benchmarks/launch_overhead_probe.py` times both)."""
+    import os
+
+    return os.environ.get("SPARSEDITTO_DIRECT_LAUNCH", "0") == "1"
+
+
+_CTYPES_OF = {np.dtype(np.int32): "c_int32", np.dtype(np.int64): "c_int64", np.dtype(np.uint32): "c_uint32",
+              np.dtype(np.uint64): "c_uint64", np.dtype(np.float32): "c_float", np.dtype(np.float64): "c_double"}
+
+
+class DirectLaunch:
+    """One planned CuPy kernel launched with ``cuLaunchKernel`` through ctypes, its argument block built
+    once: per call only the pointer slots change and torch's raw current stream is read.
+
+    Why: a decode kernel runs 5-30 us, and in eager PyTorch the host's launch path is what a patched
+    layer pays on top (the H200, session 24: a patched 3-layer MLP 2x slower than dense eagerly, faster
+    inside a CUDA graph). CuPy's call converts every argument and enters its device and stream
+    contexts each time. Built only after CuPy launched the plan once (module loaded, dynamic shared
+    memory allowed) and only for arguments that are fixed-width numpy scalars; the caller keeps CuPy
+    for anything else (a tensor map argument, another device than the thread's current one)."""
+
+    def __init__(self, fn, grid, block, smem: int, args: tuple, slots: tuple[int, ...]):
+        import ctypes
+
+        func = getattr(getattr(fn, "kernel", None), "ptr", None) or getattr(fn, "ptr", None)
+        if not func:
+            raise ValueError("DirectLaunch needs the kernel's CUfunction (CuPy's Function.ptr).")
+        values = []
+        for i, a in enumerate(args):
+            if i in slots:
+                values.append(ctypes.c_uint64(0))
+                continue
+            name = _CTYPES_OF.get(getattr(a, "dtype", None))
+            if name is None or np.ndim(a) != 0:
+                raise ValueError(f"DirectLaunch takes fixed-width numpy scalars, got {type(a).__name__} at argument {i}.")
+            values.append(getattr(ctypes, name)(a.item()))
+        self._values = values                              # kept alive: the block points into them
+        self._slots = [values[i] for i in slots]
+        self._params = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p)
+                                                          for v in values])
+        g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+        b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
+        self._dims = g + b
+        self._smem = int(smem)
+        self._func = ctypes.c_void_p(int(func))
+        self._launch = _cu_launch_kernel()
+
+    def __call__(self, stream: int, *pointers: int) -> None:
+        for slot, ptr in zip(self._slots, pointers):
+            slot.value = ptr
+        rc = self._launch(self._func, *self._dims, self._smem, stream, self._params, None)
+        if rc != 0:
+            raise RuntimeError(f"cuLaunchKernel failed: CUDA driver error {rc} ({_cu_error_name(rc)}).")
+
+
+_DRIVER: list = []
+
+
+def _libcuda():
+    import ctypes
+
+    if not _DRIVER:
+        _DRIVER.append(ctypes.CDLL("libcuda.so.1"))
+    return _DRIVER[0]
+
+
+def _cu_launch_kernel():
+    import ctypes
+
+    fn = _libcuda().cuLaunchKernel
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+def _cu_error_name(rc: int) -> str:
+    import ctypes
+
+    name = ctypes.c_char_p()
+    try:
+        _libcuda().cuGetErrorName(rc, ctypes.byref(name))
+    except (OSError, AttributeError):
+        return "?"
+    return name.value.decode() if name.value else "?"
+
+
+def raw_stream(device) -> int | None:
+    """torch's current stream on ``device`` as a raw handle, or None when ``device`` is not the thread's
+    current device (a driver launch goes to the current context: the caller keeps CuPy there)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index != torch.cuda.current_device():
+        return None
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(getter(index)) if getter is not None else int(torch.cuda.current_stream(device).cuda_stream)
+
+
 def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     """One launch of a CuPy kernel on torch's current stream, its plan made once per ``key`` (the
     N and layout of B and C the plan depends on) and kept in ``packed["scratch"]``.
@@ -168,15 +272,38 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
     plan = scratch.get(key)
     if plan is None:
         plan = scratch[key] = make_plan()
-    device, stream = cupy_stream(scratch, b.device)
-    c_ptr = np.uint64(target.data_ptr())
-    args = plan["head"] + (np.uint64(b.data_ptr()), c_ptr) + plan["tail"]
-    with device, stream:
-        plan["kernel"](plan["grid"], plan["block"], args, shared_mem=plan.get("smem", 0))
-        for then in plan.get("then", ()):
-            then["kernel"](then["grid"], then["block"], then["head"] + (c_ptr,) + then["tail"])
+    direct = plan.get("direct")
+    stream_handle = raw_stream(b.device) if direct else None
+    if stream_handle is not None:
+        direct[0](stream_handle, b.data_ptr(), target.data_ptr())
+        for then in direct[1:]:
+            then(stream_handle, target.data_ptr())
+    else:
+        device, stream = cupy_stream(scratch, b.device)
+        c_ptr = np.uint64(target.data_ptr())
+        args = plan["head"] + (np.uint64(b.data_ptr()), c_ptr) + plan["tail"]
+        with device, stream:
+            plan["kernel"](plan["grid"], plan["block"], args, shared_mem=plan.get("smem", 0))
+            for then in plan.get("then", ()):
+                then["kernel"](then["grid"], then["block"], then["head"] + (c_ptr,) + then["tail"])
+            if direct is None and direct_launch_enabled():
+                plan["direct"] = _direct_plan(plan)
     if target is not out:
         out.copy_(target)
+
+
+def _direct_plan(plan: dict) -> list | bool:
+    """The plan's launches as DirectLaunch objects (the first: B and C pointer slots; each "then": C),
+    or False (never asked again) when an argument is not a fixed-width numpy scalar."""
+    h = len(plan["head"])
+    try:
+        first = DirectLaunch(plan["kernel"], plan["grid"], plan["block"], plan.get("smem", 0),
+                             plan["head"] + (None, None) + plan["tail"], (h, h + 1))
+        thens = [DirectLaunch(t["kernel"], t["grid"], t["block"], 0, t["head"] + (None,) + t["tail"],
+                              (len(t["head"]),)) for t in plan.get("then", ())]
+    except (ValueError, OSError, AttributeError):
+        return False
+    return [first, *thens]
 
 
 def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:

@@ -881,11 +881,31 @@ def launch(packed: dict, B: torch.Tensor, out: torch.Tensor) -> None:
     if plan is None:
         plan = _plan(packed, n, b, target)
         scratch[key] = plan
-    device, stream = runtime.cupy_stream(scratch, b.device)
-    args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
-    if plan["b_map"] is not None:
-        args = (_b_map(plan, b.data_ptr()),) + args
-    with device, stream:
-        plan["fn"](plan["grid"], plan["block"], args, shared_mem=plan["smem"])
+    direct = plan.get("direct")
+    stream_handle = runtime.raw_stream(b.device) if direct else None
+    if stream_handle is not None:
+        direct(stream_handle, b.data_ptr(), target.data_ptr())
+    else:
+        device, stream = runtime.cupy_stream(scratch, b.device)
+        args = plan["head"] + (np.uint64(b.data_ptr()), np.uint64(target.data_ptr())) + plan["tail"]
+        if plan["b_map"] is not None:
+            args = (_b_map(plan, b.data_ptr()),) + args
+        with device, stream:
+            plan["fn"](plan["grid"], plan["block"], args, shared_mem=plan["smem"])
+            if direct is None and runtime.direct_launch_enabled():
+                plan["direct"] = _direct(plan)
     if target is not out:
         out.copy_(target)
+
+
+def _direct(plan: dict):
+    """The plan as a runtime.DirectLaunch (B and C pointer slots), or False: tc_sp24tma's tensor map
+    argument (per B buffer) stays with CuPy."""
+    if plan["b_map"] is not None:
+        return False
+    h = len(plan["head"])
+    try:
+        return runtime.DirectLaunch(plan["fn"], plan["grid"], plan["block"], plan["smem"],
+                                    plan["head"] + (None, None) + plan["tail"], (h, h + 1))
+    except (ValueError, OSError, AttributeError):
+        return False

@@ -40,6 +40,7 @@ PASS_NAMES = frozenset({
     "OPENBLAS_NUM_THREADS", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH",
     "SPARSEDITTO_WORKER_PROFILE",   # a developer's opt-in: the worker's cProfile stats per task (worker.py)
     "SPARSEDITTO_GPU_LOCK",         # 0 turns the cross-process GPU lock off (harness.gpu_lock)
+    "SPARSEDITTO_DIRECT_LAUNCH",    # 1: CUDA C++ kernels verified and timed as a process with it launches them
 })
 # Prefixes of compiler/runtime settings the templates' toolchains read.
 PASS_PREFIXES = ("TRITON_", "CUPY_", "NVRTC_")
