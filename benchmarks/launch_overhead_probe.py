@@ -13,6 +13,8 @@ patches it (its forward through `batch.patch._forward`, the SpMMKernel of the te
 eager, with a cProfile of those calls.
   python3 benchmarks/launch_overhead_probe.py --shape 4096x4096 -n 1 16
   python3 benchmarks/launch_overhead_probe.py --shape 11008x4096 --template delta_spmv --style magnitude --sparsity 0.7 -n 1
+Run it again with SPARSEDITTO_DIRECT_LAUNCH=1 to time the same rows with runtime.DirectLaunch
+(cuLaunchKernel through ctypes from a plan's second call on) in place of CuPy's launch.
 """
 from __future__ import annotations
 
