@@ -95,3 +95,11 @@ def tiny_model(tensors: dict[str, torch.Tensor]) -> TinyModel:
         state[f"layers.{i}.mlp.up.bias"] = torch.linspace(-0.1, 0.1, UP[0]).half()
     model.load_state_dict(state)
     return model.eval()
+
+
+def sleepy_group_task(*args, **kwargs):
+    """A stand-in for workers.group_task that takes a minute: the interrupted-driver test."""
+    import time
+
+    time.sleep(60)
+    return [], {}

@@ -181,3 +181,33 @@ def test_a_workers_dense_timings_are_merged_into_the_drivers_without_overwriting
     assert driver.dense[key].source == "search of q" and len(driver.dense) == 2
     carried = pickle.loads(pickle.dumps(driver))
     assert carried.dense == driver.dense and carried.timed == 0
+
+
+@pytest.mark.slow(seconds=15)
+def test_an_interrupted_driver_stops_its_workers_instead_of_waiting_for_their_jobs(tmp_path, monkeypatch):
+    """Ctrl-C (or batch_7b.py's SIGTERM made a KeyboardInterrupt) inside run_groups: the pool terminates
+    its worker processes, so the report of what was journaled is written now, not after a running job."""
+    import time
+
+    import batch_models
+    from sparseditto.batch import workers
+    from sparseditto.batch.reuse import BatchSettings
+    from sparseditto.targets import get_target
+
+    monkeypatch.setattr(workers, "group_task", batch_models.sleepy_group_task)
+    settings = BatchSettings(target=get_target("A100"), n_values=[16], dtype="float16", backend="interpret",
+                             budget=1, tolerance=0.05, memory=False, checkpoint=str(tmp_path / "c.sqlite"))
+    job = workers._Job("g", [], {}, settings, lead=True)
+    t0 = time.monotonic()
+    procs = []
+    with pytest.raises(KeyboardInterrupt):
+        with workers._LocalPool("model.pt", {}, settings, 2) as pool:
+            pool.submit(job)
+            time.sleep(3)                      # the job is running in a worker
+            procs = list(pool._pool._processes.values())
+            raise KeyboardInterrupt
+    assert time.monotonic() - t0 < 30, "the driver waited for the running job"
+    assert procs
+    for p in procs:
+        p.join(10)
+        assert not p.is_alive(), "a worker kept running its job after the interrupt"
