@@ -75,8 +75,18 @@ for stage in "$@"; do
       python3 benchmarks/llm_layers.py --preset decode --n 1 2 4 --cases "${DECODE_CASES:-magnitude|nm24}" \
         --variants "$DV" --repeats 20 --out "$OUT/decode.json" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/decode.log" | tail -60 ;;
     overhead)
-      # issue 12: the host cost of an eager decode-kernel call, piece by piece (written in session 25, not yet run)
-      python3 benchmarks/launch_overhead_probe.py ${OVERHEAD_ARGS:---shape 4096x4096 -n 1 16} 2>&1 | grep --line-buffered -v Warn | tee "$OUT/overhead.log" | tail -60 ;;
+      # issue 12: the host cost of an eager decode-kernel call, piece by piece (written in session 25, not yet run),
+      # with CuPy's launch and again with runtime.DirectLaunch (SPARSEDITTO_DIRECT_LAUNCH=1, session 40)
+      for direct in 0 1; do
+        echo "--- SPARSEDITTO_DIRECT_LAUNCH=$direct"
+        SPARSEDITTO_DIRECT_LAUNCH=$direct python3 benchmarks/launch_overhead_probe.py ${OVERHEAD_ARGS:---shape 11008x4096 --template delta_spmv --style magnitude --sparsity 0.7 -n 1} 2>&1 | grep --line-buffered -v Warn
+      done | tee "$OUT/overhead.log" | grep -E "^(---|==|   )" | head -60 ;;
+    session40)
+      # the GPU tests of what session 40 built without a GPU: the cross-process GPU lock, the direct launch,
+      # workers sharing a GPU (two-worker batches); then what run_graph chooses on 11008x4096 70% at N = 16, then N = 1
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_lock.py tests/test_direct_launch.py \
+        tests/test_batch_workers.py 2>&1 | tee "$OUT/session40_tests.log" | tail -15
+      RUN_WEIGHT=11008x4096:magnitude:0.7 RUN_N="16 1" bash "$0" rungraph ;;
     wide)
       # issue 10, wide N on Hopper (session 27): tc_sp24's wgmma kernel — layout probe, the 2:4 check rows,
       # the decode sweep against mma.sync (WIDE_VARIANTS to try others), ncu at N = 64, then what run_graph
