@@ -136,6 +136,17 @@ def test_a_group_is_sent_out_as_its_lead_then_shards_that_start_from_the_winner(
         assert work == [r.name for r, _ in shard]
         assert job.settings.checkpoint != lead.settings.checkpoint            # searches of two shards: two files
     assert len({j.settings.checkpoint for j in jobs}) == 3
+    # a finished layer with a shard layer's signature travels with that shard (shared outright, not verified
+    # again), also when it is not among the TIMES_SEED_LAYERS latest finished layers every shard gets
+    many = _refs([f"m{i}" for i in range(16)])
+    msig = {f"m{i}": f"s{i}" for i in range(16)} | {"m13": "s1"}
+    mem = [(ref, {"signature": msig[ref.name]}) for ref in many]
+    mdone = {"m0": base_layer(many[0], status="searched", template="bsr_tc", kernel_ms=0.01)}
+    mdone |= {f"m{i}": base_layer(many[i], status="reused", template="bsr_tc", kernel_ms=0.01) for i in range(1, 11)}
+    by_shard = {tuple(r.name for r, _ in j.members if r.name not in j.own): set(j.own)
+                for j in _shard_jobs("g", mem, mdone, settings, tmp_path, 2)}
+    seeds = {"m0"} | {f"m{i}" for i in range(3, 11)}
+    assert by_shard == {("m11", "m12"): seeds, ("m13", "m14"): seeds | {"m1"}, ("m15",): seeds}
     # a job carries only the previous batch's layers its own layers can use: by name or by signature
     prev = {"l2": base_layer(refs[2], status="searched", signature="zz"),
             "old9": base_layer(_refs(["old9"])[0], status="searched", signature="d"),

@@ -144,11 +144,17 @@ def _shard_jobs(key, members, done, settings, out: Path, shard_size: int) -> lis
     if winner is None:
         return []
     seen = [ref for ref, _ in members if ref.name in done and ref.name != winner.name][-TIMES_SEED_LAYERS:]
-    own = {winner.name: winner, **{ref.name: done[ref.name] for ref in seen}}
+    common = {winner.name: winner, **{ref.name: done[ref.name] for ref in seen}}
     by_name = {ref.name: (ref, report) for ref, report in members}
-    context = [by_name[name] for name in own]            # the winner's (and seed layers') analyses travel too
+    by_signature: dict = {}
+    for ref, report in members:        # finished layers a shard's layer can share a kernel with outright
+        if ref.name in done and done[ref.name].template and done[ref.name].status != "failed":
+            by_signature.setdefault((report or {}).get("signature"), ref.name)
     jobs = []
     for shard in shard_members(members, done, shard_size):
+        same = {by_signature[sig] for sig in ((rep or {}).get("signature") for _, rep in shard) if sig in by_signature}
+        own = {**common, **{name: done[name] for name in sorted(same)}}
+        context = [by_name[name] for name in own]        # their analyses travel too (the winner's, the seeds')
         jobs.append(_Job(key, context + shard, own, _settings_for(settings, out, key, f"from {shard[0][0].name}"),
                          lead=False))
     return jobs
