@@ -31,11 +31,12 @@ def timings(chosen, dense, **vendors):
 
 
 def row(name, ts, *, correct=True, suite="llm", status="ok", template="bsr_tc", reason="fastest measured",
-        pct=None, error=None):
+        pct=None, error=None, rank=None, origin="template"):
     fields = ratios.speedups(ts) if ts else {}
     return BenchRow(case_id=name, suite=suite, case=name, matrix={}, shape=(8, 8), nnz=10, pattern="p", sparsity=0.5,
                     dtype="float16", n=16, status=status, error=error, timings_are_gpu=True, timings=ts or [],
-                    chosen=ChosenKernel(template=template, reason=reason), correct=correct,
+                    chosen=ChosenKernel(template=template, reason=reason, winner_rank=rank, origin=origin),
+                    correct=correct,
                     correctness="" if correct else "wrong_result: 3 entries outside tolerance", pct_roofline=pct,
                     **fields)
 
@@ -384,3 +385,18 @@ def test_speedup_plot_draws_one_line_per_pattern_n_shape_and_dtype():
         (16, (4096, 4096), [70.0], [1.25]),
         (16, (11008, 4096), [50.0, 70.0], [1.0, 1.3])]
     assert speedup_vs_sparsity(rows, "llm").startswith(b"\x89PNG")
+
+
+def test_the_suite_counts_how_often_the_planners_first_candidate_won():
+    """Issue 10's "the first candidate it tries is usually the winner": of the correct cases won by our own
+    kernel (a vendor answer has no rank, a wrong case does not count), how many at winner_rank 1."""
+    from sparseditto.benchmark.tables import SUITE_HEADERS, suite_cells
+
+    ts = timings((10, 10), (20, 20))
+    rows = [row("a", ts, rank=1), row("b", ts, rank=3), row("c", ts, rank=1, origin="memory"),
+            row("d", ts, template="dense", origin="vendor"), row("e", ts, rank=1, correct=False), row("f", ts)]
+    s = metrics.summarize_suite("llm", rows)
+    assert (s.first_candidate_wins, s.generated_wins) == (2, 3)
+    assert dict(zip(SUITE_HEADERS, suite_cells(s)))["first candidate won"] == "2 of 3"
+    none = metrics.summarize_suite("llm", [row("d", ts, template="dense", origin="vendor")])
+    assert dict(zip(SUITE_HEADERS, suite_cells(none)))["first candidate won"] == "-"

@@ -84,6 +84,8 @@ def worst_case(rows: list[BenchRow]) -> WorstCase | None:
 
 def summarize_suite(suite: str, rows: list[BenchRow]) -> SuiteSummary:
     ok = [r for r in rows if r.correct]
+    # issue 10: the planner's first candidate should usually be the winner; a vendor answer has no rank
+    ranked = [r.chosen.winner_rank for r in ok if r.chosen and r.chosen.origin != "vendor" and r.chosen.winner_rank]
     return SuiteSummary(
         suite=suite, cases=len(rows), errors=sum(r.status == "error" for r in rows), correct=len(ok),
         timings_are_gpu=bool(rows) and all(r.timings_are_gpu for r in rows),
@@ -99,6 +101,7 @@ def summarize_suite(suite: str, rows: list[BenchRow]) -> SuiteSummary:
         run_graph_memory_s_median=median(r.run_graph_memory_s for r in rows),
         prepare_ms_median=median(r.prepare_ms for r in rows),
         chosen_templates=dict(Counter(r.chosen.template for r in rows if r.chosen).most_common()),
+        generated_wins=len(ranked), first_candidate_wins=sum(1 for rank in ranked if rank == 1),
         worst=worst_case(rows))
 
 

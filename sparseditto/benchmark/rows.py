@@ -162,6 +162,8 @@ class SuiteSummary(BaseModel):
     run_graph_memory_s_median: float | None
     prepare_ms_median: float | None
     chosen_templates: dict[str, int] = Field(default_factory=dict)
+    generated_wins: int = 0        # correct cases whose chosen kernel is ours (not a vendor library) with a known rank
+    first_candidate_wins: int = 0  # ... of which the planner's first candidate was the winner (winner_rank 1)
     worst: WorstCase | None = None
 
 

@@ -20,6 +20,8 @@ DEFINITIONS = (
     "correct = the chosen kernel's timed outputs re-checked against the fp64 reference after timing and the "
     "kernel verified again on fresh inputs (harness.numerics tolerance); vendor paths are re-checked on a fresh B.",
     "% roofline = (format bytes of A + B + C) / measured copy bandwidth, over the chosen kernel's time.",
+    "first candidate won = of the correct cases whose chosen kernel is ours (not a vendor library), those where "
+    "run_graph's first candidate was the winner (winner_rank 1; the rest were found later in the search).",
     "chained (GPU): the chosen kernel and dense cuBLAS launched back to back from one CUDA graph, each launch on "
     "its own L2-cold copy of the weight, per launch: a layer inside a model's graph, without the ~2 us a lone "
     "replay carries; 'x dense chained' compares those two.",
@@ -29,7 +31,7 @@ SUITE_HEADERS = ("suite", "cases", "correct", "errors", "geomean x dense", "geom
                  "geomean x best vendor sparse",
                  "geomean x best of dense+vendor", *(f"fast_{p_key(p)}" for p in P_VALUES),
                  "fast_1 / fast_1.5 vs vendor sparse", "% roofline median (min)", "run_graph s first / repeat",
-                 "prepare ms")
+                 "prepare ms", "first candidate won")
 
 ROW_HEADERS = ("case", "pattern", "detected", "N", "dtype", "chosen", "origin", "us graph", "us eager",
                "us chained", "dense us", "dense us chained", "best vendor sparse", "x dense", "x dense chained",
@@ -48,7 +50,8 @@ def suite_cells(s: SuiteSummary) -> list[str]:
             fmt(s.geomean_vs_dense_chain), fmt(s.geomean_vs_best_vendor), fmt(s.geomean_vs_best_alternative),
             *(f"{alt[p_key(p)]:.0%}" for p in P_VALUES),
             f"{ven[p_key(1.0)]:.0%} / {ven[p_key(1.5)]:.0%} (of {s.fast_p_vendor.cases})", roof,
-            f"{fmt(s.run_graph_s_median, 1)} / {fmt(s.run_graph_memory_s_median, 1)}", fmt(s.prepare_ms_median, 1)]
+            f"{fmt(s.run_graph_s_median, 1)} / {fmt(s.run_graph_memory_s_median, 1)}", fmt(s.prepare_ms_median, 1),
+            f"{s.first_candidate_wins} of {s.generated_wins}" if s.generated_wins else "-"]
 
 
 def worst_lines(summaries: list[SuiteSummary]) -> list[str]:
