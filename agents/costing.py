@@ -83,10 +83,10 @@ GRID_TIE = 0.03   # estimates this close are a tie the planning module's own ord
 def ranked_points(points: list[dict]) -> list[dict]:
     """A template's grid points, lowest estimate first, except that the planning module's earliest
     proposal within GRID_TIE of the lowest estimate goes first: its order is a measured best guess,
-    and the cost model cannot tell points apart that closely. On the H200 (session 39's llm suite)
-    delta_spmv's 16 lanes were estimated 1-2% under its default (less padding) and so tried first
-    at N = 1, and the default won all four unstructured N = 1 cases where delta_spmv won, two or
-    three candidates later (`chosen.winner_rank`)."""
+    and the cost model cannot tell points apart that closely. delta_spmv's 16 lanes are estimated
+    1-2% under its default (less padding), so the expert planned them first at N = 1; on the H200
+    (session 39's llm suite) the default won all four unstructured N = 1 cases where delta_spmv won,
+    at rank 2-3 (`chosen.winner_rank`)."""
     if not points:
         return points
     low = min(p["estimate_ms"] for p in points)
