@@ -79,19 +79,29 @@ def main(argv=None) -> int:
                 "spmm on x^T, y^T views": lambda: mod.spmm(packed, x.t(), y.t()),
                 "spmm contiguous": lambda: mod.spmm(packed, B, out),
                 "tc_launch.launch": lambda: tc_launch.launch(packed, B, out)}
-        plan = cached_plan(packed, n)
+        mod.spmm(packed, B, out)                 # the contiguous layout's plan (and its DirectLaunch when on)
+        mod.spmm(packed, B, out)
+        plan = cached_plan(packed, n)            # the tensor-core templates' plans (tc_launch)
+        if plan is None:
+            del rows["tc_launch.launch"]
+            plan = launch_cuda_plan(packed, B, out)   # runtime.launch_cuda's (delta_spmv, the CSR kernels)
         device, stream = runtime.cupy_stream(packed["scratch"], B.device)
-        if plan is not None:     # the tensor-core templates' plans (tc_launch)
+        if plan is not None:
+            fn = plan.get("fn") or plan.get("kernel")
+            smem = plan.get("smem", 0)
             args_ = plan["head"] + (np.uint64(B.data_ptr()), np.uint64(out.data_ptr())) + plan["tail"]
 
             def bare():
                 with device, stream:
-                    plan["fn"](plan["grid"], plan["block"], args_, shared_mem=plan["smem"])
+                    fn(plan["grid"], plan["block"], args_, shared_mem=smem)
             rows["CuPy launch in device+stream contexts"] = bare
-            rows["CuPy launch, no contexts"] = lambda: plan["fn"](plan["grid"], plan["block"], args_,
-                                                                  shared_mem=plan["smem"])
-        else:
-            del rows["tc_launch.launch"]
+            rows["CuPy launch, no contexts"] = lambda: fn(plan["grid"], plan["block"], args_, shared_mem=smem)
+            direct = plan.get("direct")
+            if direct:
+                first = direct[0] if isinstance(direct, list) else direct
+                rows["DirectLaunch (cuLaunchKernel)"] = lambda: first(runtime.raw_stream(B.device), B.data_ptr(),
+                                                                      out.data_ptr())
+                rows["runtime.raw_stream"] = lambda: runtime.raw_stream(B.device)
         rows["cuda_operands"] = lambda: runtime.cuda_operands(packed, B, out, torch.float16, "probe")
         rows["cupy_stream"] = lambda: runtime.cupy_stream(packed["scratch"], B.device)
         rows["torch.cuda.current_stream"] = lambda: torch.cuda.current_stream(B.device)
@@ -124,6 +134,15 @@ def main(argv=None) -> int:
             print(f"-- cProfile, 500 calls: {label}")
             print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[:3500])
     return 0
+
+
+def launch_cuda_plan(packed: dict, B, out) -> dict | None:
+    """The plan runtime.launch_cuda cached for this B and C (its key holds their row strides)."""
+    for key, plan in (packed.get("scratch") or {}).items():
+        if isinstance(key, tuple) and isinstance(plan, dict) and "kernel" in plan and "head" in plan \
+                and key[0] == B.shape[1] and B.stride(0) in key and out.stride(0) in key:
+            return plan
+    return None
 
 
 def patched_linear(A, W, source: str, template: str, ns):
