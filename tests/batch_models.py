@@ -97,9 +97,11 @@ def tiny_model(tensors: dict[str, torch.Tensor]) -> TinyModel:
     return model.eval()
 
 
-def sleepy_group_task(*args, **kwargs):
-    """A stand-in for workers.group_task that takes a minute: the interrupted-driver test."""
+def sleepy_group_task(model_path, *args, **kwargs):
+    """A stand-in for workers.group_task that takes a minute: the interrupted-driver test (it touches
+    ``model_path`` first, so the test knows the job is running)."""
     import time
 
+    Path(model_path).touch()
     time.sleep(60)
     return [], {}

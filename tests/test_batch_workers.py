@@ -209,16 +209,97 @@ def test_an_interrupted_driver_stops_its_workers_instead_of_waiting_for_their_jo
     settings = BatchSettings(target=get_target("A100"), n_values=[16], dtype="float16", backend="interpret",
                              budget=1, tolerance=0.05, memory=False, checkpoint=str(tmp_path / "c.sqlite"))
     job = workers._Job("g", [], {}, settings, lead=True)
-    t0 = time.monotonic()
+    running = tmp_path / "running"
     procs = []
     with pytest.raises(KeyboardInterrupt):
-        with workers._LocalPool("model.pt", {}, settings, 2) as pool:
+        with workers._LocalPool(str(running), {}, settings, 2) as pool:
             pool.submit(job)
-            time.sleep(3)                      # the job is running in a worker
+            deadline = time.monotonic() + 60
+            while not running.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert running.exists(), "the job never started"
             procs = list(pool._pool._processes.values())
+            t0 = time.monotonic()
             raise KeyboardInterrupt
     assert time.monotonic() - t0 < 30, "the driver waited for the running job"
     assert procs
     for p in procs:
         p.join(10)
         assert not p.is_alive(), "a worker kept running its job after the interrupt"
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_groups_lead_starts_while_the_rest_of_the_model_is_analyzed(tmp_path, monkeypatch):
+    """With workers, the analysis pass streams into the dispatch: here every weight after the first waits
+    (in the driver's analysis thread) until the first layer's search has come back and been journaled. A
+    batch that analyzed everything before sending out any job would wait forever; this one finishes, and
+    the other layers start from that search's kernel."""
+    import threading
+
+    from batch_models import block_weight
+    from sparseditto.batch import runner
+    from sparseditto.batch.journal import Journal
+
+    monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
+    sd = {f"layers.{i}.up.weight": block_weight(i) for i in range(3)}
+    torch.save(sd, tmp_path / "model.pt")
+    journaled = threading.Event()
+    waits = []
+    record = Journal.record
+
+    def record_and_tell(self, layer):
+        record(self, layer)
+        if layer.status == "searched":
+            journaled.set()
+
+    analyze_one = runner._analyze_one
+
+    def analyze_after_the_lead(ref, min_sparsity):
+        if ref.name != "layers.0.up.weight":
+            waits.append(journaled.wait(120))
+        return analyze_one(ref, min_sparsity)
+
+    monkeypatch.setattr(Journal, "record", record_and_tell)
+    monkeypatch.setattr(runner, "_analyze_one", analyze_after_the_lead)
+    report = run_batch(tmp_path / "model.pt", out=tmp_path / "out", workers=2, **RUN)
+    assert waits and all(waits), "a later analysis waited for a lead that never went out"
+    statuses = {x.name: x.status for x in report.layers}
+    assert report.complete and statuses == {"layers.0.up.weight": "searched", "layers.1.up.weight": "reused",
+                                            "layers.2.up.weight": "reused"}, statuses
+
+
+def test_the_dispatch_sends_one_lead_per_group_and_full_shards_while_the_analysis_runs(tmp_path):
+    """_Dispatch without workers: one lead out per group at a time (the next one when a lead came back
+    without a winner); with a winner, shards of MAX_SHARD_LAYERS while the analysis pass runs (a partial
+    one waits), everything left once it is over."""
+    from sparseditto.batch.group import base_layer
+    from sparseditto.batch.reuse import BatchSettings
+    from sparseditto.batch.workers import MAX_SHARD_LAYERS, _Dispatch
+    from sparseditto.targets import get_target
+
+    settings = BatchSettings(target=get_target("A100"), n_values=[16], dtype="float16", backend="interpret",
+                             budget=1, tolerance=0.05, memory=False, checkpoint=str(tmp_path / "c.sqlite"))
+    refs = _refs([f"l{i}" for i in range(20)])
+    groups = {"g": [(r, {"signature": r.name}) for r in refs[:3]]}
+    done: dict = {}
+    plan = _Dispatch(groups, done, settings, tmp_path, slots=2)
+    lead = plan.jobs({"g"})
+    assert [j.lead for j in lead] == [True] and [r.name for r, _ in lead[0].members] == ["l0"]
+    assert plan.jobs({"g"}) == []                                  # one lead at a time
+    done["l0"] = base_layer(refs[0], status="failed", reason="x")  # the lead failed: the next layer leads
+    plan.returned(lead[0])
+    again = plan.jobs({"g"})
+    assert [r.name for r, _ in again[0].members if r.name not in again[0].own] == ["l1"]
+    done["l1"] = base_layer(refs[1], status="searched", template="bsr_tc", kernel_ms=0.01)
+    plan.returned(again[0])
+    groups["g"] += [(r, {"signature": r.name}) for r in refs[3:12]]   # analyzed since: l2..l11
+    first = plan.jobs({"g"})
+    assert len(first) == 1 and not first[0].lead                   # one full shard; the other two layers wait
+    assert len([r for r, _ in first[0].members if r.name not in first[0].own]) == MAX_SHARD_LAYERS
+    assert plan.jobs({"g"}) == []
+    groups["g"] += [(r, {"signature": r.name}) for r in refs[12:]]
+    plan.finish()                                                  # the analysis pass is over
+    rest = plan.jobs({"g"})
+    sent = sorted(r.name for j in [*first, *rest] for r, _ in j.members if r.name not in j.own)
+    assert sent == sorted(f"l{i}" for i in range(2, 20)) and plan.jobs({"g"}) == []
+    assert all(len([r for r, _ in j.members if r.name not in j.own]) <= plan.shard_size for j in rest)

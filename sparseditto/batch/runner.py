@@ -137,16 +137,18 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
             for ref, why in selection.skipped:
                 if ref.name not in done:
                     done[ref.name] = record_layer(journal, bar, base_layer(ref, status="skipped", reason=why))
-            groups = _analyze(selection.chosen, done, journal, bar, min_sparsity, dtype)
-            bar.plan({key: [ref.name for ref, _ in members] for key, members in groups.items()}, done)
             if workers is None:
+                groups = _analyze(selection.chosen, done, journal, bar, min_sparsity, dtype)
+                bar.plan({key: [ref.name for ref, _ in members] for key, members in groups.items()}, done)
                 for key, members in groups.items():
                     run_group(key, members, done, journal, bar, settings, prev)
             else:
                 from sparseditto.batch.workers import run_groups
 
-                run_groups(groups, done, journal, bar, settings, prev, model_path=str(Path(model).expanduser()),
-                           out=out_dir, workers=workers, ray_address=ray_address)
+                # the workers start on each group as soon as its first layer is analyzed (AnalysisPass)
+                with AnalysisPass(selection.chosen, done, journal, bar, min_sparsity, dtype) as analyses:
+                    run_groups(analyses, done, journal, bar, settings, prev, model_path=str(Path(model).expanduser()),
+                               out=out_dir, workers=workers, ray_address=ray_address)
         complete = True
     finally:
         try:
@@ -191,51 +193,90 @@ def _analyze_one(ref, min_sparsity: float):
     return None, report
 
 
-def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "OrderedDict[str, list]":
-    """Group key -> [(ref, report dict)] of the layers still to do (plus the done ones' keys).
+class AnalysisPass:
+    """The analysis pass, taken a step at a time: each weight is loaded and analyzed once (a few at a
+    time, `_analysis_threads`), its report kept and the matrix dropped, so a 7B checkpoint is never held
+    whole; results are recorded in the model's order (the groups and the journal do not depend on the
+    threads' timing), each report journaled at once, and a resumed batch takes the journal's reports
+    instead of analyzing again. ``groups``: group key -> [(ref, report dict)] as known so far (the done
+    layers' keys included).
 
-    Each weight is loaded and analyzed once (a few at a time, `_analysis_threads`); its report is
-    kept and the matrix dropped, so a 7B checkpoint is never held whole. Results are recorded in
-    the model's order, so the groups and the journal do not depend on the threads' timing. Each
-    report goes to the journal too: a resumed batch takes it from there instead of analyzing again."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-    from itertools import islice
+    Why a stream: with workers (`workers.run_groups`) a group's lead can start as soon as its first
+    layer is analyzed, while the rest of the model is (the H200's analysis pass took ~54 s for the 224
+    weights of a 7B-shaped checkpoint, session 39); `_analyze` simply drains it."""
 
-    groups: OrderedDict[str, list] = OrderedDict()
-    known = journal.analyses() if journal is not None else {}
-    todo = []
-    for ref in chosen:
-        prior = done.get(ref.name)
-        if prior is not None and (prior.status == "skipped" or not prior.group):
-            continue
-        if prior is not None:   # done before a resume: its group and analysis are known, no need to load it again
-            groups.setdefault(prior.group, []).append((ref, known.get(ref.name)))
-            continue
-        todo.append(ref)
-    if not todo:
-        return groups
-    fresh = iter([ref for ref in todo if ref.name not in known])   # in todo's order
-    threads = _analysis_threads()
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analyze") as pool:
-        # a bounded window of weights in flight: memory stays at `threads` (+1) matrices, and a
-        # Ctrl-C waits for at most that many analyses
-        window = deque(pool.submit(_analyze_one, ref, min_sparsity) for ref in islice(fresh, threads + 1))
-        for ref in todo:
-            report = known.get(ref.name)
+    def __init__(self, chosen, done: dict, journal, bar, min_sparsity: float, dtype: str):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+        from itertools import islice
+
+        self.groups: OrderedDict[str, list] = OrderedDict()
+        self._done, self._journal, self._bar, self._min, self._dtype = done, journal, bar, min_sparsity, dtype
+        self._known = journal.analyses() if journal is not None else {}
+        todo = []
+        for ref in chosen:
+            prior = done.get(ref.name)
+            if prior is not None and (prior.status == "skipped" or not prior.group):
+                continue
+            if prior is not None:   # done before a resume: its group and analysis are known, no need to load it again
+                self.groups.setdefault(prior.group, []).append((ref, self._known.get(ref.name)))
+                continue
+            todo.append(ref)
+        self._todo = deque(todo)
+        self._fresh = iter([ref for ref in todo if ref.name not in self._known])   # in todo's order
+        threads = _analysis_threads()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="analyze")
+        # a bounded window of weights in flight: memory stays at `threads` (+1) matrices, and a Ctrl-C
+        # waits for at most that many analyses
+        self._window = deque(self._pool.submit(_analyze_one, ref, min_sparsity)
+                             for ref in islice(self._fresh, threads + 1))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def finished(self) -> bool:
+        return not self._todo
+
+    def take(self, block: bool = True) -> list[tuple[str, Any, dict]]:
+        """Record the next weights in model order whose analysis is ready: all that are (``block``: and
+        wait for at least one unless finished); returns their (group key, ref, report)."""
+        added = []
+        while self._todo:
+            ref = self._todo[0]
+            report = self._known.get(ref.name)
             if report is None:
-                bar.working(ref.name, "analyzing")
-                layer, report = window.popleft().result()
-                following = next(fresh, None)
+                if not self._window[0].done() and not (block and not added):
+                    break
+                self._bar.working(ref.name, "analyzing")
+                layer, report = self._window.popleft().result()
+                following = next(self._fresh, None)
                 if following is not None:
-                    window.append(pool.submit(_analyze_one, following, min_sparsity))
+                    self._window.append(self._pool.submit(_analyze_one, following, self._min))
+                self._todo.popleft()
                 if layer is not None:
-                    done[ref.name] = record_layer(journal, bar, layer)
+                    self._done[ref.name] = record_layer(self._journal, self._bar, layer)
                     continue
-                if journal is not None:
-                    journal.record_analysis(ref.name, report)
-            groups.setdefault(group_key(report, dtype), []).append((ref, report))
-    return groups
+                if self._journal is not None:
+                    self._journal.record_analysis(ref.name, report)
+            else:
+                self._todo.popleft()
+            key = group_key(report, self._dtype)
+            self.groups.setdefault(key, []).append((ref, report))
+            added.append((key, ref, report))
+        return added
+
+
+def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "OrderedDict[str, list]":
+    """Group key -> [(ref, report dict)] of the layers still to do (plus the done ones' keys): the whole
+    `AnalysisPass` at once (the batch in one process)."""
+    with AnalysisPass(chosen, done, journal, bar, min_sparsity, dtype) as analyses:
+        while not analyses.finished:
+            analyses.take(block=True)
+        return analyses.groups
 
 
 def _finish(model, out_dir: Path, fingerprint: dict, refs, done: dict, prev, complete: bool, wall: float,

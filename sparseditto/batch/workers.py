@@ -119,12 +119,13 @@ def _lead_job(key, members, done, settings, out: Path) -> _Job:
     return _Job(key, list(members), own, _settings_for(settings, out, key, None), lead=True)
 
 
-def shard_members(members: list, done: dict, shard_size: int) -> list[list]:
-    """A group's unfinished members cut into shards of about ``shard_size`` layers, in order; the
-    layers of one structure signature stay in one shard (the first shares its kernel with the rest)."""
+def shard_members(members: list, done: dict, shard_size: int, taken: set | frozenset = frozenset()) -> list[list]:
+    """A group's unfinished members (not in ``taken``: sent out already) cut into shards of about
+    ``shard_size`` layers, in order; the layers of one structure signature stay in one shard (the
+    first shares its kernel with the rest)."""
     by_signature: dict = {}
     for ref, report in members:
-        if ref.name not in done:
+        if ref.name not in done and ref.name not in taken:
             sig = (report or {}).get("signature") or ref.name
             by_signature.setdefault(sig, []).append((ref, report))
     shards, current = [], []
@@ -138,8 +139,9 @@ def shard_members(members: list, done: dict, shard_size: int) -> list[list]:
     return shards
 
 
-def _shard_jobs(key, members, done, settings, out: Path, shard_size: int) -> list[_Job]:
-    """The rest of a group that has its winner, in shards that each start from the winner."""
+def _shard_jobs(key, members, done, settings, out: Path, shard_size: int,
+                taken: set | frozenset = frozenset()) -> list[_Job]:
+    """The rest of a group that has its winner (less ``taken``), in shards that each start from it."""
     winner = _winner(members, done)
     if winner is None:
         return []
@@ -151,7 +153,7 @@ def _shard_jobs(key, members, done, settings, out: Path, shard_size: int) -> lis
         if ref.name in done and done[ref.name].template and done[ref.name].status != "failed":
             by_signature.setdefault((report or {}).get("signature"), ref.name)
     jobs = []
-    for shard in shard_members(members, done, shard_size):
+    for shard in shard_members(members, done, shard_size, taken):
         same = {by_signature[sig] for sig in ((rep or {}).get("signature") for _, rep in shard) if sig in by_signature}
         own = {**common, **{name: done[name] for name in sorted(same)}}
         context = [by_name[name] for name in own]        # their analyses travel too (the winner's, the seeds')
@@ -171,41 +173,43 @@ def _failed(members, done, reason: str) -> list[LayerResult]:
     return [base_layer(ref, status="failed", reason=reason) for ref, _ in members if ref.name not in done]
 
 
-def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: str, out: Path,
+def run_groups(analyses, done: dict, journal, bar, settings, prev, *, model_path: str, out: Path,
                workers: int | str, ray_address: str | None = None) -> None:
     """Every unfinished layer, sent out; each returned layer is journaled by the driver.
 
-    First every group without a winner sends out its lead (all groups at once); a group with its
-    winner, and each group as soon as its lead returns one, sends the rest in shards, longest
-    first, so that all workers stay busy on the big groups too (a 7B model has three groups of
-    128, 64 and 32 layers). Several workers may share one GPU: every timing takes the GPU alone
-    (`harness.gpu_lock`), the rest of their work runs side by side."""
-    pending_groups = {key: members for key, members in groups.items()
-                      if any(ref.name not in done for ref, _ in members)}
-    if not pending_groups:
-        return
+    ``analyses``: the `runner.AnalysisPass` of the batch, taken as it goes: a group's lead (its first
+    layer's full search; the next layer's when it fails) goes out as soon as that layer is analyzed,
+    while the rest of the model is; once a group has its winner, the rest goes out in shards that
+    start from it (`_Dispatch`), longest first, so that all workers stay busy on the big groups too
+    (a 7B model has three groups of 128, 64 and 32 layers). Several workers may share one GPU:
+    every timing takes the GPU alone (`harness.gpu_lock`), the rest of their work runs side by side."""
     slots = 2 if workers == "ray" else int(workers)
-    remaining = sum(1 for members in pending_groups.values() for ref, _ in members if ref.name not in done)
-    shard_size = max(1, min(MAX_SHARD_LAYERS, -(-remaining // (slots * SHARDS_PER_WORKER))))
     if workers == "ray":
         if ray_address is not None:   # a remote cluster: its nodes keep their own cache directory
             settings = replace(settings, cache_dir=None)
         pool = _RayPool(model_path, prev, settings, ray_address)
     else:
         pool = _LocalPool(model_path, prev, settings, int(workers))
-
-    def first_jobs():
-        for key, members in pending_groups.items():
-            if _winner(members, done) is None:
-                yield _lead_job(key, members, done, settings, out)
-            else:
-                yield from _shard_jobs(key, members, done, settings, out, shard_size)
-
+    plan = _Dispatch(analyses.groups, done, settings, out, slots)
     with pool:
-        for job in sorted(first_jobs(), key=lambda j: (not j.lead, -_cost(j))):
-            pool.submit(job)
-        while pool.busy():
-            job, returned, error = pool.next_done()
+        while True:
+            keys = {key for key, _, _ in analyses.take(block=False)}
+            final = analyses.finished
+            if final and not plan.final:
+                plan.finish()
+                keys = set(analyses.groups)
+            for job in plan.jobs(keys):
+                pool.submit(job)
+            if final and not pool.busy():
+                left = plan.jobs(set(analyses.groups))
+                if not left:
+                    break
+                for job in left:
+                    pool.submit(job)
+            got = pool.poll(None if final else ANALYSIS_POLL_S)
+            if got is None:
+                continue
+            job, returned, error = got
             if error is not None:
                 layers = _failed(job.members, done, f"worker failed: {error}")
             else:
@@ -215,10 +219,68 @@ def run_groups(groups, done: dict, journal, bar, settings, prev, *, model_path: 
                 journal.record(layer)
                 bar.done(layer)
                 done[layer.name] = layer
-            if job.lead and error is None:
-                for shard in sorted(_shard_jobs(job.key, groups[job.key], done, settings, out, shard_size),
-                                    key=lambda j: -_cost(j)):
-                    pool.submit(shard)
+            plan.returned(job)
+            for follow in plan.jobs({job.key}):
+                pool.submit(follow)
+
+
+ANALYSIS_POLL_S = 0.05   # how often the driver looks at the analysis pass while it runs
+
+
+class _Dispatch:
+    """Which jobs go out next, as the analyses come in and the jobs come back (`run_groups`).
+
+    A group without a winner has at most one lead out at a time (its first unfinished layer); a group
+    with one sends its unfinished layers in shards: while the analysis pass runs, only full shards of
+    MAX_SHARD_LAYERS (the rest waits for more layers), after it, everything left, in shards sized so
+    that the workers get about SHARDS_PER_WORKER each."""
+
+    def __init__(self, groups: dict, done: dict, settings, out: Path, slots: int):
+        self.groups, self.done, self.settings, self.out, self.slots = groups, done, settings, out, slots
+        self.sent: set = set()       # layers in a job that went out
+        self.leading: set = set()    # groups with a lead out
+        self.final = False
+        self.shard_size = MAX_SHARD_LAYERS
+
+    def finish(self) -> None:
+        """The analysis pass is over: size the remaining shards by what is left."""
+        self.final = True
+        left = sum(1 for members in self.groups.values() for ref, _ in members
+                   if ref.name not in self.done and ref.name not in self.sent)
+        self.shard_size = max(1, min(MAX_SHARD_LAYERS, -(-left // (self.slots * SHARDS_PER_WORKER))))
+
+    def returned(self, job: _Job) -> None:
+        if job.lead:
+            self.leading.discard(job.key)
+
+    def jobs(self, keys) -> list[_Job]:
+        out = []
+        for key in keys:
+            out += self._for_group(key)
+        out.sort(key=lambda j: (not j.lead, -_cost(j)))
+        for job in out:
+            self.sent.update(ref.name for ref, _ in job.members if ref.name not in job.own)
+        return out
+
+    def _for_group(self, key) -> list[_Job]:
+        members = self.groups.get(key) or []
+        avail = [(ref, rep) for ref, rep in members if ref.name not in self.done and ref.name not in self.sent]
+        if not avail:
+            return []
+        if _winner(members, self.done) is None:
+            if key in self.leading:
+                return []
+            self.leading.add(key)
+            finished = [(ref, rep) for ref, rep in members if ref.name in self.done]
+            return [_lead_job(key, finished + avail[:1], self.done, self.settings, self.out)]
+        if not self.final and len(avail) < MAX_SHARD_LAYERS:
+            return []                # while the analysis runs, wait for a full shard
+        jobs = _shard_jobs(key, members, self.done, self.settings, self.out, self.shard_size, self.sent)
+        if not self.final and jobs:
+            last = [ref for ref, _ in jobs[-1].members if ref.name not in jobs[-1].own]
+            if len(last) < self.shard_size:
+                jobs = jobs[:-1]     # a partial shard waits for the rest of the group's analyses
+        return jobs
 
 
 class _LocalPool:
@@ -259,10 +321,20 @@ class _LocalPool:
     def busy(self) -> bool:
         return bool(self._futures)
 
-    def next_done(self):
+    def poll(self, timeout: float | None):
+        """(job, its return, error) of a job that finished, or None after ``timeout`` seconds (None: wait;
+        nothing out: None at once)."""
         from concurrent.futures import FIRST_COMPLETED, wait
 
-        finished, _ = wait(list(self._futures), return_when=FIRST_COMPLETED)
+        if not self._futures:
+            if timeout:
+                import time
+
+                time.sleep(timeout)
+            return None
+        finished, _ = wait(list(self._futures), timeout=timeout, return_when=FIRST_COMPLETED)
+        if not finished:
+            return None
         future = next(iter(finished))
         job = self._futures.pop(future)
         try:
@@ -299,8 +371,17 @@ class _RayPool:
     def busy(self) -> bool:
         return bool(self._pending)
 
-    def next_done(self):
-        ready, _ = self._ray.wait(list(self._pending), num_returns=1)
+    def poll(self, timeout: float | None):
+        """As `_LocalPool.poll`."""
+        if not self._pending:
+            if timeout:
+                import time
+
+                time.sleep(timeout)
+            return None
+        ready, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=timeout)
+        if not ready:
+            return None
         job = self._pending.pop(ready[0])
         try:
             return job, self._ray.get(ready[0]), None
