@@ -247,3 +247,41 @@ def test_garbage_prefill_never_draws_from_torchs_default_generator():
     assert torch.equal(torch.random.get_rng_state(), before)
     assert first.shape == (6, 5) and torch.equal(first, again) and not torch.equal(first, other)
     assert float(first.abs().max()) > 1.0          # garbage, not zeros
+
+
+def test_the_references_device_copies_are_narrow_and_exact():
+    """The fp64 reference on a GPU copies A's positions as int32 and its values as float32 when that
+    holds them exactly (half the bytes over PCIe, widened exactly on the GPU); values float32 cannot
+    hold stay float64; the arrays are kept for the last matrix / value draw only."""
+    from sparseditto import generate
+    from sparseditto.harness import numerics
+
+    A = generate.unstructured(300, 700, 0.9, seed=4, dtype="float16")
+    flat = numerics._flat_positions(A)
+    assert flat.dtype == np.int32 and numerics._flat_positions(A) is flat
+    np.testing.assert_array_equal(flat.astype(np.int64), A.row_ids() * 700 + A.indices)
+    v16 = numerics.round_to_dtype(np.random.default_rng(0).standard_normal(A.nnz), "float16")
+    narrow = numerics._narrow_values(v16)
+    assert narrow.dtype == np.float32 and np.array_equal(narrow.astype(np.float64), v16)
+    assert numerics._narrow_values(v16) is narrow
+    wide = np.full(A.nnz, 1.0 + 2.0 ** -40)                        # not a float32
+    assert numerics._narrow_values(wide).dtype == np.float64
+
+
+@pytest.mark.gpu
+def test_gpu_reference_from_narrow_copies_matches_scipys_fp64_product():
+    import scipy.sparse as sp
+    import torch
+
+    from sparseditto import generate
+    from sparseditto.harness import numerics
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    A = generate.magnitude_pruned(1100, 4160, 0.5, seed=2, dtype="float16")
+    values = numerics.round_to_dtype(np.random.default_rng(1).standard_normal(A.nnz), "float16")
+    b = np.random.default_rng(2).standard_normal((4160, 17))
+    value, bound = numerics._products_fp64(A, values, b)
+    ref = sp.csr_array((values, A.indices, A.indptr), shape=A.shape) @ b
+    np.testing.assert_allclose(value, ref, rtol=1e-12, atol=1e-12)
+    assert np.all(bound >= np.abs(value) - 1e-9)

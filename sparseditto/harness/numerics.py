@@ -120,7 +120,8 @@ _FLAT_POSITIONS: list = []   # [(matrix, its row * k + col positions)]: the last
 
 
 def _flat_positions(matrix) -> np.ndarray:
-    """Row-major positions (row * k + col, int64) of ``matrix``'s entries, kept for the last matrix.
+    """Row-major positions (row * k + col: int32 where every one fits, else int64) of ``matrix``'s
+    entries, kept for the last matrix.
 
     A verification computes 9 references of one pattern (two calls at each of 4 N values, two more
     at the first), a benchmark up to 4 more: building the positions was the host side's largest
@@ -128,11 +129,30 @@ def _flat_positions(matrix) -> np.ndarray:
     so nothing of a reference lives there while candidate code runs (module doc of verify)."""
     if _FLAT_POSITIONS and _FLAT_POSITIONS[0][0] is matrix:
         return _FLAT_POSITIONS[0][1]
-    k = int(matrix.shape[1])
-    flat = matrix.row_ids() * k
-    flat += matrix.indices
+    m, k = (int(s) for s in matrix.shape)
+    # int32 where every position fits (always on the GPU path: its dense fp64 A stays under
+    # GPU_REFERENCE_MAX_BYTES): half the bytes of each host-to-device copy (as _narrow_values does for values)
+    it = np.int32 if m * k < 2 ** 31 else np.int64
+    flat = matrix.row_ids().astype(it) * it(k)
+    flat += matrix.indices.astype(it, copy=False)
     _FLAT_POSITIONS[:] = [(matrix, flat)]
     return flat
+
+
+_NARROW_VALUES: list = []    # [(values64, the narrowest float array holding them exactly)]: the last ones
+
+
+def _narrow_values(values64: np.ndarray) -> np.ndarray:
+    """``values64`` as float32 when that holds every value exactly (a kernel's fp16 / bf16 / fp32
+    values always are), else as they are: half the bytes to copy to the GPU, widened there exactly.
+    Kept for the last array: a verification's references share one value draw per prepare."""
+    if _NARROW_VALUES and _NARROW_VALUES[0][0] is values64:
+        return _NARROW_VALUES[0][1]
+    v64 = np.ascontiguousarray(values64, dtype=np.float64)
+    v32 = v64.astype(np.float32)
+    narrow = v32 if np.array_equal(v32, v64) else v64
+    _NARROW_VALUES[:] = [(values64, narrow)]
+    return narrow
 
 
 def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -152,8 +172,9 @@ def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.nd
 
             with gpu_lock.shared_section():   # never during another process's timing (gpu_lock)
                 a = torch.zeros(m * k, dtype=torch.float64, device="cuda")
-                a[torch.from_numpy(_flat_positions(matrix)).cuda()] = torch.from_numpy(
-                    np.ascontiguousarray(values64, dtype=np.float64)).cuda()
+                # narrow over PCIe, widened on the GPU (exactly: int32 -> int64, float32 -> float64)
+                a[torch.from_numpy(_flat_positions(matrix)).cuda().long()] = torch.from_numpy(
+                    _narrow_values(values64)).cuda().double()
                 a = a.view(m, k)
                 b = torch.from_numpy(np.ascontiguousarray(b64, dtype=np.float64)).cuda()
                 value = (a @ b).cpu().numpy()
