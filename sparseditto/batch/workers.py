@@ -225,6 +225,7 @@ def run_groups(analyses, done: dict, journal, bar, settings, prev, *, model_path
 
 
 ANALYSIS_POLL_S = 0.05   # how often the driver looks at the analysis pass while it runs
+STOP_GRACE_S = 5.0       # an interrupted driver's workers get this long after SIGTERM, then SIGKILL
 
 
 class _Dispatch:
@@ -311,8 +312,17 @@ class _LocalPool:
         if exc_type is not None:
             # Ctrl-C, or `timeout`'s SIGTERM turned into KeyboardInterrupt in the driver: the report of
             # what was journaled is written now, not after every running job's last layer
-            for process in list(getattr(self._pool, "_processes", {}).values()):
+            processes = list(getattr(self._pool, "_processes", {}).values())
+            for process in processes:
                 process.terminate()
+            import time
+
+            deadline = time.monotonic() + STOP_GRACE_S
+            for process in processes:   # one that does not stop on SIGTERM in time is killed
+                process.join(max(0.0, deadline - time.monotonic()))
+                if process.is_alive():
+                    process.kill()
+                    process.join(5)
         self._pool.shutdown(wait=exc_type is None, cancel_futures=True)
 
     def submit(self, job: _Job) -> None:
