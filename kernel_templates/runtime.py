@@ -219,7 +219,9 @@ class DirectLaunch:
 _DRIVER: list = []
 
 
-def _libcuda():
+def libcuda():
+    """The CUDA driver library through ctypes, loaded once (DirectLaunch). tensor_map loads its own:
+    an exported tc kernel inlines that module and may import nothing of SparseDitto."""
     import ctypes
 
     if not _DRIVER:
@@ -230,7 +232,7 @@ def _libcuda():
 def _cu_launch_kernel():
     import ctypes
 
-    fn = _libcuda().cuLaunchKernel
+    fn = libcuda().cuLaunchKernel
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     return fn
@@ -241,7 +243,7 @@ def _cu_error_name(rc: int) -> str:
 
     name = ctypes.c_char_p()
     try:
-        _libcuda().cuGetErrorName(rc, ctypes.byref(name))
+        libcuda().cuGetErrorName(rc, ctypes.byref(name))
     except (OSError, AttributeError):
         return "?"
     return name.value.decode() if name.value else "?"
@@ -250,8 +252,9 @@ def _cu_error_name(rc: int) -> str:
 def raw_stream(device) -> int | None:
     """torch's current stream on ``device`` as a raw handle, or None when ``device`` is not the thread's
     current device (a driver launch goes to the current context: the caller keeps CuPy there)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index != torch.cuda.current_device():
+    current = torch.cuda.current_device()
+    index = device.index if device.index is not None else current
+    if index != current:
         return None
     getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     return int(getter(index)) if getter is not None else int(torch.cuda.current_stream(device).cuda_stream)
@@ -292,18 +295,25 @@ def launch_cuda(packed: dict, key: tuple, make_plan, b, target, out) -> None:
         out.copy_(target)
 
 
-def _direct_plan(plan: dict) -> list | bool:
-    """The plan's launches as DirectLaunch objects (the first: B and C pointer slots; each "then": C),
-    or False (never asked again) when an argument is not a fixed-width numpy scalar."""
-    h = len(plan["head"])
+def direct_launch(fn, grid, block, smem: int, head: tuple, tail: tuple, pointers: int = 2):
+    """A DirectLaunch of ``fn`` whose arguments are head + ``pointers`` pointer slots (B and C, or C
+    alone) + tail, or False (never asked again) when it cannot be built: an argument that is not a
+    fixed-width numpy scalar, no CUfunction, no driver library."""
+    slots = tuple(range(len(head), len(head) + pointers))
     try:
-        first = DirectLaunch(plan["kernel"], plan["grid"], plan["block"], plan.get("smem", 0),
-                             plan["head"] + (None, None) + plan["tail"], (h, h + 1))
-        thens = [DirectLaunch(t["kernel"], t["grid"], t["block"], 0, t["head"] + (None,) + t["tail"],
-                              (len(t["head"]),)) for t in plan.get("then", ())]
+        return DirectLaunch(fn, grid, block, smem, head + (None,) * pointers + tail, slots)
     except (ValueError, OSError, AttributeError):
         return False
-    return [first, *thens]
+
+
+def _direct_plan(plan: dict) -> list | bool:
+    """The plan's launches as DirectLaunch objects (the first: B and C pointer slots; each "then": C),
+    or False when one of them cannot be built."""
+    launches = [direct_launch(plan["kernel"], plan["grid"], plan["block"], plan.get("smem", 0), plan["head"],
+                              plan["tail"])]
+    launches += [direct_launch(t["kernel"], t["grid"], t["block"], 0, t["head"], t["tail"], pointers=1)
+                 for t in plan.get("then", ())]
+    return launches if all(launches) else False
 
 
 def make_plan(kernel, named: dict, grid, options: dict, **extra) -> dict:

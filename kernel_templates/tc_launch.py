@@ -903,9 +903,4 @@ def _direct(plan: dict):
     argument (per B buffer) stays with CuPy."""
     if plan["b_map"] is not None:
         return False
-    h = len(plan["head"])
-    try:
-        return runtime.DirectLaunch(plan["fn"], plan["grid"], plan["block"], plan["smem"],
-                                    plan["head"] + (None, None) + plan["tail"], (h, h + 1))
-    except (ValueError, OSError, AttributeError):
-        return False
+    return runtime.direct_launch(plan["fn"], plan["grid"], plan["block"], plan["smem"], plan["head"], plan["tail"])

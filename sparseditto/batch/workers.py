@@ -201,11 +201,7 @@ def run_groups(analyses, done: dict, journal, bar, settings, prev, *, model_path
             for job in plan.jobs(keys):
                 pool.submit(job)
             if final and not pool.busy():
-                left = plan.jobs(set(analyses.groups))
-                if not left:
-                    break
-                for job in left:
-                    pool.submit(job)
+                break        # every group was looked at when the pass ended and after each of its jobs
             got = pool.poll(None if final else ANALYSIS_POLL_S)
             if got is None:
                 continue
@@ -284,6 +280,16 @@ class _Dispatch:
         return jobs
 
 
+def _idle(timeout: float | None) -> None:
+    """A pool's poll with nothing out: wait ``timeout`` seconds (the driver's analysis pass may hand it
+    work meanwhile), then nothing finished."""
+    if timeout:
+        import time
+
+        time.sleep(timeout)
+    return None
+
+
 class _LocalPool:
     """Spawned worker processes, each pinned to one local GPU (round robin: several per GPU when
     there are more workers than GPUs)."""
@@ -337,11 +343,7 @@ class _LocalPool:
         from concurrent.futures import FIRST_COMPLETED, wait
 
         if not self._futures:
-            if timeout:
-                import time
-
-                time.sleep(timeout)
-            return None
+            return _idle(timeout)
         finished, _ = wait(list(self._futures), timeout=timeout, return_when=FIRST_COMPLETED)
         if not finished:
             return None
@@ -384,11 +386,7 @@ class _RayPool:
     def poll(self, timeout: float | None):
         """As `_LocalPool.poll`."""
         if not self._pending:
-            if timeout:
-                import time
-
-                time.sleep(timeout)
-            return None
+            return _idle(timeout)
         ready, _ = self._ray.wait(list(self._pending), num_returns=1, timeout=timeout)
         if not ready:
             return None

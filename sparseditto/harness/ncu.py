@@ -26,7 +26,6 @@ never an exception.
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -241,8 +240,8 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
                             launch_count=launch_count)
         from . import gpu_lock
 
-        lock = gpu_lock.for_current_device()
-        with lock.exclusive() if lock is not None else contextlib.nullcontext():   # alone on the GPU (gpu_lock)
+        gpu_lock.for_current_device()
+        with gpu_lock.exclusive_section():   # alone on the GPU (gpu_lock)
             rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
 

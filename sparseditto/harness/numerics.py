@@ -117,6 +117,16 @@ GPU_REFERENCE_MAX_BYTES = 4 << 30
 
 
 _FLAT_POSITIONS: list = []   # [(matrix, its row * k + col positions)]: the last matrix's, held strongly
+_NARROW_VALUES: list = []    # [(values64, the narrowest float array holding them exactly)]: the last ones
+
+
+def _kept_for_last(cache: list, key, make):
+    """``make()`` for ``key``, kept for the last key only (held strongly, so ``is`` cannot see a recycled id)."""
+    if cache and cache[0][0] is key:
+        return cache[0][1]
+    value = make()
+    cache[:] = [(key, value)]
+    return value
 
 
 def _flat_positions(matrix) -> np.ndarray:
@@ -127,32 +137,26 @@ def _flat_positions(matrix) -> np.ndarray:
     at the first), a benchmark up to 4 more: building the positions was the host side's largest
     part on an LLM-sized weight (22M entries). Host memory (pageable) only: device memory is where a candidate's kernel writes,
     so nothing of a reference lives there while candidate code runs (module doc of verify)."""
-    if _FLAT_POSITIONS and _FLAT_POSITIONS[0][0] is matrix:
-        return _FLAT_POSITIONS[0][1]
-    m, k = (int(s) for s in matrix.shape)
-    # int32 where every position fits (always on the GPU path: its dense fp64 A stays under
-    # GPU_REFERENCE_MAX_BYTES): half the bytes of each host-to-device copy (as _narrow_values does for values)
-    it = np.int32 if m * k < 2 ** 31 else np.int64
-    flat = matrix.row_ids().astype(it) * it(k)
-    flat += matrix.indices.astype(it, copy=False)
-    _FLAT_POSITIONS[:] = [(matrix, flat)]
-    return flat
-
-
-_NARROW_VALUES: list = []    # [(values64, the narrowest float array holding them exactly)]: the last ones
+    def make() -> np.ndarray:
+        m, k = (int(s) for s in matrix.shape)
+        # int32 where every position fits (always on the GPU path: its dense fp64 A stays under
+        # GPU_REFERENCE_MAX_BYTES): half the bytes of each host-to-device copy (as _narrow_values does for values)
+        it = np.int32 if m * k < 2 ** 31 else np.int64
+        flat = matrix.row_ids().astype(it) * it(k)
+        flat += matrix.indices.astype(it, copy=False)
+        return flat
+    return _kept_for_last(_FLAT_POSITIONS, matrix, make)
 
 
 def _narrow_values(values64: np.ndarray) -> np.ndarray:
     """``values64`` as float32 when that holds every value exactly (a kernel's fp16 / bf16 / fp32
     values always are), else as they are: half the bytes to copy to the GPU, widened there exactly.
     Kept for the last array: a verification's references share one value draw per prepare."""
-    if _NARROW_VALUES and _NARROW_VALUES[0][0] is values64:
-        return _NARROW_VALUES[0][1]
-    v64 = np.ascontiguousarray(values64, dtype=np.float64)
-    v32 = v64.astype(np.float32)
-    narrow = v32 if np.array_equal(v32, v64) else v64
-    _NARROW_VALUES[:] = [(values64, narrow)]
-    return narrow
+    def make() -> np.ndarray:
+        v64 = np.ascontiguousarray(values64, dtype=np.float64)
+        v32 = v64.astype(np.float32)
+        return v32 if np.array_equal(v32, v64) else v64
+    return _kept_for_last(_NARROW_VALUES, values64, make)
 
 
 def _products_fp64(matrix, values64: np.ndarray, b64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
