@@ -36,7 +36,7 @@ def normalize_exact(hit: dict) -> dict:
         "template": hit.get("template"), "params": hit.get("params") or {}, "source": hit.get("source"),
         "source_hash": hit.get("source_hash"), "origin": hit.get("origin"),
         "median_ms": timings.get("median_ms"), "speedup_vs_dense": hit.get("best_speedup_vs_dense"),
-        "gpu": hit.get("gpu"), "created": hit.get("created"),
+        "gpu": hit.get("gpu"), "created": hit.get("created"), "n_values": list(hit.get("n_values") or []),
     }
     if hit.get("origin") == "vendor":   # the run's answer was a vendor path: reused like dense, rebuilt
         out.update(params={}, source=None, source_hash=None,

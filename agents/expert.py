@@ -3,8 +3,9 @@
 It plans like a performance engineer with a roofline in hand:
 
 1. **Memory first.** An exact hit (same pattern signature, N bucket, dtype, GPU) is re-verified
-   before anything else and, once verified, ends the search; a near neighbour's best template and
-   parameters are tried first.
+   before anything else and, once verified, ends the search when it was found at about this N
+   (each N within 2x of a stored one); a hit from farther along its bucket only goes first. A near
+   neighbour's best template and parameters are tried first.
 2. **Rank by the cost model, nudged by the pattern class.** Every applicable template comes with a
    roofline estimate at the main N on the target (bytes of A in its format + B + C over bandwidth,
    or flops over the relevant peak). The pattern class breaks near-ties the way the literature
@@ -85,6 +86,7 @@ DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns i
 ROWDECOMP_MIN_N = 8
 ROWDECOMP_FIRST_N = 32   # unstructured >= 95%: csr_rowdecomp first above this N, second from N = 9
 ROWDECOMP_PATTERNS = ("power_law", "banded")
+EXACT_HIT_N_RATIO = 2.0  # an exact hit ends the search only for N within 2x of the N it was found at
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with no tile parameter to step
@@ -154,6 +156,18 @@ def fits_sparse_mma(report: dict) -> bool:
     exact): what tc_sp24's mma.sp takes. A report without the field is given the benefit of the doubt."""
     conformance = (report.get("nm_conformance") or {}).get("2:4")
     return conformance is None or float(conformance.get("row", 0.0)) >= 1.0
+
+
+def found_at_this_n(stored: list | None, n_values: list) -> bool:
+    """Whether an exact hit's N values speak for these: every N within `EXACT_HIT_N_RATIO` of one
+    the hit was found at. Why: a bucket ('<=128') spans 17..128, and on the H200 graphs suite (session
+    39) the 2-D and 3-D Laplacians at N = 128 stopped on their N = 32 winner (csr_rowsplit, 33.5 /
+    34.5 us; cuSPARSE won the 3-D one) where csr_rowdecomp, the planner's first pick without memory,
+    had measured 18.8 / 19.8 us (session 30). A hit stored without N values is taken at its word."""
+    if not stored:
+        return True
+    return all(any(max(int(n), int(s)) <= EXACT_HIT_N_RATIO * min(int(n), int(s)) for s in stored)
+               for n in n_values)
 
 
 def is_dense_pattern(report: dict) -> bool:
@@ -306,6 +320,9 @@ class ExpertPolicy:
     def _exact_hit(self, exact: dict, inp: PlanningInput, tried: set) -> PlanDecision | None:
         template = exact.get("template") or "dense"
         params = exact.get("params") or {}
+        settled = found_at_this_n(exact.get("n_values"), inp.n_values)
+        if not settled and (template == "dense" or exact.get("origin") == "vendor"):
+            return None   # found at another N of the bucket: search; finalize times dense and vendors anyway
         if template == "dense" or exact.get("origin") == "vendor":
             return self._stop(
                 f"memory exact hit (run {exact.get('run_id', '?')}): {template} was best for this pattern, "
@@ -317,14 +334,16 @@ class ExpertPolicy:
                 expected_ms=exact.get("median_ms"),
                 rationale=(f"memory exact hit: {template} {_fmt_params(params)} was best for this pattern "
                            f"(speedup {_fmt_x(exact.get('speedup_vs_dense'))} on {exact.get('gpu', '?')}); "
-                           "re-verify it first"))
+                           + ("re-verify it first" if settled else
+                              f"found at N = {_fmt_ns(exact.get('n_values'))}: re-verify it first, then search "
+                              f"at N = {_fmt_ns(inp.n_values)}")))
             return PlanDecision(action="try", candidates=[spec], rationale=spec.rationale)
         mine = next((t for t in inp.tried if params_key(t.template, t.params) == key), None)
-        if mine is not None and mine.status == "verified":
+        if mine is not None and mine.status == "verified" and settled:
             timing = f" ({_fmt_ms(mine.median_ms)})" if inp.target.get("timings_are_gpu", True) else ""
             return self._stop(f"memory exact hit {template} re-verified{timing}; the earlier search already "
                               "covered this pattern", inp)
-        return None  # the stored kernel failed here: search as if there were no hit
+        return None  # failed here, or verified at an N far from the hit's: search on from it
 
     def _convergence(self, inp: PlanningInput) -> str | None:
         best = inp.best
@@ -595,6 +614,10 @@ def _fmt_ms(ms: Any) -> str:
 
 def _fmt_x(x: Any) -> str:
     return "?" if x is None else f"{float(x):.2f}x"
+
+
+def _fmt_ns(values: Any) -> str:
+    return ", ".join(str(v) for v in values or []) or "?"
 
 
 def _fmt_params(params: dict) -> str:

@@ -131,7 +131,7 @@ def template_line(t: dict, limit: int = 700) -> str:
 
 def memory_line(hit: dict) -> str:
     keys = ("kind", "matrix_name", "pattern", "distance", "template", "params", "speedup_vs_dense",
-            "best_speedup_vs_dense", "median_ms", "gpu", "dtype", "n_bucket", "tried")
+            "best_speedup_vs_dense", "median_ms", "gpu", "dtype", "n_bucket", "n_values", "tried")
     return clip("- " + compact_json({k: hit[k] for k in keys if k in hit and hit[k] is not None}, 400), 420)
 
 

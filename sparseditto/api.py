@@ -125,7 +125,13 @@ class Result(BaseModel):
             return "unavailable (see events); planned from the cost model alone"
         exact = next((h for h in self.memory_hits if h.get("kind") == "exact"), None)
         if exact is not None:
+            from sparseditto.agents.expert import found_at_this_n
+
             run = str(exact.get("run_id") or "")[:8]
+            if not found_at_this_n(exact.get("n_values"), self.n_values):
+                was = ", ".join(str(v) for v in exact.get("n_values") or [])
+                return (f"exact hit at another N: run {run} chose {exact.get('template') or 'dense'} at N = {was}; "
+                        "too far from this N to settle it, so it searched")
             if exact.get("template") in (None, "dense"):
                 return f"exact hit: run {run} found dense best for this pattern"
             if exact.get("origin") == "vendor":

@@ -789,8 +789,8 @@ class Memory(TranscriptStore):
                 "backend": cand.get("backend"), "origin": cand["origin"], "status": cand["status"],
                 "timings": cand["timings"], "metrics": cand["metrics"],
                 "run_best_template": run["best_template"], "matrix_name": run["matrix_name"],
-                "signature": run["signature"], "n_bucket": run["n_bucket"], "dtype": run["dtype"], "gpu": run["gpu"],
-                "best_speedup_vs_dense": run["best_speedup_vs_dense"], "versions": run["versions"],
+                "signature": run["signature"], "n_bucket": run["n_bucket"], "n_values": run["n_values"],
+                "dtype": run["dtype"], "gpu": run["gpu"], "best_speedup_vs_dense": run["best_speedup_vs_dense"], "versions": run["versions"],
                 "created": run["created"],
             }
 

@@ -6,7 +6,7 @@ refinement around the best, and the three stop rules.
 """
 import pytest
 
-from sparseditto.agents.expert import ExpertPolicy, params_key, pattern_preferences
+from sparseditto.agents.expert import ExpertPolicy, found_at_this_n, params_key, pattern_preferences
 from sparseditto.agents.policy import FailureReport, PlanningInput, TriedCandidate
 
 
@@ -86,6 +86,39 @@ def test_exact_memory_hit_is_reverified_first_then_ends_the_search():
                             failure_class="wrong_result")
     again = ExpertPolicy().plan(make_input(templates=templates, hits=[hit], tried=[failed]))
     assert again.action == "try" and again.candidates[0].template == "csr_rowsplit"
+
+
+def test_exact_hit_from_far_along_its_n_bucket_goes_first_and_the_search_goes_on():
+    """The H200 graphs suite (session 39): the Laplacians at N = 128 stopped on their N = 32 winner
+    (csr_rowsplit 33.5 us, cuSPARSE 40.0) where csr_rowdecomp, first without memory, measured ~19 us."""
+    hit = {"kind": "exact", "template": "csr_rowsplit", "params": {"ROWS_PER_PROGRAM": 8}, "source": "SRC",
+           "run_id": "r1", "speedup_vs_dense": 190.0, "median_ms": 0.0099, "gpu": "H200", "n_values": [32]}
+    templates = [DENSE, entry("csr_rowdecomp", 0.010), entry("csr_rowsplit", 0.012)]
+    at = lambda n, hits=(hit,), **kw: make_input(pattern="banded", sparsity=0.9998, templates=templates,
+                                                 hits=list(hits), n=n, **kw)
+    first = ExpertPolicy().plan(at(128))
+    assert first.action == "try" and first.candidates[0].origin == "memory"
+    assert "found at N = 32" in first.rationale and "search at N = 128" in first.rationale
+    mine = verified("csr_rowsplit", 0.0335, {"ROWS_PER_PROGRAM": 8})
+    after = ExpertPolicy().plan(at(128, tried=[mine], best=mine))
+    assert after.action == "try" and after.candidates[0].template == "csr_rowdecomp"
+    # within 2x of the N it was found at (N = 24 / 64 against 32), the hit still settles the search
+    for n in (24, 64):
+        assert ExpertPolicy().plan(at(n, tried=[mine], best=mine)).action == "stop"
+    # a dense / vendor answer from far along the bucket is no reason to stop either
+    vendor = {"kind": "exact", "template": "cusparse_csr_torch", "origin": "vendor", "params": {}, "run_id": "r2",
+              "n_values": [32], "reason": "the vendor path was fastest"}
+    plan = ExpertPolicy().plan(at(128, hits=[vendor]))
+    assert plan.action == "try" and plan.candidates[0].template == "csr_rowdecomp"
+    near = ExpertPolicy().plan(at(48, hits=[vendor]))
+    assert near.action == "stop" and "cusparse_csr_torch was best" in near.rationale
+
+
+def test_found_at_this_n_needs_every_n_near_a_stored_one():
+    assert found_at_this_n([16], [16]) and found_at_this_n([16], [9]) and found_at_this_n([16], [32])
+    assert not found_at_this_n([16], [33]) and not found_at_this_n([32], [128])
+    assert found_at_this_n([8, 64], [8, 100]) and not found_at_this_n([8, 64], [8, 200])
+    assert found_at_this_n(None, [128]) and found_at_this_n([], [1])   # stored without N values: as before
 
 
 def test_exact_hit_where_dense_won_stops_with_dense():

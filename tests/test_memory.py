@@ -142,7 +142,7 @@ def test_exact_hit_only_verified_and_matching_key(mem):
     assert hit["run_id"] == newer and hit["candidate_id"] == newer_cand
     assert hit["template"] == "csr_rowsplit" and hit["source"] == "# newest\n"
     assert hit["params"] == {"BLOCK_N": 32} and hit["timings"] == {"median_ms": 1.0}
-    assert (hit["gpu"], hit["dtype"], hit["n_bucket"]) == ("NVIDIA H200", "float16", "<=16")
+    assert (hit["gpu"], hit["dtype"], hit["n_bucket"], hit["n_values"]) == ("NVIDIA H200", "float16", "<=16", [16])
     assert mem.exact_hit("sig-a", "<=128", "float16", "NVIDIA H200") is None
     assert mem.exact_hit("sig-a", "<=16", "bfloat16", "NVIDIA H200") is None
     assert mem.exact_hit("sig-a", "<=16", "float16", "NVIDIA A100") is None

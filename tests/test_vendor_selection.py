@@ -35,8 +35,8 @@ def stub_timings(monkeypatch, generated_ms: float) -> list[str]:
     return calls
 
 
-def run(A, tmp_path, **kw):
-    return run_graph(A, target="A100", n=8, dtype="float32", budget=1, checkpoint=tmp_path / "ckpt.sqlite",
+def run(A, tmp_path, n=8, **kw):
+    return run_graph(A, target="A100", n=n, dtype="float32", budget=1, checkpoint=tmp_path / "ckpt.sqlite",
                      memory=str(tmp_path / "memory.sqlite"), **kw)
 
 
@@ -72,6 +72,12 @@ def test_a_faster_vendor_path_is_the_answer_and_is_reused_from_memory(monkeypatc
     assert again.memory_hits[0]["template"] == "cusparse_csr_torch" and again.memory_hits[0]["origin"] == "vendor"
     assert [c.origin for c in again.candidates] == ["vendor", "vendor"], "no search: the library won here"
     assert again.best.template == "cusparse_csr_torch" and "vendor path cusparse_csr_torch" in again.memory_line()
+
+    # N = 2 shares N = 8's bucket, but 4x apart the stored answer does not settle it: a search runs
+    farther = run(matrix, tmp_path, n=2)
+    assert farther.memory_hits[0]["kind"] == "exact" and farther.memory_hits[0]["n_values"] == [8]
+    assert any(c.origin != "vendor" for c in farther.candidates), "searched, not stopped on N = 8's answer"
+    assert farther.best.template == "cusparse_csr_torch" and "at another N" in farther.memory_line()
 
 
 def test_a_generated_kernel_that_beats_every_vendor_path_wins_after_its_retiming(monkeypatch, tmp_path, matrix):
