@@ -400,3 +400,26 @@ def test_the_suite_counts_how_often_the_planners_first_candidate_won():
     assert dict(zip(SUITE_HEADERS, suite_cells(s)))["first candidate won"] == "2 of 3"
     none = metrics.summarize_suite("llm", [row("d", ts, template="dense", origin="vendor")])
     assert dict(zip(SUITE_HEADERS, suite_cells(none)))["first candidate won"] == "-"
+
+
+def test_each_row_lists_the_candidates_in_the_order_they_were_tried():
+    """The planner's record per case: a retried candidate once (its last attempt), vendor paths after
+    the search, "auto" parameters left out, times in us with the basis they were measured on."""
+    from sparseditto.agents.records import CandidateRecord
+
+    cands = [CandidateRecord(index=1, template="tc_words", params={"WARPS": 4, "LOAD": "auto"}, origin="memory",
+                             status="compile_error", expected_ms=0.010),
+             CandidateRecord(index=1, attempt=2, template="tc_words", params={"WARPS": 2, "LOAD": "auto"},
+                             origin="memory", status="verified", expected_ms=0.010, median_ms=0.0242,
+                             timing_basis="cuda_graph"),
+             CandidateRecord(index=2, template="delta_spmv", origin="template", status="wrong_result",
+                             expected_ms=0.0109),
+             CandidateRecord(template="dense", origin="vendor", status="verified", median_ms=0.0259,
+                             timing_basis="cuda_graph")]
+    tried = measure.tried_kernels(cands)
+    assert [(t.rank, t.template, t.status) for t in tried] == [
+        (1, "tc_words", "verified"), (2, "delta_spmv", "wrong_result"), (3, "dense", "verified")]
+    assert tried[0].params == {"WARPS": 2} and tried[0].expected_us == 10.0 and tried[0].us == 24.2
+    assert tried[0].basis == "cuda_graph" and tried[1].us is None and tried[1].basis is None
+    row = ChosenKernel(template="tc_words", tried=tried)
+    assert ChosenKernel.model_validate_json(row.model_dump_json()).tried == tried

@@ -29,7 +29,7 @@ from pydantic import BaseModel
 
 from .cases import Case
 from .ratios import format_roofline, speedups
-from .rows import DENSE_PATH, VENDOR_PATHS, BenchRow, ChosenKernel, PathTiming
+from .rows import DENSE_PATH, VENDOR_PATHS, BenchRow, ChosenKernel, PathTiming, TriedKernel
 
 
 class Settings(BaseModel):
@@ -73,7 +73,27 @@ def chosen_kernel(result) -> ChosenKernel:
     return ChosenKernel(template=best.template, params=dict(best.params or {}), origin=best.origin,
                         backend=best.backend, selection=best.selection, reason=best.reason,
                         bottleneck=best.bottleneck, source_hash=best.source_hash, candidates_tried=len(seen),
-                        winner_rank=rank, stop_reason=result.stop_reason, policy=result.policy)
+                        winner_rank=rank, stop_reason=result.stop_reason, policy=result.policy,
+                        tried=tried_kernels(result.candidates))
+
+
+def tried_kernels(candidates) -> list[TriedKernel]:
+    """Every attempt of the run as a short record: the last attempt of each candidate index (a
+    retried candidate's earlier failures are in its message), vendor paths (no index) after them."""
+    last: dict = {}
+    vendors = []
+    for c in candidates:
+        if c.index is None:
+            vendors.append(c)
+        else:
+            last[c.index] = c
+    ordered = [last[i] for i in sorted(last)] + vendors
+    us = lambda ms: None if ms is None else round(ms * 1e3, 3)
+    return [TriedKernel(rank=k + 1, template=c.template, origin=c.origin, status=c.status,
+                        params={p: v for p, v in (c.params or {}).items() if v != "auto"},
+                        expected_us=us(c.expected_ms), us=us(c.median_ms),
+                        basis=c.timing_basis if c.median_ms is not None else None)
+            for k, c in enumerate(ordered)]
 
 
 def candidate_spec(result):

@@ -38,6 +38,20 @@ class PathTiming(BaseModel):
     recheck_message: str = ""
 
 
+class TriedKernel(BaseModel):
+    """One candidate `run_graph` tried for the case, in the order it was tried: what the planner's
+    rules and cost model are judged by (its estimate against its measured time, the winner's rank)."""
+
+    rank: int                            # 1-based, retries of a candidate share it
+    template: str
+    params: dict[str, Any] = Field(default_factory=dict)   # the values set explicitly ("auto" left out)
+    origin: str | None = None
+    status: str
+    expected_us: float | None = None     # the cost model's estimate on the target
+    us: float | None = None              # measured: graph-replayed where it has one, else eager
+    basis: str | None = None
+
+
 class ChosenKernel(BaseModel):
     """What `run_graph` answered for this case."""
 
@@ -53,6 +67,7 @@ class ChosenKernel(BaseModel):
     winner_rank: int | None = None     # 1-based position of the chosen kernel among the candidates tried
     stop_reason: str | None = None
     policy: str | None = None          # expert, or the LLM policy when $SPARSEDITTO_LLM_MODEL is set
+    tried: list[TriedKernel] = Field(default_factory=list)   # every candidate, vendor paths last
 
 
 class Speedup(BaseModel):
