@@ -73,6 +73,87 @@ def _kernel_walk(packed: dict, B: np.ndarray) -> np.ndarray:
     return C
 
 
+def _stream_walk(packed: dict, B: np.ndarray, groups: int, lanes: int) -> tuple[np.ndarray, list]:
+    """C = A @ B the way csr_rowdecomp_stream computes it (float64, one column strip): group g takes
+    items g, g + G, ... with the pipeline's registers restated (cur / next / after headers, the next
+    item's first `lanes` pairs loaded a step ahead, the preloaded pairs used for the first pass only),
+    then the fixup as in `_kernel_walk`. Returns (C, the items each group summed, in order)."""
+    items = packed["items"].numpy().astype(np.int64)
+    indices = packed["indices"].numpy().astype(np.int64)
+    values = packed["values"].float().numpy().astype(np.float64)
+    n_items = items.shape[0]
+    C = np.full((packed["shape"][0], B.shape[1]), np.nan)
+    partials = np.full((packed["n_slots"], B.shape[1]), np.nan)
+    sub = np.arange(lanes)
+
+    def pairs(it):                     # what lanes 0..LANES-1 load for an item's first pass
+        k = it[1] + sub
+        ok = k < it[2]
+        return np.where(ok, indices[np.minimum(k, indices.size - 1)], 0), np.where(
+            ok, values[np.minimum(k, values.size - 1)], 0.0)
+
+    walked = []
+    for first in range(groups):
+        if first >= n_items:
+            continue
+        mine = []
+        cur = items[first]
+        cur_col, cur_val = pairs(cur)
+        has_next = first + groups < n_items
+        nxt = items[first + groups] if has_next else np.array([0, 0, 0, -1])
+        item = first
+        while item < n_items:
+            has_after = item + 2 * groups < n_items
+            next_col, next_val = pairs(nxt) if has_next else (np.zeros(lanes, np.int64), np.zeros(lanes))
+            after = items[item + 2 * groups] if has_after else np.array([0, 0, 0, -1])
+            acc = np.zeros(B.shape[1])
+            for base in range(cur[1], cur[2], lanes):
+                if base == cur[1]:
+                    my_col, my_val = cur_col, cur_val
+                else:
+                    k = base + sub
+                    ok = k < cur[2]
+                    my_col = np.where(ok, indices[np.minimum(k, indices.size - 1)], 0)
+                    my_val = np.where(ok, values[np.minimum(k, values.size - 1)], 0.0)
+                count = min(lanes, cur[2] - base)
+                acc += my_val[:count] @ B[my_col[:count]]
+            if cur[3] < 0:
+                C[cur[0]] = acc
+            else:
+                partials[cur[3]] = acc
+            mine.append(item)
+            cur, cur_col, cur_val, nxt, has_next = nxt, next_col, next_val, after, has_after
+            item += groups
+        walked.append(mine)
+    fix_rows, fix_ptr = packed["fix_rows"].numpy(), packed["fix_ptr"].numpy()
+    for f, row in enumerate(fix_rows):
+        C[row] = partials[fix_ptr[f]:fix_ptr[f + 1]].sum(axis=0)
+    return C, walked
+
+
+@pytest.mark.parametrize("name", sorted(GRAPHS))
+@pytest.mark.parametrize("params", [{"ITEMS": 4}, {"ITEMS": 16, "CHUNK": 16, "ORDER": "row"},
+                                    {"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 1024}])
+def test_the_pipelined_walk_sums_every_item_once_and_gives_the_exact_product(name, params, tmp_path_factory):
+    """ITEMS > 1: the launch plan's grid of groups, each walking items g, g + G, ...: every item summed
+    by exactly one group, in order, and the product exact, for lane groups narrower than a warp too."""
+    module = _load(params, tmp_path_factory)
+    A = GRAPHS[name]()
+    packed = module.prepare(A, "float32", "cpu")
+    n = 40
+    plan = module.plan_launch(packed, n, torch.float32, 0, n, 0, n)
+    assert plan["name"].startswith("csr_rowdecomp_stream<") and plan["items"] == params["ITEMS"]
+    groups = plan["grid"][0] * plan["block"][0] // plan["lanes"]
+    assert groups * params["ITEMS"] >= packed["n_items"] > (plan["grid"][0] - 1) * plan["block"][0] // plan["lanes"] * params["ITEMS"]
+    B = np.random.default_rng(5).standard_normal((A.shape[1], n))
+    got, walked = _stream_walk(packed, B, groups, plan["lanes"])
+    assert sorted(i for w in walked for i in w) == list(range(packed["n_items"]))
+    assert max(len(w) for w in walked) == -(-packed["n_items"] // groups)
+    assert not np.isnan(got).any(), "a row of C that no item or fixup writes"
+    exact = A.to_scipy().astype(np.float32).astype(np.float64) @ B
+    np.testing.assert_allclose(got, exact, rtol=1e-10, atol=1e-10)
+
+
 def test_candidate_inlines_the_shared_header_then_the_kernel_and_passes_static_checks():
     cand = get_template("csr_rowdecomp").instantiate({})
     header = (TEMPLATE_ROOT / "cuda" / "dtypes.cuh").read_text().strip("\n")
@@ -155,7 +236,8 @@ def test_auto_order_and_chunk_follow_the_row_lengths(tmp_path_factory):
     assert mesh["order"] == "row" and mesh["n_fix"] == 0 and mesh["chunk"] == auto_chunk(5.0) == 32
 
 
-@pytest.mark.parametrize("params", [{}, {"LANES": 4, "VEC": 2}, {"VEC": 8, "UNROLL": 8, "WARPS_PER_BLOCK": 2}])
+@pytest.mark.parametrize("params", [{}, {"LANES": 4, "VEC": 2}, {"VEC": 8, "UNROLL": 8, "WARPS_PER_BLOCK": 2},
+                                    {"ITEMS": 8}, {"ITEMS": 2, "LANES": 8, "VEC": 4}])
 def test_every_planned_kernel_is_compiled_and_the_grid_covers_items_and_columns(params, tmp_path_factory):
     module = _load(params, tmp_path_factory)
     A = _hub_matrix(120, 300, seed=4)
@@ -165,8 +247,10 @@ def test_every_planned_kernel_is_compiled_and_the_grid_covers_items_and_columns(
         for n in list(range(1, 70)) + [128, 255, 256, 257, 1000]:
             plan = module.plan_launch(packed, n, dtype, 0, n, 0, n)
             assert plan["name"] in compiled and plan["fix_name"] in compiled, (dtype, n)
-            per_block = plan["block"][0] // plan["lanes"]
+            per_block = plan["block"][0] // plan["lanes"] * params.get("ITEMS", 1)
             assert plan["grid"][0] * per_block >= packed["n_items"] > (plan["grid"][0] - 1) * per_block
+            kind = "csr_rowdecomp_items<" if params.get("ITEMS", 1) == 1 else "csr_rowdecomp_stream<"
+            assert plan["name"].startswith(kind)
             assert plan["grid"][1] * plan["lanes"] * plan["vec"] >= n and plan["fix_grid"][1] * 32 * plan["vec"] >= n
             assert plan["pstride"] % 8 == 0 and plan["pstride"] >= n
     fp32 = module.plan_launch(packed, 128, torch.float32, 0, 128, 0, 128)
@@ -204,6 +288,7 @@ def test_source_compiles_for_sm90_without_spills(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert len([e for e in entries if "csr_rowdecomp_items" in e]) == 3 * 3 * 4 * 6   # dtypes x UNROLL x VEC x LANES
+    assert len([e for e in entries if "csr_rowdecomp_stream" in e]) == 3 * 3 * 4 * 6
     assert len([e for e in entries if "csr_rowdecomp_fixup" in e]) == 3 * 4
     spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in csr_rowdecomp"
@@ -238,7 +323,9 @@ def test_cost_model_counts_items_partials_and_the_second_launch():
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("params,name", [({}, "rmat"), ({}, "mesh2d"), ({"CHUNK": 16, "ORDER": "row"}, "hubs"),
                                          ({"LANES": 4, "VEC": 2, "UNROLL": 8}, "banded"),
-                                         ({"VEC": 8, "LANES": 32, "WARPS_PER_BLOCK": 8}, "hubs")])
+                                         ({"VEC": 8, "LANES": 32, "WARPS_PER_BLOCK": 8}, "hubs"),
+                                         ({"ITEMS": 4}, "mesh2d"), ({"ITEMS": 16}, "rmat"),
+                                         ({"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 16}, "hubs")])
 def test_gpu_verifies_against_fp64(params, name, dtype):
     from sparseditto.harness.verify import run_and_verify
 

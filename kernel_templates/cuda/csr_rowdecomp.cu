@@ -12,6 +12,12 @@
 //       broadcast before their B loads are issued, so a lane has UNROLL row loads in flight.
 //       slot < 0: the item is its row's only one and writes the row of C (zeros for an empty row);
 //       otherwise it writes its fp32 partial row to partials[slot].
+//   csr_rowdecomp_stream<T, VEC, LANES, UNROLL>: the same sums, but a group walks items g, g + G, g + 2G, ...
+//       (G groups in the grid) as a software pipeline: the next item's first LANES (column, value) pairs and
+//       the header of the one after are loaded before this item's B rows, so only the B loads stay on a
+//       group's critical path. Why: one item per group pays three dependent round trips (header, pairs,
+//       B rows) per item and wave; on the H200 the 2-D Laplacian at N = 128 (32761 one-row items, 5.6
+//       waves) moved its 36 MB at 1.9 TB/s (session 30).
 //   csr_rowdecomp_fixup<T, VEC>: a warp per split row and 32 * VEC columns sums that row's partial rows
 //       in slot order (nonzero order) and writes C: the same sum whatever order the items ran in.
 // The value types and load_row_strip come from dtypes.cuh, inlined in front of this file.
@@ -33,32 +39,26 @@ __device__ __forceinline__ void store_row_strip(typename T::storage* __restrict_
     }
 }
 
-// vec_ok bit 0: B's vector loads are aligned; bit 1: C's vector stores are. Partial rows are
-// pstride (a multiple of 8) floats apart and always aligned.
-template <typename T, int VEC, int LANES, int UNROLL>
-__global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
-                                    const typename T::storage* __restrict__ values, float* __restrict__ partials,
-                                    int pstride, const typename T::storage* __restrict__ B,
-                                    typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
-                                    int vec_ok) {
-    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
-    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
-    const int lane = threadIdx.x & 31;
-    const int sub = threadIdx.x & (LANES - 1);
-    const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
-    const int item = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES;
-    if (item >= n_items) return;  // the whole group leaves: no shuffle ever names it
-    const int4 it = items[item];  // row, start, end, slot
-    const int n0 = (blockIdx.y * LANES + sub) * VEC;
-    const bool cols = n0 < N;
-    const bool b_vec = (vec_ok & 1) != 0;
-    float acc[VEC];
-#pragma unroll
-    for (int t = 0; t < VEC; ++t) acc[t] = 0.0f;
+// One item's sum over its nonzeros into acc. Pairs come LANES at a time, one per lane, coalesced;
+// UNROLL of them are broadcast before their B rows are loaded (VEC columns a lane). PRELOADED: the
+// first pass's pair is the caller's (first_col, first_val), loaded ahead of time.
+template <typename T, int VEC, int LANES, int UNROLL, bool PRELOADED>
+__device__ __forceinline__ void item_sum(const int4 it, int first_col, float first_val,
+                                         const int* __restrict__ indices,
+                                         const typename T::storage* __restrict__ values,
+                                         const typename T::storage* __restrict__ B, int n0, int N, long long ldb,
+                                         bool cols, bool b_vec, unsigned group, int sub, float (&acc)[VEC]) {
     for (int base = it.y; base < it.z; base += LANES) {
         const int k = base + sub;
-        const int my_col = k < it.z ? indices[k] : 0;
-        const float my_val = k < it.z ? T::to_float(values[k]) : 0.0f;
+        int my_col;
+        float my_val;
+        if (PRELOADED && base == it.y) {
+            my_col = first_col;
+            my_val = first_val;
+        } else {
+            my_col = k < it.z ? indices[k] : 0;
+            my_val = k < it.z ? T::to_float(values[k]) : 0.0f;
+        }
         const int count = min(LANES, it.z - base);
         for (int j = 0; j < count; j += UNROLL) {
             int col[UNROLL];
@@ -86,14 +86,102 @@ __global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items,
             }
         }
     }
-    if (!cols) return;
+}
+
+// An item's sum to its row of C (slot < 0: the row's only item) or to its fp32 partial row.
+template <typename T, int VEC>
+__device__ __forceinline__ void item_store(const int4 it, float* __restrict__ partials, int pstride,
+                                           typename T::storage* __restrict__ C, long long ldc, int n0, int N,
+                                           bool c_vec, const float (&acc)[VEC]) {
     if (it.w < 0) {
-        store_row_strip<T, VEC>(C + static_cast<long long>(it.x) * ldc, n0, N, (vec_ok & 2) != 0, acc);
+        store_row_strip<T, VEC>(C + static_cast<long long>(it.x) * ldc, n0, N, c_vec, acc);
     } else {
         Pack<float, VEC> pk;
 #pragma unroll
         for (int t = 0; t < VEC; ++t) pk.v[t] = acc[t];
         *reinterpret_cast<Pack<float, VEC>*>(partials + static_cast<long long>(it.w) * pstride + n0) = pk;
+    }
+}
+
+// vec_ok bit 0: B's vector loads are aligned; bit 1: C's vector stores are. Partial rows are
+// pstride (a multiple of 8) floats apart and always aligned.
+template <typename T, int VEC, int LANES, int UNROLL>
+__global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
+                                    const typename T::storage* __restrict__ values, float* __restrict__ partials,
+                                    int pstride, const typename T::storage* __restrict__ B,
+                                    typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
+                                    int vec_ok) {
+    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
+    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
+    const int lane = threadIdx.x & 31;
+    const int sub = threadIdx.x & (LANES - 1);
+    const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
+    const int item = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES;
+    if (item >= n_items) return;  // the whole group leaves: no shuffle ever names it
+    const int4 it = items[item];  // row, start, end, slot
+    const int n0 = (blockIdx.y * LANES + sub) * VEC;
+    const bool cols = n0 < N;
+    float acc[VEC];
+#pragma unroll
+    for (int t = 0; t < VEC; ++t) acc[t] = 0.0f;
+    item_sum<T, VEC, LANES, UNROLL, false>(it, 0, 0.0f, indices, values, B, n0, N, ldb, cols, (vec_ok & 1) != 0,
+                                           group, sub, acc);
+    if (!cols) return;
+    item_store<T, VEC>(it, partials, pstride, C, ldc, n0, N, (vec_ok & 2) != 0, acc);
+}
+
+// The same arguments as csr_rowdecomp_items; the grid may hold fewer groups than items.
+template <typename T, int VEC, int LANES, int UNROLL>
+__global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
+                                     const typename T::storage* __restrict__ values, float* __restrict__ partials,
+                                     int pstride, const typename T::storage* __restrict__ B,
+                                     typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
+                                     int vec_ok) {
+    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
+    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
+    const int lane = threadIdx.x & 31;
+    const int sub = threadIdx.x & (LANES - 1);
+    const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
+    const int per_block = blockDim.x / LANES;
+    const int first = blockIdx.x * per_block + threadIdx.x / LANES;
+    const int stride = gridDim.x * per_block;
+    if (first >= n_items) return;  // the whole group leaves: every group-uniform loop below stays group-uniform
+    const int n0 = (blockIdx.y * LANES + sub) * VEC;
+    const bool cols = n0 < N;
+    const bool b_vec = (vec_ok & 1) != 0;
+    const bool c_vec = (vec_ok & 2) != 0;
+    int4 cur = items[first];  // row, start, end, slot
+    int cur_col = 0;
+    float cur_val = 0.0f;
+    if (cur.y + sub < cur.z) {
+        cur_col = indices[cur.y + sub];
+        cur_val = T::to_float(values[cur.y + sub]);
+    }
+    bool has_next = first + stride < n_items;
+    int4 next = make_int4(0, 0, 0, -1);
+    if (has_next) next = items[first + stride];
+    for (int item = first; item < n_items; item += stride) {
+        // loads issued ahead of this item's B rows: the next item's first pairs, the header after it
+        int next_col = 0;
+        float next_val = 0.0f;
+        int4 after = make_int4(0, 0, 0, -1);
+        const bool has_after = item + 2 * stride < n_items;
+        if (has_next && next.y + sub < next.z) {
+            next_col = indices[next.y + sub];
+            next_val = T::to_float(values[next.y + sub]);
+        }
+        if (has_after) after = items[item + 2 * stride];
+        float acc[VEC];
+#pragma unroll
+        for (int t = 0; t < VEC; ++t) acc[t] = 0.0f;
+        item_sum<T, VEC, LANES, UNROLL, true>(cur, cur_col, cur_val, indices, values, B, n0, N, ldb, cols, b_vec,
+                                              group, sub, acc);
+        if (cols) item_store<T, VEC>(cur, partials, pstride, C, ldc, n0, N, c_vec, acc);
+        cur = next;
+        cur_col = next_col;
+        cur_val = next_val;
+        next = after;
+        has_next = has_after;
     }
 }
 
@@ -122,8 +210,12 @@ __global__ void csr_rowdecomp_fixup(const int* __restrict__ fix_rows, const int*
 #define SD_RD_ITEMS(T, V, L, U) template __global__ void csr_rowdecomp_items<T, V, L, U>( \
     const int4*, int, const int*, const T::storage*, float*, int, const T::storage*, T::storage*, int, long long, \
     long long, int);
-#define SD_RD_L(T, V, U) SD_RD_ITEMS(T, V, 1, U) SD_RD_ITEMS(T, V, 2, U) SD_RD_ITEMS(T, V, 4, U) \
-    SD_RD_ITEMS(T, V, 8, U) SD_RD_ITEMS(T, V, 16, U) SD_RD_ITEMS(T, V, 32, U)
+#define SD_RD_STREAM(T, V, L, U) template __global__ void csr_rowdecomp_stream<T, V, L, U>( \
+    const int4*, int, const int*, const T::storage*, float*, int, const T::storage*, T::storage*, int, long long, \
+    long long, int);
+#define SD_RD_BOTH(T, V, L, U) SD_RD_ITEMS(T, V, L, U) SD_RD_STREAM(T, V, L, U)
+#define SD_RD_L(T, V, U) SD_RD_BOTH(T, V, 1, U) SD_RD_BOTH(T, V, 2, U) SD_RD_BOTH(T, V, 4, U) \
+    SD_RD_BOTH(T, V, 8, U) SD_RD_BOTH(T, V, 16, U) SD_RD_BOTH(T, V, 32, U)
 #define SD_RD_V(T, U) SD_RD_L(T, 1, U) SD_RD_L(T, 2, U) SD_RD_L(T, 4, U) SD_RD_L(T, 8, U)
 #define SD_RD_FIX(T, V) template __global__ void csr_rowdecomp_fixup<T, V>( \
     const int*, const int*, int, const float*, int, T::storage*, int, long long, int);

@@ -8,7 +8,10 @@ them (ORDER "length": longest first, so hub pieces start early and the groups of
 work; "row": neighbouring rows, which on a mesh share columns of B, run together). A group of LANES
 lanes owns an item and LANES * VEC columns of N: it loads LANES (column, value) pairs at once, then
 broadcasts each with a shuffle while every lane loads its VEC columns of that B row as one vector;
-UNROLL rows are in flight per lane. Rows cut into several items write fp32 partial rows to a
+UNROLL rows are in flight per lane. ITEMS > 1 launches ITEMS times fewer groups, each walking items
+g, g + G, ... as a pipeline that loads the next item's (column, value) pairs and the header after it
+before this item's B rows: one dependent round trip per item instead of three (csr_rowdecomp.cu).
+Rows cut into several items write fp32 partial rows to a
 workspace, and a second small launch sums them in nonzero order: deterministic, no atomics.
 ORDER "auto" picks "length" when the row lengths are skewed (coefficient of variation > 1).
 
@@ -29,9 +32,10 @@ META = {
         "VEC": ["auto", 1, 2, 4, 8],
         "UNROLL": [2, 4, 8],
         "WARPS_PER_BLOCK": [2, 4, 8],
+        "ITEMS": [1, 2, 4, 8, 16],
     },
     "defaults": {"CHUNK": "auto", "ORDER": "auto", "LANES": "auto", "VEC": "auto", "UNROLL": 4,
-                 "WARPS_PER_BLOCK": 4},
+                 "WARPS_PER_BLOCK": 4, "ITEMS": 1},
     "patterns": ["power_law", "banded", "unstructured"],
     "cuda_source": "csr_rowdecomp.cu",
 }
@@ -83,9 +87,14 @@ def reachable_kernels(dtype) -> tuple:
     vecs = _VECS if PARAMS["VEC"] == "auto" else (int(PARAMS["VEC"]),)
     lanes = (1, 2, 4, 8, 16, 32) if PARAMS["LANES"] == "auto" else (int(PARAMS["LANES"]),)
     unroll = int(PARAMS["UNROLL"])
-    names = {f"csr_rowdecomp_items<{tag}, {v}, {l}, {unroll}>" for v in vecs for l in lanes}
+    names = {f"{_items_kernel()}<{tag}, {v}, {l}, {unroll}>" for v in vecs for l in lanes}
     names.update(f"csr_rowdecomp_fixup<{tag}, {v}>" for v in vecs)
     return tuple(sorted(names))
+
+
+def _items_kernel() -> str:
+    """One item per group (ITEMS 1), or the pipelined walk over several."""
+    return "csr_rowdecomp_items" if int(PARAMS["ITEMS"]) == 1 else "csr_rowdecomp_stream"
 
 
 def prepare(A, dtype, device) -> dict:
@@ -111,15 +120,16 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int, c_ptr: int, l
     esize = rt.element_size(dtype)
     vec, lanes = vec_lanes(N, dtype)
     warps = int(PARAMS["WARPS_PER_BLOCK"])
-    items_per_block = warps * 32 // lanes
+    groups_per_block = warps * 32 // lanes
+    items_per_block = groups_per_block * int(PARAMS["ITEMS"])
     grid = (-(-packed["n_items"] // items_per_block), -(-N // (lanes * vec)), 1)
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column strips of LANES x VEC = {lanes * vec}, more than CUDA's "
                          "grid.y limit of 65535; use a wider LANES or VEC.")
     vec_ok = int(rt.vectors_fit(b_ptr, ldb, vec, esize)) | 2 * int(rt.vectors_fit(c_ptr, ldc, vec, esize))
     fix_grid = (-(-packed["n_fix"] // warps), -(-N // (32 * vec)), 1)
-    return {"name": f"csr_rowdecomp_items<{tag}, {vec}, {lanes}, {int(PARAMS['UNROLL'])}>", "grid": grid,
-            "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "vec": vec, "lanes": lanes,
+    return {"name": f"{_items_kernel()}<{tag}, {vec}, {lanes}, {int(PARAMS['UNROLL'])}>", "grid": grid,
+            "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "vec": vec, "lanes": lanes, "items": int(PARAMS["ITEMS"]),
             "fix_name": f"csr_rowdecomp_fixup<{tag}, {vec}>" if packed["n_fix"] else None, "fix_grid": fix_grid,
             "pstride": -(-N // PARTIAL_ALIGN) * PARTIAL_ALIGN}
 
