@@ -224,20 +224,23 @@ def time_cuda(fn: Callable[[], None], *, repeats: int = 50, warmup: int = 5, flu
 
 
 def capture_graph(fn: Callable[[], None], warmup: int = 2):
-    """Capture one ``fn()`` into a CUDA graph (warm-up on a side stream first, as torch requires)."""
+    """Capture one ``fn()`` into a CUDA graph (warm-up on a side stream first, as torch requires).
+    The warm-up launches run eagerly: as shared GPU work (gpu_lock), never inside another process's
+    timing."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(max(1, warmup)):
+    with gpu_lock.shared_section():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(max(1, warmup)):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
             fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     return graph
 
 
