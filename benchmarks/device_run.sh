@@ -88,11 +88,12 @@ for stage in "$@"; do
         tests/test_batch_workers.py 2>&1 | tee "$OUT/session40_tests.log" | tail -15
       RUN_WEIGHT=11008x4096:magnitude:0.7 RUN_N="16 1" bash "$0" rungraph ;;
     session41)
-      # issue 11, session 41 (written without a GPU): csr_rowdecomp's pipelined walk (ITEMS > 1) through its GPU
-      # tests, then against ITEMS 1 and torch's cuSPARSE on the large graphs and meshes at N = 32 / 128 / 256
+      # issue 11, session 41 (written without a GPU): csr_rowdecomp's pipelined walk (ITEMS > 1, WALK grid / block)
+      # through its GPU tests, then against ITEMS 1 and torch's cuSPARSE on the large graphs and meshes at N = 32 /
+      # 128 / 256
       timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_csr_rowdecomp.py 2>&1 \
         | tee "$OUT/session41_tests.log" | tail -6
-      GV='{"csr_rowdecomp": [{}, {"ITEMS": 2}, {"ITEMS": 4}, {"ITEMS": 8}, {"ITEMS": 16}, {"ITEMS": 4, "UNROLL": 8}]}'
+      GV='{"csr_rowdecomp": [{}, {"ITEMS": 4}, {"ITEMS": 8}, {"ITEMS": 16}, {"ITEMS": 8, "WALK": "grid"}, {"ITEMS": 8, "WALK": "block"}, {"ITEMS": 4, "UNROLL": 8}]}'
       timeout ${GK_TIMEOUT:-400} python3 benchmarks/graph_kernels.py --data "$SPARSEDITTO_DATA" --out "$OUT/graph_kernels.json" \
         --matrices "${GK_MATRICES:-rmat|kronecker|laplacian|fem|dnn_n1024-l1|pushpull}" --n ${GK_N:-32 128 256} \
         --variants "${GK_VARIANTS:-$GV}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -60 ;;

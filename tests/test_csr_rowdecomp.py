@@ -73,48 +73,42 @@ def _kernel_walk(packed: dict, B: np.ndarray) -> np.ndarray:
     return C
 
 
-def _stream_walk(packed: dict, B: np.ndarray, groups: int, lanes: int) -> tuple[np.ndarray, list]:
-    """C = A @ B the way csr_rowdecomp_stream computes it (float64, one column strip): group g takes
-    items g, g + G, ... with the pipeline's registers restated (cur / next / after headers, the next
-    item's first `lanes` pairs loaded a step ahead, the preloaded pairs used for the first pass only),
-    then the fixup as in `_kernel_walk`. Returns (C, the items each group summed, in order)."""
+def _stream_walk(packed: dict, B: np.ndarray, plan: dict) -> tuple[np.ndarray, list]:
+    """C = A @ B the way csr_rowdecomp_stream computes it (float64, one column strip): each group's
+    (first, stride, end) from the plan's grid and block_items as the kernel derives them, the pipeline's
+    registers restated (cur / next / after headers, the next item's first LANES pairs loaded a step
+    ahead, the preloaded pairs used for the first pass only), then the fixup as in `_kernel_walk`.
+    Returns (C, the items each group summed, in order)."""
     items = packed["items"].numpy().astype(np.int64)
     indices = packed["indices"].numpy().astype(np.int64)
     values = packed["values"].float().numpy().astype(np.float64)
     n_items = items.shape[0]
     C = np.full((packed["shape"][0], B.shape[1]), np.nan)
     partials = np.full((packed["n_slots"], B.shape[1]), np.nan)
+    lanes, per_block, block_items = plan["lanes"], plan["block"][0] // plan["lanes"], plan["block_items"]
     sub = np.arange(lanes)
+    none = np.array([0, 0, 0, -1])
 
-    def pairs(it):                     # what lanes 0..LANES-1 load for an item's first pass
-        k = it[1] + sub
-        ok = k < it[2]
-        return np.where(ok, indices[np.minimum(k, indices.size - 1)], 0), np.where(
-            ok, values[np.minimum(k, values.size - 1)], 0.0)
+    def lane_pairs(base, end):          # what lanes 0..LANES-1 load: pair base + sub, zeros past the end
+        k = base + sub
+        ok = k < end
+        at = np.minimum(k, max(indices.size - 1, 0))
+        return np.where(ok, indices[at], 0), np.where(ok, values[at], 0.0)
 
-    walked = []
-    for first in range(groups):
-        if first >= n_items:
-            continue
+    def group(first, stride, end):
         mine = []
         cur = items[first]
-        cur_col, cur_val = pairs(cur)
-        has_next = first + groups < n_items
-        nxt = items[first + groups] if has_next else np.array([0, 0, 0, -1])
+        cur_col, cur_val = lane_pairs(cur[1], cur[2])
+        has_next = first + stride < end
+        nxt = items[first + stride] if has_next else none
         item = first
-        while item < n_items:
-            has_after = item + 2 * groups < n_items
-            next_col, next_val = pairs(nxt) if has_next else (np.zeros(lanes, np.int64), np.zeros(lanes))
-            after = items[item + 2 * groups] if has_after else np.array([0, 0, 0, -1])
+        while item < end:
+            has_after = item + 2 * stride < end
+            next_col, next_val = lane_pairs(nxt[1], nxt[2]) if has_next else lane_pairs(0, 0)
+            after = items[item + 2 * stride] if has_after else none
             acc = np.zeros(B.shape[1])
             for base in range(cur[1], cur[2], lanes):
-                if base == cur[1]:
-                    my_col, my_val = cur_col, cur_val
-                else:
-                    k = base + sub
-                    ok = k < cur[2]
-                    my_col = np.where(ok, indices[np.minimum(k, indices.size - 1)], 0)
-                    my_val = np.where(ok, values[np.minimum(k, values.size - 1)], 0.0)
+                my_col, my_val = (cur_col, cur_val) if base == cur[1] else lane_pairs(base, cur[2])
                 count = min(lanes, cur[2] - base)
                 acc += my_val[:count] @ B[my_col[:count]]
             if cur[3] < 0:
@@ -123,8 +117,19 @@ def _stream_walk(packed: dict, B: np.ndarray, groups: int, lanes: int) -> tuple[
                 partials[cur[3]] = acc
             mine.append(item)
             cur, cur_col, cur_val, nxt, has_next = nxt, next_col, next_val, after, has_after
-            item += groups
-        walked.append(mine)
+            item += stride
+        return mine
+
+    walked = []
+    for block in range(plan["grid"][0]):
+        for local in range(per_block):
+            if block_items > 0:
+                first, stride = block * block_items + local, per_block
+                end = min(block * block_items + block_items, n_items)
+            else:
+                first, stride, end = block * per_block + local, plan["grid"][0] * per_block, n_items
+            if first < end:
+                walked.append(group(first, stride, end))
     fix_rows, fix_ptr = packed["fix_rows"].numpy(), packed["fix_ptr"].numpy()
     for f, row in enumerate(fix_rows):
         C[row] = partials[fix_ptr[f]:fix_ptr[f + 1]].sum(axis=0)
@@ -133,22 +138,30 @@ def _stream_walk(packed: dict, B: np.ndarray, groups: int, lanes: int) -> tuple[
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
 @pytest.mark.parametrize("params", [{"ITEMS": 4}, {"ITEMS": 16, "CHUNK": 16, "ORDER": "row"},
-                                    {"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 1024}])
+                                    {"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 1024},
+                                    {"ITEMS": 8, "WALK": "block", "ORDER": "length"},
+                                    {"ITEMS": 4, "WALK": "grid", "ORDER": "row", "LANES": 8}])
 def test_the_pipelined_walk_sums_every_item_once_and_gives_the_exact_product(name, params, tmp_path_factory):
-    """ITEMS > 1: the launch plan's grid of groups, each walking items g, g + G, ...: every item summed
-    by exactly one group, in order, and the product exact, for lane groups narrower than a warp too."""
+    """ITEMS > 1: the launch plan's groups, interleaved over the grid or walking their block's run of
+    items: every item summed by exactly one group, in order, and the product exact, for lane groups
+    narrower than a warp too."""
     module = _load(params, tmp_path_factory)
     A = GRAPHS[name]()
     packed = module.prepare(A, "float32", "cpu")
     n = 40
     plan = module.plan_launch(packed, n, torch.float32, 0, n, 0, n)
     assert plan["name"].startswith("csr_rowdecomp_stream<") and plan["items"] == params["ITEMS"]
-    groups = plan["grid"][0] * plan["block"][0] // plan["lanes"]
-    assert groups * params["ITEMS"] >= packed["n_items"] > (plan["grid"][0] - 1) * plan["block"][0] // plan["lanes"] * params["ITEMS"]
+    per_block = plan["block"][0] // plan["lanes"] * params["ITEMS"]
+    assert plan["grid"][0] * per_block >= packed["n_items"] > (plan["grid"][0] - 1) * per_block
+    walk = params.get("WALK", "auto")
+    walk = ("block" if packed["order"] == "row" else "grid") if walk == "auto" else walk
+    assert plan["block_items"] == (per_block if walk == "block" else 0)
     B = np.random.default_rng(5).standard_normal((A.shape[1], n))
-    got, walked = _stream_walk(packed, B, groups, plan["lanes"])
+    got, walked = _stream_walk(packed, B, plan)
     assert sorted(i for w in walked for i in w) == list(range(packed["n_items"]))
-    assert max(len(w) for w in walked) == -(-packed["n_items"] // groups)
+    assert max(len(w) for w in walked) <= params["ITEMS"]
+    if walk == "block":   # a group's items are neighbours: one block's run, P apart
+        assert all(np.all(np.diff(w) == plan["block"][0] // plan["lanes"]) for w in walked)
     assert not np.isnan(got).any(), "a row of C that no item or fixup writes"
     exact = A.to_scipy().astype(np.float32).astype(np.float64) @ B
     np.testing.assert_allclose(got, exact, rtol=1e-10, atol=1e-10)
@@ -325,7 +338,8 @@ def test_cost_model_counts_items_partials_and_the_second_launch():
                                          ({"LANES": 4, "VEC": 2, "UNROLL": 8}, "banded"),
                                          ({"VEC": 8, "LANES": 32, "WARPS_PER_BLOCK": 8}, "hubs"),
                                          ({"ITEMS": 4}, "mesh2d"), ({"ITEMS": 16}, "rmat"),
-                                         ({"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 16}, "hubs")])
+                                         ({"ITEMS": 2, "LANES": 4, "VEC": 2, "CHUNK": 16}, "hubs"),
+                                         ({"ITEMS": 8, "WALK": "block"}, "rmat")])
 def test_gpu_verifies_against_fp64(params, name, dtype):
     from sparseditto.harness.verify import run_and_verify
 
@@ -367,15 +381,16 @@ def test_planning_resolves_auto_chunk_as_prepare_does(mean):
     assert plan.chunk_for(SimpleNamespace(row_mean=mean), {"CHUNK": 64}) == 64
 
 
-def test_launch_runs_the_items_kernel_then_the_fixup_on_the_same_plan(tmp_path_factory, monkeypatch):
+@pytest.mark.parametrize("items", [1, 4])
+def test_launch_runs_the_items_kernel_then_the_fixup_on_the_same_plan(items, tmp_path_factory, monkeypatch):
     """runtime.launch_cuda with csr_rowdecomp's plan, kernels replaced by recorders (no GPU): the items
-    kernel gets B's and C's pointers between its fixed arguments, the fixup C's only, after it, sharing
-    the partial-row workspace; a second call reuses the plan."""
+    kernel gets B's and C's pointers between its fixed arguments (the stream kernel block_items after
+    n_items), the fixup C's only, after it, sharing the partial-row workspace; a second call reuses the plan."""
     from contextlib import nullcontext
 
     from sparseditto.kernel_templates import runtime as rt
 
-    module = _load({"CHUNK": 16}, tmp_path_factory)
+    module = _load({"CHUNK": 16, "ITEMS": items}, tmp_path_factory)
     packed = module.prepare(_hub_matrix(40, 300, seed=3), "float32", "cpu")
     assert packed["n_fix"] > 0
     calls = []
@@ -398,6 +413,9 @@ def test_launch_runs_the_items_kernel_then_the_fixup_on_the_same_plan(tmp_path_f
     assert first == plan["name"] and second == plan["fix_name"]
     assert grid == plan["grid"] and block == plan["block"] and fgrid == plan["fix_grid"]
     b_ptr, c_ptr, p_ptr = (np.uint64(t.data_ptr()) for t in (b, out, plan["partials"]))
-    assert args[:6] == plan["head"] and args[6:8] == (b_ptr, c_ptr) and args[8:] == plan["tail"]
-    assert args[4] == p_ptr and fargs[3] == p_ptr and fargs[5] == c_ptr and len(fargs) == 9
+    h = 6 if items == 1 else 7
+    assert len(plan["head"]) == h and args[:h] == plan["head"] and args[h:h + 2] == (b_ptr, c_ptr)
+    assert args[h + 2:] == plan["tail"] and len(args) == h + 6
+    assert items == 1 or args[2] == plan["block_items"]
+    assert args[h - 2] == p_ptr and fargs[3] == p_ptr and fargs[5] == c_ptr and len(fargs) == 9
     assert plan["partials"].shape == (packed["n_slots"], plan["pstride"])

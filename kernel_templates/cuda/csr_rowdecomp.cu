@@ -12,10 +12,13 @@
 //       broadcast before their B loads are issued, so a lane has UNROLL row loads in flight.
 //       slot < 0: the item is its row's only one and writes the row of C (zeros for an empty row);
 //       otherwise it writes its fp32 partial row to partials[slot].
-//   csr_rowdecomp_stream<T, VEC, LANES, UNROLL>: the same sums, but a group walks items g, g + G, g + 2G, ...
-//       (G groups in the grid) as a software pipeline: the next item's first LANES (column, value) pairs and
-//       the header of the one after are loaded before this item's B rows, so only the B loads stay on a
-//       group's critical path. Why: one item per group pays three dependent round trips (header, pairs,
+//   csr_rowdecomp_stream<T, VEC, LANES, UNROLL>: the same sums, but a group walks several items as a
+//       software pipeline: the next item's first LANES (column, value) pairs and the header of the one
+//       after are loaded before this item's B rows, so only the B loads stay on a group's critical path.
+//       block_items 0: group g of G in the grid takes items g, g + G, ... (a mix of long and short items
+//       each, for the longest-first order); block_items > 0: block b owns items [b * block_items, ...) and
+//       its P groups take every P-th of them (neighbouring rows, which on a mesh share B rows, run on one
+//       SM at once, so its L1 serves the shared rows). Why: one item per group pays three dependent round trips (header, pairs,
 //       B rows) per item and wave; on the H200 the 2-D Laplacian at N = 128 (32761 one-row items, 5.6
 //       waves) moved its 36 MB at 1.9 TB/s (session 30).
 //   csr_rowdecomp_fixup<T, VEC>: a warp per split row and 32 * VEC columns sums that row's partial rows
@@ -130,9 +133,10 @@ __global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items,
     item_store<T, VEC>(it, partials, pstride, C, ldc, n0, N, (vec_ok & 2) != 0, acc);
 }
 
-// The same arguments as csr_rowdecomp_items; the grid may hold fewer groups than items.
+// csr_rowdecomp_items' arguments and block_items (above); the grid may hold fewer groups than items.
 template <typename T, int VEC, int LANES, int UNROLL>
-__global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
+__global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items, int block_items,
+                                     const int* __restrict__ indices,
                                      const typename T::storage* __restrict__ values, float* __restrict__ partials,
                                      int pstride, const typename T::storage* __restrict__ B,
                                      typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
@@ -143,9 +147,18 @@ __global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items
     const int sub = threadIdx.x & (LANES - 1);
     const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
     const int per_block = blockDim.x / LANES;
-    const int first = blockIdx.x * per_block + threadIdx.x / LANES;
-    const int stride = gridDim.x * per_block;
-    if (first >= n_items) return;  // the whole group leaves: every group-uniform loop below stays group-uniform
+    int first, stride, end;
+    if (block_items > 0) {
+        const long long lo = static_cast<long long>(blockIdx.x) * block_items;
+        first = static_cast<int>(lo) + threadIdx.x / LANES;
+        stride = per_block;
+        end = static_cast<int>(min(lo + block_items, static_cast<long long>(n_items)));
+    } else {
+        first = blockIdx.x * per_block + threadIdx.x / LANES;
+        stride = gridDim.x * per_block;
+        end = n_items;
+    }
+    if (first >= end) return;  // the whole group leaves: every group-uniform loop below stays group-uniform
     const int n0 = (blockIdx.y * LANES + sub) * VEC;
     const bool cols = n0 < N;
     const bool b_vec = (vec_ok & 1) != 0;
@@ -157,15 +170,15 @@ __global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items
         cur_col = indices[cur.y + sub];
         cur_val = T::to_float(values[cur.y + sub]);
     }
-    bool has_next = first + stride < n_items;
+    bool has_next = first + stride < end;
     int4 next = make_int4(0, 0, 0, -1);
     if (has_next) next = items[first + stride];
-    for (int item = first; item < n_items; item += stride) {
+    for (int item = first; item < end; item += stride) {
         // loads issued ahead of this item's B rows: the next item's first pairs, the header after it
         int next_col = 0;
         float next_val = 0.0f;
         int4 after = make_int4(0, 0, 0, -1);
-        const bool has_after = item + 2 * stride < n_items;
+        const bool has_after = item + 2 * stride < end;
         if (has_next && next.y + sub < next.z) {
             next_col = indices[next.y + sub];
             next_val = T::to_float(values[next.y + sub]);
@@ -211,8 +224,8 @@ __global__ void csr_rowdecomp_fixup(const int* __restrict__ fix_rows, const int*
     const int4*, int, const int*, const T::storage*, float*, int, const T::storage*, T::storage*, int, long long, \
     long long, int);
 #define SD_RD_STREAM(T, V, L, U) template __global__ void csr_rowdecomp_stream<T, V, L, U>( \
-    const int4*, int, const int*, const T::storage*, float*, int, const T::storage*, T::storage*, int, long long, \
-    long long, int);
+    const int4*, int, int, const int*, const T::storage*, float*, int, const T::storage*, T::storage*, int, \
+    long long, long long, int);
 #define SD_RD_BOTH(T, V, L, U) SD_RD_ITEMS(T, V, L, U) SD_RD_STREAM(T, V, L, U)
 #define SD_RD_L(T, V, U) SD_RD_BOTH(T, V, 1, U) SD_RD_BOTH(T, V, 2, U) SD_RD_BOTH(T, V, 4, U) \
     SD_RD_BOTH(T, V, 8, U) SD_RD_BOTH(T, V, 16, U) SD_RD_BOTH(T, V, 32, U)

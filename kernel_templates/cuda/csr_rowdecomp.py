@@ -8,9 +8,12 @@ them (ORDER "length": longest first, so hub pieces start early and the groups of
 work; "row": neighbouring rows, which on a mesh share columns of B, run together). A group of LANES
 lanes owns an item and LANES * VEC columns of N: it loads LANES (column, value) pairs at once, then
 broadcasts each with a shuffle while every lane loads its VEC columns of that B row as one vector;
-UNROLL rows are in flight per lane. ITEMS > 1 launches ITEMS times fewer groups, each walking items
-g, g + G, ... as a pipeline that loads the next item's (column, value) pairs and the header after it
-before this item's B rows: one dependent round trip per item instead of three (csr_rowdecomp.cu).
+UNROLL rows are in flight per lane. ITEMS > 1 launches ITEMS times fewer groups, each walking several
+items as a pipeline that loads the next item's (column, value) pairs and the header after it before
+this item's B rows: one dependent round trip per item instead of three (csr_rowdecomp.cu). WALK: the
+groups of the grid interleave over all items ("grid": long and short items mixed, for the longest-first
+order) or each block owns a run of neighbouring items ("block": rows sharing B rows on one SM, for the
+row order); "auto" follows ORDER.
 Rows cut into several items write fp32 partial rows to a
 workspace, and a second small launch sums them in nonzero order: deterministic, no atomics.
 ORDER "auto" picks "length" when the row lengths are skewed (coefficient of variation > 1).
@@ -33,9 +36,10 @@ META = {
         "UNROLL": [2, 4, 8],
         "WARPS_PER_BLOCK": [2, 4, 8],
         "ITEMS": [1, 2, 4, 8, 16],
+        "WALK": ["auto", "grid", "block"],
     },
     "defaults": {"CHUNK": "auto", "ORDER": "auto", "LANES": "auto", "VEC": "auto", "UNROLL": 4,
-                 "WARPS_PER_BLOCK": 4, "ITEMS": 1},
+                 "WARPS_PER_BLOCK": 4, "ITEMS": 1, "WALK": "auto"},
     "patterns": ["power_law", "banded", "unstructured"],
     "cuda_source": "csr_rowdecomp.cu",
 }
@@ -126,10 +130,15 @@ def plan_launch(packed: dict, N: int, dtype, b_ptr: int, ldb: int, c_ptr: int, l
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column strips of LANES x VEC = {lanes * vec}, more than CUDA's "
                          "grid.y limit of 65535; use a wider LANES or VEC.")
+    walk = PARAMS["WALK"]
+    if walk == "auto":
+        walk = "block" if packed["order"] == "row" else "grid"
+    block_items = items_per_block if walk == "block" and int(PARAMS["ITEMS"]) > 1 else 0
     vec_ok = int(rt.vectors_fit(b_ptr, ldb, vec, esize)) | 2 * int(rt.vectors_fit(c_ptr, ldc, vec, esize))
     fix_grid = (-(-packed["n_fix"] // warps), -(-N // (32 * vec)), 1)
     return {"name": f"{_items_kernel()}<{tag}, {vec}, {lanes}, {int(PARAMS['UNROLL'])}>", "grid": grid,
             "block": (warps * 32, 1, 1), "vec_ok": vec_ok, "vec": vec, "lanes": lanes, "items": int(PARAMS["ITEMS"]),
+            "block_items": block_items,
             "fix_name": f"csr_rowdecomp_fixup<{tag}, {vec}>" if packed["n_fix"] else None, "fix_grid": fix_grid,
             "pstride": -(-N // PARTIAL_ALIGN) * PARTIAL_ALIGN}
 
@@ -154,8 +163,10 @@ def _make_plan(packed: dict, N: int, b, target) -> dict:
     partials, pstride = ptr(plan["partials"]), np.int32(plan["pstride"])
     ldc, vec_ok = np.int64(target.stride(0)), np.int32(plan["vec_ok"])
     plan["kernel"] = packed["kernels"][plan["name"]]
-    plan["head"] = (ptr(packed["items"]), np.int32(packed["n_items"]), ptr(packed["indices"]), ptr(packed["values"]),
-                    partials, pstride)
+    # the stream kernel takes block_items after n_items (csr_rowdecomp.cu)
+    walk = (np.int32(plan["block_items"]),) if plan["items"] > 1 else ()
+    plan["head"] = (ptr(packed["items"]), np.int32(packed["n_items"]), *walk, ptr(packed["indices"]),
+                    ptr(packed["values"]), partials, pstride)
     plan["tail"] = (np.int32(N), np.int64(b.stride(0)), ldc, vec_ok)
     if plan["fix_name"]:
         plan["then"] = [{"kernel": packed["kernels"][plan["fix_name"]], "grid": plan["fix_grid"], "block": plan["block"],
