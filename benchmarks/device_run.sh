@@ -96,7 +96,10 @@ for stage in "$@"; do
       GV='{"csr_rowdecomp": [{}, {"ITEMS": 4}, {"ITEMS": 8}, {"ITEMS": 16}, {"ITEMS": 8, "WALK": "grid"}, {"ITEMS": 8, "WALK": "block"}, {"ITEMS": 4, "UNROLL": 8}]}'
       timeout ${GK_TIMEOUT:-400} python3 benchmarks/graph_kernels.py --data "$SPARSEDITTO_DATA" --out "$OUT/graph_kernels.json" \
         --matrices "${GK_MATRICES:-rmat|kronecker|laplacian|fem|dnn_n1024-l1|pushpull}" --n ${GK_N:-32 128 256} \
-        --variants "${GK_VARIANTS:-$GV}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -60 ;;
+        --variants "${GK_VARIANTS:-$GV}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -60
+      # issue 10: why bsr_tc on block-32 75% was slower at N = 1 than at N = 16 (the new "block" preset)
+      timeout ${BLOCK_TIMEOUT:-150} python3 benchmarks/llm_layers.py --preset block --repeats 20 --out "$OUT/block.json" 2>&1 \
+        | grep --line-buffered -v Warn | tee "$OUT/block.log" | grep "N=" | sed 's/  */ /g' | cut -c1-200 ;;
     wide)
       # issue 10, wide N on Hopper (session 27): tc_sp24's wgmma kernel — layout probe, the 2:4 check rows,
       # the decode sweep against mma.sync (WIDE_VARIANTS to try others), ncu at N = 64, then what run_graph
