@@ -42,6 +42,13 @@ __device__ __forceinline__ void store_row_strip(typename T::storage* __restrict_
     }
 }
 
+// The shuffle mask of this thread's group of LANES neighbouring lanes.
+template <int LANES>
+__device__ __forceinline__ unsigned lane_group_mask() {
+    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
+    return LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << ((threadIdx.x & 31) & ~(LANES - 1)));
+}
+
 // One item's sum over its nonzeros into acc. Pairs come LANES at a time, one per lane, coalesced;
 // UNROLL of them are broadcast before their B rows are loaded (VEC columns a lane). PRELOADED: the
 // first pass's pair is the caller's (first_col, first_val), loaded ahead of time.
@@ -51,6 +58,7 @@ __device__ __forceinline__ void item_sum(const int4 it, int first_col, float fir
                                          const typename T::storage* __restrict__ values,
                                          const typename T::storage* __restrict__ B, int n0, int N, long long ldb,
                                          bool cols, bool b_vec, unsigned group, int sub, float (&acc)[VEC]) {
+    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
     for (int base = it.y; base < it.z; base += LANES) {
         const int k = base + sub;
         int my_col;
@@ -106,19 +114,18 @@ __device__ __forceinline__ void item_store(const int4 it, float* __restrict__ pa
     }
 }
 
+// The arguments both item kernels take after their item list (the stream kernel adds block_items).
 // vec_ok bit 0: B's vector loads are aligned; bit 1: C's vector stores are. Partial rows are
 // pstride (a multiple of 8) floats apart and always aligned.
+#define SD_RD_OPERANDS                                                                                  \
+    const int* __restrict__ indices, const typename T::storage* __restrict__ values,                   \
+        float* __restrict__ partials, int pstride, const typename T::storage* __restrict__ B,          \
+        typename T::storage* __restrict__ C, int N, long long ldb, long long ldc, int vec_ok
+
 template <typename T, int VEC, int LANES, int UNROLL>
-__global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items, const int* __restrict__ indices,
-                                    const typename T::storage* __restrict__ values, float* __restrict__ partials,
-                                    int pstride, const typename T::storage* __restrict__ B,
-                                    typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
-                                    int vec_ok) {
-    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
-    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
-    const int lane = threadIdx.x & 31;
+__global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items, SD_RD_OPERANDS) {
     const int sub = threadIdx.x & (LANES - 1);
-    const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
+    const unsigned group = lane_group_mask<LANES>();
     const int item = blockIdx.x * (blockDim.x / LANES) + threadIdx.x / LANES;
     if (item >= n_items) return;  // the whole group leaves: no shuffle ever names it
     const int4 it = items[item];  // row, start, end, slot
@@ -135,17 +142,9 @@ __global__ void csr_rowdecomp_items(const int4* __restrict__ items, int n_items,
 
 // csr_rowdecomp_items' arguments and block_items (above); the grid may hold fewer groups than items.
 template <typename T, int VEC, int LANES, int UNROLL>
-__global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items, int block_items,
-                                     const int* __restrict__ indices,
-                                     const typename T::storage* __restrict__ values, float* __restrict__ partials,
-                                     int pstride, const typename T::storage* __restrict__ B,
-                                     typename T::storage* __restrict__ C, int N, long long ldb, long long ldc,
-                                     int vec_ok) {
-    static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
-    static_assert(VEC == 1 || VEC == 2 || VEC == 4 || VEC == 8, "VEC: 1, 2, 4 or 8");
-    const int lane = threadIdx.x & 31;
+__global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items, int block_items, SD_RD_OPERANDS) {
     const int sub = threadIdx.x & (LANES - 1);
-    const unsigned group = LANES == 32 ? 0xffffffffu : (((1u << LANES) - 1u) << (lane & ~(LANES - 1)));
+    const unsigned group = lane_group_mask<LANES>();
     const int per_block = blockDim.x / LANES;
     int first, stride, end;
     if (block_items > 0) {
