@@ -169,20 +169,22 @@ __global__ void csr_rowdecomp_stream(const int4* __restrict__ items, int n_items
         cur_col = indices[cur.y + sub];
         cur_val = T::to_float(values[cur.y + sub]);
     }
-    bool has_next = first + stride < end;
+    // item positions in 64 bits: item + 2 * stride may pass INT_MAX on the last steps of a large grid
+    bool has_next = first + static_cast<long long>(stride) < end;
     int4 next = make_int4(0, 0, 0, -1);
     if (has_next) next = items[first + stride];
-    for (int item = first; item < end; item += stride) {
+    for (long long item = first; item < end; item += stride) {
         // loads issued ahead of this item's B rows: the next item's first pairs, the header after it
         int next_col = 0;
         float next_val = 0.0f;
         int4 after = make_int4(0, 0, 0, -1);
-        const bool has_after = item + 2 * stride < end;
+        const long long after_at = item + 2LL * stride;
+        const bool has_after = after_at < end;
         if (has_next && next.y + sub < next.z) {
             next_col = indices[next.y + sub];
             next_val = T::to_float(values[next.y + sub]);
         }
-        if (has_after) after = items[item + 2 * stride];
+        if (has_after) after = items[after_at];
         float acc[VEC];
 #pragma unroll
         for (int t = 0; t < VEC; ++t) acc[t] = 0.0f;

@@ -42,7 +42,7 @@ class TriedKernel(BaseModel):
     """One candidate `run_graph` tried for the case, in the order it was tried: what the planner's
     rules and cost model are judged by (its estimate against its measured time, the winner's rank)."""
 
-    rank: int                            # 1-based, retries of a candidate share it
+    rank: int                            # 1-based order of trial (a retried candidate once: its last attempt)
     template: str
     params: dict[str, Any] = Field(default_factory=dict)   # the values set explicitly ("auto" left out)
     origin: str | None = None
