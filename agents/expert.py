@@ -80,6 +80,7 @@ WORDS_MEASURED_N = 16     # tc_words goes first only up to the widest N measured
 # measured 0.80-0.84x cuBLAS at 50-70% (session 34) and 0.75 / 0.83x (session 35, any SPLIT / WARPS)
 WORDS_LONG_K = 8192
 DELTA_SECOND = ("block", "row_pruned", "column_pruned", "banded")   # patterns it is explored second on
+BLOCK_SPMV_MAX_N = 8      # bsr_spmv: block patterns at decode N (explored second, after bsr_tc)
 # graphs and meshes: the row-decomposed CUDA CSR kernel (items of <= CHUNK nonzeros, hub rows split, lane
 # groups per short row) goes first on power-law and banded rows from N = 8, and on >= 95%-sparse
 # unstructured matrices above ROWDECOMP_FIRST_N
@@ -106,7 +107,13 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
         if n <= DELTA_MAX_N and second and "delta_spmv" not in prefs:
             # the decode SpMV reads 2.5 B per fp16 nonzero on any pattern; measured ahead of
             # cuBLAS at N <= 4 on unstructured and 2:4 weights, not yet on these: explored second
-            return prefs[:1] + ("delta_spmv",) + prefs[1:]
+            prefs = prefs[:1] + ("delta_spmv",) + prefs[1:]
+        if pattern == "block" and n <= BLOCK_SPMV_MAX_N:
+            # H200 llm suite (session 39), block-32 75% at N = 1: bsr_tc 16.4 / 18.0 us on 4096x4096 /
+            # 11008x4096 (cuBLAS 16.0 / 27.5), delta_spmv 22.4 / 27.1; bsr_spmv (session 41, written for
+            # this, not yet measured) reads the blocks at N <= 8 without the tensor cores' 16 columns:
+            # explored second, ahead of the per-nonzero kernel
+            prefs = prefs[:1] + ("bsr_spmv",) + prefs[1:]
         return prefs
     sparsity = float(report.get("sparsity") or 0.0)
     if pattern == "unstructured" or pattern not in ("dense", "near_dense"):

@@ -96,8 +96,12 @@ for stage in "$@"; do
       GV='{"csr_rowdecomp": [{}, {"ITEMS": 4}, {"ITEMS": 8}, {"ITEMS": 16}, {"ITEMS": 8, "WALK": "grid"}, {"ITEMS": 8, "WALK": "block"}, {"ITEMS": 4, "UNROLL": 8}]}'
       timeout ${GK_TIMEOUT:-400} python3 benchmarks/graph_kernels.py --data "$SPARSEDITTO_DATA" --out "$OUT/graph_kernels.json" \
         --matrices "${GK_MATRICES:-rmat|kronecker|laplacian|fem|dnn_n1024-l1|pushpull}" --n ${GK_N:-32 128 256} \
-        --variants "${GK_VARIANTS:-$GV}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -60
-      # issue 10: why bsr_tc on block-32 75% was slower at N = 1 than at N = 16 (the new "block" preset)
+        --variants "${GK_VARIANTS:-$GV}" 2>&1 | grep --line-buffered -v Warn | tee "$OUT/graph_kernels.log" | tail -60 ;;
+    session41b)
+      # issue 10, session 41 (written without a GPU): why bsr_tc on block-32 75% was slower at N = 1 than at N = 16,
+      # and bsr_spmv beside it: its GPU tests first, then the "block" preset (bsr_spmv's variants, bsr_tc, delta_spmv,
+      # csr_vector, cuBLAS at N = 1 2 8 15 16)
+      timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bsr_spmv.py 2>&1 | tail -4
       timeout ${BLOCK_TIMEOUT:-150} python3 benchmarks/llm_layers.py --preset block --repeats 20 --out "$OUT/block.json" 2>&1 \
         | grep --line-buffered -v Warn | tee "$OUT/block.log" | grep "N=" | sed 's/  */ /g' | cut -c1-200 ;;
     wide)

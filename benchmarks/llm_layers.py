@@ -199,7 +199,7 @@ PRESETS = {
                    ns=[1, 4, 8, 16], time=True),
     # block-32 75% (session 41): bsr_tc measured 16.4 / 18.0 us at N = 1 against 11.9 / 14.5 at N = 16 on
     # 4096x4096 / 11008x4096 in one suite run (the memories of session 39's llm bench); N = 15 against 16
-    # asks whether B's masked loads (EVEN_N false) are the difference
+    # asks whether B's masked loads (EVEN_N false) are the difference; bsr_spmv (session 41) beside them
     "block": dict(cases=[(s, *SHAPES[s], "block32", 0.75) for s in ("4096x4096", "11008x4096")],
                   ns=[1, 2, 8, 15, 16], time=True),
 }
@@ -219,11 +219,12 @@ TEMPLATE_VARIANTS = {
     "decode": {"bitmap_spmv": [{}, {"SPLIT": 8}, {"ROWS": 2}, {"SPLIT": 2}], "tc_dense": [{}], "tc_lanemask": [{}],
                "tc_scatter": [{}, {"WARPS": 8}],
                "tc_sp24": [{"R": 1, "PIPE": 4}], "csr_vector": [{}], "delta_spmv": [{}, {"PIPE": 2}, {"WARPS": 4}]},
-    "block": {"bsr_tc": [{}], "delta_spmv": [{}], "csr_vector": [{}]},
+    "block": {"bsr_spmv": [{}, {"WARPS": 16}, {"UNROLL": 1}, {"WARPS": 4}], "bsr_tc": [{}], "delta_spmv": [{}],
+              "csr_vector": [{}]},
 }
 # Templates whose parameters choose compiled kernels at prepare (module PARAMS), not launch
 # parameters of the packed matrix: each variant is loaded and prepared on its own.
-PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv", "tc_words")   # tc_words: UNIT packs
+PREPARED_PER_VARIANT = ("bitmap_spmv", "csr_vector", "delta_spmv", "tc_words", "bsr_spmv")   # tc_words: UNIT packs
 
 
 def cached_plan(packed: dict, n: int) -> dict | None:
