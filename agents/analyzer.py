@@ -53,26 +53,33 @@ def normalize_neighbour(hit: dict) -> dict:
         "matrix_name": hit.get("matrix_name"), "pattern": hit.get("pattern"), "shape": hit.get("shape"),
         "template": hit.get("best_template"), "params": hit.get("best_params") or {},
         "speedup_vs_dense": hit.get("best_speedup_vs_dense"), "gpu": hit.get("gpu"),
+        "n_values": list(hit.get("n_values") or []),
     }
 
 
 def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[dict]:
-    """Exact hit first; neighbours (same pattern class, dtype and N range) only when there is none.
+    """Exact hit first; neighbours (same pattern class, dtype and N range, those run within 2x of
+    these N first) only when there is none.
 
     Why the N range: a neighbour's winner at another N is the wrong first candidate. On the H200
     (session 36, `sparseditto bench --suite llm`) the N = 1 runs of 4096x4096 70% / 90% and 11008x4096
     50% started from tc_words and tc_dense, the best generated kernels of their 4096x4096 50% neighbour's
     N = 16 / 64 runs, and reached delta_spmv, the winner at N = 1 by 1.2-1.7x, only second or third of three."""
-    from sparseditto.memory import n_bucket
+    from sparseditto.memory import found_at_this_n, n_bucket
 
     bucket = n_bucket(list(ctx.n_values))
     exact = mem.exact_hit(report.signature, bucket, ctx.dtype, memory_gpu_key(ctx))
     if exact is not None:
         return [normalize_exact(exact)]
     near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, n_bucket=bucket,
-                          k=NEIGHBOURS, exclude_run=exclude_run)
+                          k=NEIGHBOURS * 3, exclude_run=exclude_run)
+    # within the bucket, runs at about this N first (nearest first among them): the graphs suite runs
+    # each matrix at N = 32 then 128, where the row split and the row-decomposed kernel trade places
+    near.sort(key=lambda h: not found_at_this_n(h.get("n_values"), ctx.n_values))
     out = []
     for h in near:
+        if len(out) == NEIGHBOURS:
+            break
         hit = normalize_neighbour(h)
         if hit["template"] is None or is_vendor_kernel(hit["template"]):
             # Dense or a vendor library won there (often just launch-bound at that size); its fastest

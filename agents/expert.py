@@ -38,6 +38,7 @@ from sparseditto.agents.policy import (
     TriedCandidate,
 )
 from sparseditto.agents.records import params_key
+from sparseditto.memory import found_at_this_n
 
 # Failures that condemn a template for the rest of the run (not just one parameter set): the
 # kernel computes the wrong thing, cheats, or kills its worker whatever the tile sizes.
@@ -87,7 +88,6 @@ BLOCK_SPMV_MAX_N = 8      # bsr_spmv: block patterns at decode N (explored secon
 ROWDECOMP_MIN_N = 8
 ROWDECOMP_FIRST_N = 32   # unstructured >= 95%: csr_rowdecomp first above this N, second from N = 9
 ROWDECOMP_PATTERNS = ("power_law", "banded")
-EXACT_HIT_N_RATIO = 2.0  # an exact hit ends the search only for N within 2x of the N it was found at
 DENSE_MARGIN = 1.25      # skip templates estimated slower than 1.25x dense's roofline
 EXPLORE_TEMPLATES = 2    # distinct templates to measure before refining the best one
 GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with no tile parameter to step
@@ -163,18 +163,6 @@ def fits_sparse_mma(report: dict) -> bool:
     exact): what tc_sp24's mma.sp takes. A report without the field is given the benefit of the doubt."""
     conformance = (report.get("nm_conformance") or {}).get("2:4")
     return conformance is None or float(conformance.get("row", 0.0)) >= 1.0
-
-
-def found_at_this_n(stored: list | None, n_values: list) -> bool:
-    """Whether an exact hit's N values speak for these: every N within `EXACT_HIT_N_RATIO` of one
-    the hit was found at. Why: a bucket ('<=128') spans 17..128, and on the H200 graphs suite (session
-    39) the 2-D and 3-D Laplacians at N = 128 stopped on their N = 32 winner (csr_rowsplit, 33.5 /
-    34.5 us; cuSPARSE won the 3-D one) where csr_rowdecomp, the planner's first pick without memory,
-    had measured 18.8 / 19.8 us (session 30). A hit stored without N values is taken at its word."""
-    if not stored:
-        return True
-    return all(any(max(int(n), int(s)) <= EXACT_HIT_N_RATIO * min(int(n), int(s)) for s in stored)
-               for n in n_values)
 
 
 def is_dense_pattern(report: dict) -> bool:

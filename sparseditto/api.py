@@ -125,7 +125,7 @@ class Result(BaseModel):
             return "unavailable (see events); planned from the cost model alone"
         exact = next((h for h in self.memory_hits if h.get("kind") == "exact"), None)
         if exact is not None:
-            from sparseditto.agents.expert import found_at_this_n
+            from sparseditto.memory import found_at_this_n
 
             run = str(exact.get("run_id") or "")[:8]
             if not found_at_this_n(exact.get("n_values"), self.n_values):

@@ -153,6 +153,21 @@ def default_memory_path() -> Path:
     return cache_dir() / "memory.sqlite"
 
 
+N_CLOSE_RATIO = 2.0   # a past run speaks for these N when each is within 2x of an N it ran at
+
+
+def found_at_this_n(stored: Iterable[int] | None, n_values: Iterable[int]) -> bool:
+    """Whether a past run's N values speak for these: every N within `N_CLOSE_RATIO` of one the run
+    was found at. Why: a bucket ('<=128') spans 17..128, and on the H200 graphs suite (session 39) the
+    2-D and 3-D Laplacians at N = 128 stopped on their exact hit, the N = 32 winner (csr_rowsplit,
+    33.5 / 34.5 us; cuSPARSE won the 3-D one), where csr_rowdecomp, the planner's first pick without
+    memory, had measured 18.8 / 19.8 us (session 30). A run stored without N values is taken at its word."""
+    stored = [int(s) for s in stored or []]
+    if not stored:
+        return True
+    return all(any(max(int(n), s) <= N_CLOSE_RATIO * min(int(n), s) for s in stored) for n in n_values)
+
+
 def n_bucket(n: int | Iterable[int]) -> str:
     """The N range a kernel choice generalizes over: '1', '<=16', '<=128', '<=1024', '>1024'.
 
@@ -849,7 +864,7 @@ class Memory(TranscriptStore):
                     "run_id": run["id"], "distance": float(dist[int(i)]), "matrix_name": run["matrix_name"],
                     "signature": run["signature"], "pattern": run["pattern"],
                     "shape": [run["shape_m"], run["shape_k"]], "nnz": run["nnz"], "n_bucket": run["n_bucket"],
-                    "dtype": run["dtype"], "gpu": run["gpu"], "best_template": run["best_template"],
+                    "n_values": run["n_values"], "dtype": run["dtype"], "gpu": run["gpu"], "best_template": run["best_template"],
                     "best_params": best_params, "best_speedup_vs_dense": run["best_speedup_vs_dense"],
                     "created": run["created"],
                 })

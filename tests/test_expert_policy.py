@@ -6,7 +6,8 @@ refinement around the best, and the three stop rules.
 """
 import pytest
 
-from sparseditto.agents.expert import ExpertPolicy, found_at_this_n, params_key, pattern_preferences
+from sparseditto.agents.expert import ExpertPolicy, params_key, pattern_preferences
+from sparseditto.memory import found_at_this_n
 from sparseditto.agents.policy import FailureReport, PlanningInput, TriedCandidate
 
 

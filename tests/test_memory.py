@@ -377,3 +377,25 @@ def test_analyzer_starts_from_neighbours_of_the_same_n_range_only(mem):
     assert [(h["kind"], h["template"]) for h in hits] == [("neighbour", "tc_words")]
     assert lookup_memory(mem, report, Context(backend="interpret", n_values=[12]), None)[0]["template"] == "tc_words"
     assert lookup_memory(mem, report, Context(backend="interpret", n_values=[1]), None) == []
+
+
+def test_neighbours_run_at_about_this_n_come_first_within_the_bucket(mem):
+    """Within an N range, a neighbour run within 2x of these N goes ahead of a nearer one run farther
+    away (the graphs suite runs each matrix at N = 32 then 128, where the winners differ)."""
+    from sparseditto import generate
+    from sparseditto.agents.analyzer import lookup_memory
+    from sparseditto.agents.state import Context
+    from sparseditto.analysis import analyze
+
+    report = analyze(generate.laplacian_2d(20, 20))
+    features = report.feature_vector()
+    farther = [features[0] + 0.01, *features[1:]]
+    _run(mem, "same-weight-at-n32", features=features, pattern=report.pattern, template="csr_rowsplit",
+         n_values=(32,))
+    _run(mem, "similar-weight-at-n128", features=farther, pattern=report.pattern, template="csr_rowdecomp",
+         n_values=(128,))
+    at128 = lookup_memory(mem, report, Context(backend="interpret", n_values=[128]), None)
+    assert [(h["template"], h["n_values"]) for h in at128] == [("csr_rowdecomp", [128]), ("csr_rowsplit", [32])]
+    at32 = lookup_memory(mem, report, Context(backend="interpret", n_values=[32]), None)
+    assert [h["template"] for h in at32] == ["csr_rowsplit", "csr_rowdecomp"]
+    assert at32[0]["distance"] < at32[1]["distance"]
