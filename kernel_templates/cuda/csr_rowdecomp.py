@@ -13,9 +13,8 @@ items as a pipeline that loads the next item's (column, value) pairs and the hea
 this item's B rows: one dependent round trip per item instead of three (csr_rowdecomp.cu). WALK: the
 groups of the grid interleave over all items ("grid": long and short items mixed, for the longest-first
 order) or each block owns a run of neighbouring items ("block": rows sharing B rows on one SM, for the
-row order); "auto" follows ORDER.
-Rows cut into several items write fp32 partial rows to a
-workspace, and a second small launch sums them in nonzero order: deterministic, no atomics.
+row order); "auto" follows ORDER. Rows cut into several items write fp32 partial rows to a workspace,
+and a second small launch sums them in nonzero order: deterministic, no atomics.
 ORDER "auto" picks "length" when the row lengths are skewed (coefficient of variation > 1).
 
 prepare() builds the items, moves them and the CSR arrays to the device and compiles every kernel
