@@ -17,13 +17,12 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sparseditto.harness.static_checks import check_source
-from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
+from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 
-from template_instances import load_candidate
+from template_instances import (assert_inlines_header_then_kernel, assert_refuses_cpu_and_misshapen_operands,
+                                load_candidate)
 
-CUDA_DIR = TEMPLATE_ROOT / "cuda"
 gpu = pytest.mark.gpu
 
 
@@ -67,13 +66,7 @@ def _kernel_walk(packed: dict, B: np.ndarray) -> np.ndarray:
 
 
 def test_candidate_inlines_the_shared_header_then_the_kernel_and_passes_static_checks():
-    cand = get_template("bitmap_spmv").instantiate({})
-    header = (CUDA_DIR / "dtypes.cuh").read_text().strip("\n")
-    kernel = (CUDA_DIR / "bitmap_spmv.cu").read_text().strip("\n")
-    assert cand.source.index(header) < cand.source.index(kernel)
-    assert 'CUDA_SRC = r"""@SPARSEDITTO_INLINE' not in cand.source
-    result = check_source(cand.source)
-    assert result.ok, result.violations
+    assert_inlines_header_then_kernel("bitmap_spmv")
 
 
 @pytest.mark.parametrize("shape,density,empty", [((37, 100), 0.5, (0, 5)), ((64, 32), 0.3, ()),
@@ -123,11 +116,7 @@ def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path_factory):
     A = _matrix(16, 40, 0.5, seed=0)
     with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
         module.prepare(A, torch.int8, "cpu")
-    packed = module.prepare(A, "float16", "cpu")
-    with pytest.raises(ValueError, match="CUDA device"):
-        module.spmm(packed, torch.zeros(40, 2, dtype=torch.float16), torch.zeros(16, 2, dtype=torch.float16))
-    with pytest.raises(ValueError, match="shape"):
-        module.spmm(packed, torch.zeros(41, 2, dtype=torch.float16), torch.zeros(16, 2, dtype=torch.float16))
+    assert_refuses_cpu_and_misshapen_operands(module, module.prepare(A, "float16", "cpu"), torch.float16)
 
 
 @pytest.mark.slow

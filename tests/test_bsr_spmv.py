@@ -19,11 +19,11 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sparseditto.harness.static_checks import check_source
-from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
+from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 
-from template_instances import load_candidate
+from template_instances import (CHILD_LOADS_EXPORT, assert_inlines_header_then_kernel,
+                                assert_refuses_cpu_and_misshapen_operands, compile_every_instantiation, load_candidate)
 
 gpu = pytest.mark.gpu
 
@@ -93,12 +93,7 @@ def _kernel_walk(packed: dict, B: np.ndarray, warps: int, unroll: int, nn: int) 
 
 
 def test_candidate_inlines_the_shared_header_then_the_kernel_and_passes_static_checks():
-    cand = get_template("bsr_spmv").instantiate({})
-    header = (TEMPLATE_ROOT / "cuda" / "dtypes.cuh").read_text().strip("\n")
-    kernel = (TEMPLATE_ROOT / "cuda" / "bsr_spmv.cu").read_text().strip("\n")
-    assert cand.source.index(header) < cand.source.index(kernel)
-    result = check_source(cand.source)
-    assert result.ok, result.violations
+    assert_inlines_header_then_kernel("bsr_spmv")
 
 
 @pytest.mark.parametrize("bs_param,b,expect", [("auto", 32, 32), ("auto", 16, 16), (16, 32, 16), (32, 16, 32)])
@@ -166,30 +161,16 @@ def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path_factory):
     A = block_pruned(40, 40, 16, 0.5, seed=0)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         module.prepare(A, torch.float32, "cpu")
-    packed = module.prepare(A, "float16", "cpu")
-    with pytest.raises(ValueError, match="CUDA device"):
-        module.spmm(packed, torch.zeros(40, 2, dtype=torch.float16), torch.zeros(40, 2, dtype=torch.float16))
-    with pytest.raises(ValueError, match="shape"):
-        module.spmm(packed, torch.zeros(41, 2, dtype=torch.float16), torch.zeros(40, 2, dtype=torch.float16))
+    assert_refuses_cpu_and_misshapen_operands(module, module.prepare(A, "float16", "cpu"), torch.float16)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90_without_spills(tmp_path):
     """The candidate's CUDA_SRC through ptxas with every instantiation: no spills, the blocks read as
     16-byte vectors."""
-    from sparseditto.harness.source_loader import cuda_sources
-
-    src = tmp_path / "bsr_spmv.cu"
-    src.write_text(cuda_sources(get_template("bsr_spmv").instantiate({}).source)["CUDA_SRC"])
-    proc = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-DSPARSEDITTO_INSTANTIATE_ALL", "-cubin",
-                           "-Xptxas", "-v", "-keep", "-keep-dir", str(tmp_path), str(src),
-                           "-o", str(tmp_path / "bs.cubin")], capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
+    entries, spills, ptx = compile_every_instantiation("bsr_spmv", tmp_path)
     assert len([e for e in entries if "bsr_spmv" in e]) == 2 * 2 * 4 * 3 * 2   # dtypes x BS x NN x WARPS x UNROLL
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in bsr_spmv"
-    ptx = "".join(p.read_text() for p in tmp_path.glob("*.ptx"))
     assert re.search(r"ld\.global\.nc\.v4\.(u|b)32", ptx), "the blocks' 16-byte loads"
 
 
@@ -226,17 +207,7 @@ def test_gpu_verifies_against_fp64(params, b, dtype):
     assert result.ok, result.message
 
 
-CHILD_EXPORT = r'''
-import importlib.abc, importlib.util, json, sys
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("sparseditto", "scipy", "kernel_templates"):
-            raise ImportError(f"the exported kernel imported {name}")
-sys.meta_path.insert(0, Refuse())
-import numpy as np, torch
-spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
-kernel = sys.modules["kernel"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel)
+CHILD_EXPORT = CHILD_LOADS_EXPORT + r'''
 W = np.load("w.npy")
 k = kernel.SpMM(W, device="cpu")
 np.savez("packed.npz", blocks=k.packed["blocks"].float().numpy(), brow_ptr=k.packed["brow_ptr"].numpy(),

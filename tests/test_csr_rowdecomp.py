@@ -9,9 +9,7 @@ slots are summed in slot order.
 """
 from __future__ import annotations
 
-import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,12 +17,12 @@ import scipy.sparse as sp
 import torch
 
 from sparseditto import generate
-from sparseditto.harness.static_checks import check_source
-from sparseditto.kernel_templates.registry import TEMPLATE_ROOT, get_template
+from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 from sparseditto.row_items import RowItems, auto_chunk
 
-from template_instances import load_candidate
+from template_instances import (assert_inlines_header_then_kernel, assert_refuses_cpu_and_misshapen_operands,
+                                compile_every_instantiation, load_candidate)
 
 gpu = pytest.mark.gpu
 
@@ -168,12 +166,7 @@ def test_the_pipelined_walk_sums_every_item_once_and_gives_the_exact_product(nam
 
 
 def test_candidate_inlines_the_shared_header_then_the_kernel_and_passes_static_checks():
-    cand = get_template("csr_rowdecomp").instantiate({})
-    header = (TEMPLATE_ROOT / "cuda" / "dtypes.cuh").read_text().strip("\n")
-    kernel = (TEMPLATE_ROOT / "cuda" / "csr_rowdecomp.cu").read_text().strip("\n")
-    assert cand.source.index(header) < cand.source.index(kernel)
-    result = check_source(cand.source)
-    assert result.ok, result.violations
+    assert_inlines_header_then_kernel("csr_rowdecomp")
 
 
 @pytest.mark.parametrize("name", sorted(GRAPHS))
@@ -280,32 +273,18 @@ def test_bad_dtype_and_cpu_operands_are_clear_errors(tmp_path_factory):
     A = _hub_matrix(16, 40, seed=0)
     with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
         module.prepare(A, torch.int8, "cpu")
-    packed = module.prepare(A, "float32", "cpu")
-    with pytest.raises(ValueError, match="CUDA device"):
-        module.spmm(packed, torch.zeros(40, 2), torch.zeros(16, 2))
-    with pytest.raises(ValueError, match="shape"):
-        module.spmm(packed, torch.zeros(41, 2), torch.zeros(16, 2))
+    assert_refuses_cpu_and_misshapen_operands(module, module.prepare(A, "float32", "cpu"))
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_source_compiles_for_sm90_without_spills(tmp_path):
     """The candidate's CUDA_SRC through ptxas with every instantiation: no spills, B rows and fp32
     partial rows move as 16-byte vectors."""
-    from sparseditto.harness.source_loader import cuda_sources
-
-    src = tmp_path / "csr_rowdecomp.cu"
-    src.write_text(cuda_sources(get_template("csr_rowdecomp").instantiate({}).source)["CUDA_SRC"])
-    proc = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-DSPARSEDITTO_INSTANTIATE_ALL", "-cubin",
-                           "-Xptxas", "-v", "-keep", "-keep-dir", str(tmp_path), str(src),
-                           "-o", str(tmp_path / "rd.cubin")], capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    entries = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
+    entries, spills, ptx = compile_every_instantiation("csr_rowdecomp", tmp_path)
     assert len([e for e in entries if "csr_rowdecomp_items" in e]) == 3 * 3 * 4 * 6   # dtypes x UNROLL x VEC x LANES
     assert len([e for e in entries if "csr_rowdecomp_stream" in e]) == 3 * 3 * 4 * 6
     assert len([e for e in entries if "csr_rowdecomp_fixup" in e]) == 3 * 4
-    spills = [int(x) for x in re.findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and max(spills) == 0, "register spills in csr_rowdecomp"
-    ptx = "".join(p.read_text() for p in tmp_path.glob("*.ptx"))
     assert "ld.global.nc.v4.f32" in ptx and "st.global.v4.f32" in ptx
 
 

@@ -18,7 +18,7 @@ from sparseditto.delta_format import GROUP, DeltaSlices, packing_score
 from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 
-from template_instances import load_candidate
+from template_instances import CHILD_LOADS_EXPORT, load_candidate
 
 gpu = pytest.mark.gpu
 
@@ -336,17 +336,7 @@ def test_group_split_cuts_at_groups_and_names_each_cut_rows_contributors(tmp_pat
 
 # ---- sparseditto export: the standalone module packs with delta_format's own code, without scipy --
 
-CHILD_PACK = r'''
-import importlib.abc, importlib.util, json, sys
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("sparseditto", "scipy", "kernel_templates"):
-            raise ImportError(f"the exported kernel imported {name}")
-sys.meta_path.insert(0, Refuse())
-import numpy as np, torch
-spec = importlib.util.spec_from_file_location("kernel", sys.argv[1])
-kernel = sys.modules["kernel"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel)
+CHILD_PACK = CHILD_LOADS_EXPORT + r'''
 for tag in sys.argv[2:]:
     W = np.load(f"{tag}.npy")
     k = kernel.SpMM(W, device="cpu", check_signature=tag == "sparse")   # the export's own path
