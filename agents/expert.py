@@ -96,14 +96,17 @@ GRID_REFINEMENTS = 2     # planned parameter sets tried for a best template with
 def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
     """Templates the pattern class points to, most natural first (see PATTERN_PREFERENCES)."""
     pattern = str(report.get("pattern") or "unstructured")
+    if pattern.startswith("nm") and not fits_sparse_mma(report):
+        # n:m the sparse MMA cannot take exactly (4:8 keeping 3 + 1 in a group's halves) plans like
+        # unstructured weights of its sparsity: in session 39's llm suite (H200) the 4:8 weights' winners
+        # were the unstructured ones (delta_spmv at N = 1: 12.6 / 21.6 us, 1.28x / 1.29x cuBLAS; tc_words at
+        # N = 16, level with cuBLAS), and nm_compressed, first there, took 208-237 us (`pattern_exclusions`)
+        pattern = "unstructured"
     if pattern in ROWDECOMP_PATTERNS and n >= ROWDECOMP_MIN_N:
         return ("csr_rowdecomp",) + PATTERN_PREFERENCES[pattern]
     if pattern in PATTERN_PREFERENCES:
         prefs = PATTERN_PREFERENCES[pattern]
-        # n:m that the sparse MMA cannot take exactly (4:8 keeping 3 + 1 in a group's halves) too:
-        # the H200 bench of session 21 answered 4096x4096 4:8 at N = 1 with cuBLAS (bitmap_tiles ran
-        # 38 us) where delta_spmv measures 1.15x cuBLAS on 2:4 of the same shape
-        second = pattern in DELTA_SECOND or (pattern.startswith("nm") and not fits_sparse_mma(report))
+        second = pattern in DELTA_SECOND
         if n <= DELTA_MAX_N and second and "delta_spmv" not in prefs:
             # the decode SpMV reads 2.5 B per fp16 nonzero on any pattern; measured ahead of
             # cuBLAS at N <= 4 on unstructured and 2:4 weights, not yet on these: explored second
@@ -156,6 +159,16 @@ def pattern_preferences(report: dict, n: int) -> tuple[str, ...]:
             return ("bitmap_tiles", "csr_rowsplit", "csr_balanced")
         return ("csr_rowsplit", "bitmap_tiles", "csr_balanced")
     return ()
+
+
+def pattern_exclusions(report: dict) -> dict[str, str]:
+    """{template: why} for templates measured far behind cuBLAS on this pattern class: never planned
+    there (the planner names them among what it skipped)."""
+    pattern = str(report.get("pattern") or "")
+    if pattern.startswith("nm") and not fits_sparse_mma(report):
+        return {"nm_compressed": ("n:m outside the sparse MMA's 2:4 (4:8): measured 208-237 us against cuBLAS's "
+                                  "16-29 us on the H200 (llm suite, session 39, N = 1 and 16)")}
+    return {}
 
 
 def fits_sparse_mma(report: dict) -> bool:
@@ -398,10 +411,14 @@ class ExpertPolicy:
         dense_est = dense.get("estimate_ms") if dense else None
         prefs = pattern_preferences(inp.report, n)
         failed = self._failed_templates(inp.tried)
+        excluded = pattern_exclusions(inp.report)
         scored, skipped = [], []
         for t in inp.templates:
             name = t.get("name")
             if name == "dense" or t.get("builtin"):
+                continue
+            if name in excluded:
+                skipped.append(f"{name}: {excluded[name]}")
                 continue
             if name in failed:
                 skipped.append(f"{name}: failed earlier ({failed[name]})")

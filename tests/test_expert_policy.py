@@ -6,7 +6,7 @@ refinement around the best, and the three stop rules.
 """
 import pytest
 
-from sparseditto.agents.expert import ExpertPolicy, params_key, pattern_preferences
+from sparseditto.agents.expert import ExpertPolicy, params_key, pattern_exclusions, pattern_preferences
 from sparseditto.memory import found_at_this_n
 from sparseditto.agents.policy import FailureReport, PlanningInput, TriedCandidate
 
@@ -236,10 +236,13 @@ def test_pattern_preferences_follow_sparsity_for_unstructured():
     assert pattern_preferences({"pattern": "block", "sparsity": 0.75}, 1)[:3] == ("bsr_tc", "bsr_spmv", "delta_spmv")
     assert "delta_spmv" not in pattern_preferences({"pattern": "block", "sparsity": 0.75}, 8)
     assert "delta_spmv" not in pattern_preferences({"pattern": "nm_2_4", "sparsity": 0.5}, 1)
-    # n:m that mma.sp cannot take exactly (4:8) gets it second at N <= 4
+    # n:m that mma.sp cannot take exactly (4:8) plans as unstructured at its sparsity (session 39's
+    # llm suite: delta_spmv won N = 1, tc_words N = 16), and nm_compressed is never planned there
     four_of_eight = {"pattern": "nm", "sparsity": 0.5, "nm_conformance": {"2:4": {"row": 0.76}, "4:8": {"row": 1.0}}}
-    assert pattern_preferences(four_of_eight, 1)[:2] == ("tc_sp24", "delta_spmv")
+    assert pattern_preferences(four_of_eight, 1)[0] == "delta_spmv"
+    assert pattern_preferences(four_of_eight, 16)[:2] == ("tc_dense", "tc_words")
     assert "delta_spmv" not in pattern_preferences(four_of_eight, 8)
+    assert "nm_compressed" in pattern_exclusions(four_of_eight) and not pattern_exclusions({"pattern": "nm_2_4"})
     assert "delta_spmv" not in pattern_preferences({**four_of_eight, "nm_conformance": {"2:4": {"row": 1.0}}}, 1)
     assert pattern_preferences({"pattern": "power_law", "sparsity": 0.99}, 16)[:2] == ("csr_rowdecomp", "csr_balanced")
 
@@ -398,3 +401,30 @@ def test_near_its_own_bound_does_not_stop_while_an_untried_template_promises_mor
     again = ExpertPolicy().plan(make_input(templates=halved, tried=[best], best=best, roofline_ms=0.0109, n=1,
                                            sparsity=0.7))
     assert again.action == "try" and again.candidates[0].template == "delta_spmv"
+
+
+def test_four_of_eight_weights_never_plan_nm_compressed_first():
+    """Session 39's llm suite (H200): on 4:8 weights nm_compressed was planned first at N = 16 (second at
+    N = 1) and took 208-237 us against cuBLAS's 16-29 us in all four runs; tc_words (N = 16) and
+    delta_spmv (N = 1) won. Replayed on an analyzed 4:8 weight with the H200 cost table."""
+    import sys
+    from pathlib import Path
+
+    from sparseditto.agents.costing import template_table
+    from sparseditto.analysis import analyze
+    from sparseditto.targets import get_target
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from llm_layers import prune
+
+    report = analyze(prune(512, 1024, "nm48", 0.5, 0)).model_dump()
+    assert report["pattern"].startswith("nm")
+    for n, first in ((1, "delta_spmv"), (16, "tc_dense")):
+        table, roof = template_table(report, n, "float16", get_target("H200"))
+        inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n],
+                            dtype="float16", memory_hits=[], tried=[], best=None,
+                            dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
+                            roofline_ms=roof, budget_left=3, templates=table)
+        plan = ExpertPolicy().plan(inp)
+        names = [c.template for c in plan.candidates]
+        assert names[0] == first and "nm_compressed" not in names, (n, names)
