@@ -33,6 +33,19 @@ def make_input(pattern="unstructured", sparsity=0.9, density=None, templates=Non
         budget_left=budget_left, templates=templates if templates is not None else [DENSE])
 
 
+def h200_first_plan(report: dict, n: int, dtype: str = "float16"):
+    """The expert's first plan for an analyzed weight with the H200 cost table, no memory, budget 3."""
+    from sparseditto.agents.costing import template_table
+    from sparseditto.targets import get_target
+
+    table, roof = template_table(report, n, dtype, get_target("H200"))
+    inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n], dtype=dtype,
+                        memory_hits=[], tried=[], best=None,
+                        dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
+                        roofline_ms=roof, budget_left=3, templates=table)
+    return ExpertPolicy().plan(inp)
+
+
 def verified(template, ms, params=None):
     return TriedCandidate(template=template, params=params or {"BLOCK_N": 32, "num_warps": 4}, status="verified",
                           median_ms=ms, speedup_vs_dense=0.02 / ms)
@@ -355,10 +368,8 @@ def test_unstructured_decode_plans_tc_words_first_on_analyzed_llm_weights():
     import numpy as np
     import scipy.sparse as sp
 
-    from sparseditto.agents.costing import template_table
     from sparseditto.analysis import analyze
     from sparseditto.matrix import SparseMatrix
-    from sparseditto.targets import get_target
 
     rng = np.random.default_rng(0)
     firsts = {}
@@ -367,13 +378,7 @@ def test_unstructured_decode_plans_tc_words_first_on_analyzed_llm_weights():
         w[np.abs(w) < np.quantile(np.abs(w), sparsity, axis=1, keepdims=True)] = 0.0
         report = analyze(SparseMatrix.from_scipy(sp.csr_array(w), dtype="float16")).model_dump()
         for n in (8, 16):
-            table, roof = template_table(report, n, "float16", get_target("H200"))
-            inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n],
-                                dtype="float16", memory_hits=[], tried=[], best=None,
-                                dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
-                                roofline_ms=roof, budget_left=3, templates=table)
-            plan = ExpertPolicy().plan(inp)
-            firsts[sparsity, n] = [c.template for c in plan.candidates][:2]
+            firsts[sparsity, n] = [c.template for c in h200_first_plan(report, n).candidates][:2]
     assert firsts[0.9, 16][0] == "tc_words" and firsts[0.7, 16][0] == "tc_words" and firsts[0.7, 8][0] == "tc_words"
     assert firsts[0.9, 8][0] in ("delta_spmv", "csr_vector")
 
@@ -410,9 +415,7 @@ def test_four_of_eight_weights_never_plan_nm_compressed_first():
     import sys
     from pathlib import Path
 
-    from sparseditto.agents.costing import template_table
     from sparseditto.analysis import analyze
-    from sparseditto.targets import get_target
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from llm_layers import prune
@@ -420,11 +423,5 @@ def test_four_of_eight_weights_never_plan_nm_compressed_first():
     report = analyze(prune(512, 1024, "nm48", 0.5, 0)).model_dump()
     assert report["pattern"].startswith("nm")
     for n, first in ((1, "delta_spmv"), (16, "tc_dense")):
-        table, roof = template_table(report, n, "float16", get_target("H200"))
-        inp = PlanningInput(report=report, target={"name": "H200", "timings_are_gpu": True}, n_values=[n],
-                            dtype="float16", memory_hits=[], tried=[], best=None,
-                            dense_ms=next(t["estimate_ms"] for t in table if t["name"] == "dense"),
-                            roofline_ms=roof, budget_left=3, templates=table)
-        plan = ExpertPolicy().plan(inp)
-        names = [c.template for c in plan.candidates]
+        names = [c.template for c in h200_first_plan(report, n).candidates]
         assert names[0] == first and "nm_compressed" not in names, (n, names)
