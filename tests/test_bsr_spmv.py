@@ -191,6 +191,10 @@ def test_planner_explores_it_second_on_block_weights_at_decode_n(tmp_path_factor
     packed = _load({}, tmp_path_factory).prepare(A, "float16", "cpu")       # the blocks the cost model counts
     assert f"{packed['nblocks']} nonzero 32x32 blocks" in cost.notes and packed["bs"] == 32
     assert cost.a_bytes == packed["nblocks"] * 1024 * 2 + 4 * packed["nblocks"] + 4 * (512 // 32 + 1)
+    # past N = 8 every strip of 8 columns reads the blocks again
+    assert t.cost(report, 8, "float16", "H200", {}).a_bytes == cost.a_bytes
+    assert t.cost(report, 17, "float16", "H200", {}).a_bytes == 3 * cost.a_bytes
+    assert t.cost(report, 4, "float16", "H200", {"NN": 2}).a_bytes == 2 * cost.a_bytes
 
 
 @gpu

@@ -1,11 +1,13 @@
 """bsr_spmv's planning knowledge: block-pruned weights at decode N, on the CUDA cores."""
 from __future__ import annotations
 
-from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bsr_bytes
+from sparseditto.kernel_templates.cost import VALUE_BYTES, CostTerms, bsr_bytes, next_pow2
 
 APPLICABILITY = "needs a block shape from the analyzer (report.best_block_shape); fp16 / bf16 values"
-COST_MODEL = ("bytes = nblocks*BS*BS*vb + 4*nblocks + block-row pointers + B + C (BS 16 or 32: 'auto' the one "
-              "storing fewer values); flops 2*nblocks*BS*BS*N on CUDA cores")
+COST_MODEL = ("bytes = (nblocks*BS*BS*vb + 4*nblocks + block-row pointers) * strips + B + C, strips = ceil(N / NN) "
+              "(NN = the power of two >= N, at most 8: every strip of columns reads the blocks again; BS 16 or 32: "
+              "'auto' the one storing fewer values); flops 2*nblocks*BS*BS*N on CUDA cores")
+MAX_NN = 8
 BLOCK_SIZES = (16, 32)
 AUTO_SLACK = 1.15     # as the template's prepare: 16 only where 32 stores 15% more values
 
@@ -34,9 +36,19 @@ def grid(stats, n: int, target, template) -> list[dict]:
     return [{}, {"WARPS": 16}, {"UNROLL": 1}, {"WARPS": 4}, {"BS": 16}, {"BS": 32}]
 
 
+def strips(n: int, params: dict) -> int:
+    """CTAs per block row along N: NN columns each (the template's nn_for)."""
+    nn = params.get("NN", "auto")
+    nn = min(MAX_NN, next_pow2(n)) if nn == "auto" else int(nn)
+    return -(-int(n) // nn)
+
+
 def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     vb = VALUE_BYTES[dtype]
     bs, nblocks, measured = block_size(stats, params)
-    return CostTerms(a_bytes=bsr_bytes(stats.m, nblocks, bs, bs, vb), flops=2.0 * nblocks * bs * bs * n,
-                     unit="cuda_core",
-                     notes=[f"{nblocks} nonzero {bs}x{bs} blocks" + ("" if measured else " (random-placement estimate)")])
+    reads = strips(n, params)
+    notes = [f"{nblocks} nonzero {bs}x{bs} blocks" + ("" if measured else " (random-placement estimate)")]
+    if reads > 1:
+        notes.append(f"the blocks read {reads} times (strips of N)")
+    return CostTerms(a_bytes=bsr_bytes(stats.m, nblocks, bs, bs, vb) * reads, flops=2.0 * nblocks * bs * bs * n,
+                     unit="cuda_core", notes=notes)
