@@ -177,6 +177,7 @@ def test_the_eta_counts_one_search_per_group_without_a_winner_and_reused_layers_
         return LayerResult(name=name, shape=(4, 4), dtype="float16", status=status, group=group, seconds=seconds)
 
     eta = Eta()
+    assert eta.seconds_left() is None                     # no group planned yet (workers: the analysis runs)
     eta.plan({"a": ["a0", "a1", "a2", "a3"], "b": ["b0", "b1", "b2"]}, {})
     assert eta.seconds_left() is None                     # nothing seen yet
     eta.finished(layer("a0", "a", "searched", 60.0))

@@ -229,6 +229,7 @@ def test_a_groups_lead_starts_while_the_rest_of_the_model_is_analyzed(tmp_path, 
     from batch_models import block_weight
     from sparseditto.batch import runner
     from sparseditto.batch.journal import Journal
+    from sparseditto.batch.progress import Progress
 
     monkeypatch.setenv("SPARSEDITTO_CACHE_DIR", str(tmp_path / "cache"))
     sd = {f"layers.{i}.up.weight": block_weight(i) for i in range(3)}
@@ -249,10 +250,19 @@ def test_a_groups_lead_starts_while_the_rest_of_the_model_is_analyzed(tmp_path, 
             waits.append(journaled.wait(120))
         return analyze_one(ref, min_sparsity)
 
+    planned = []
+    plan = Progress.plan
+
+    def plan_and_tell(self, groups, done):
+        planned.append({ref.name for members in groups.values() for ref, _ in members})
+        plan(self, groups, done)
+
     monkeypatch.setattr(Journal, "record", record_and_tell)
     monkeypatch.setattr(runner, "_analyze_one", analyze_after_the_lead)
+    monkeypatch.setattr(Progress, "plan", plan_and_tell)
     report = run_batch(tmp_path / "model.pt", out=tmp_path / "out", workers=2, **RUN)
     assert waits and all(waits), "a later analysis waited for a lead that never went out"
+    assert planned == [set(sd)], "the ETA learns every group once the analysis pass is over"
     statuses = {x.name: x.status for x in report.layers}
     assert report.complete and statuses == {"layers.0.up.weight": "searched", "layers.1.up.weight": "reused",
                                             "layers.2.up.weight": "reused"}, statuses

@@ -42,7 +42,9 @@ class Eta:
             self.has_winner[key] = True
 
     def seconds_left(self) -> float | None:
-        """None until every kind of layer still to do has been seen once."""
+        """None until the groups are planned and every kind of layer still to do has been seen once."""
+        if not self.left:
+            return None
         everyone = [s for v in self.reused.values() for s in v]
         total = 0.0
         for key, names in self.left.items():
@@ -85,8 +87,9 @@ class Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def plan(self, groups: dict[str, list[str]], done: dict[str, LayerResult]) -> None:
-        self.eta.plan(groups, done)
+    def plan(self, groups: dict[str, list], done: dict[str, LayerResult]) -> None:
+        """The groups still to do, {key: [(weight ref, report)]} as the analysis pass builds them."""
+        self.eta.plan({key: [ref.name for ref, _ in members] for key, members in groups.items()}, done)
 
     def working(self, name: str, what: str) -> None:
         if self.bar is not None:

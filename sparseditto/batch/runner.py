@@ -139,7 +139,7 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
                     done[ref.name] = record_layer(journal, bar, base_layer(ref, status="skipped", reason=why))
             if workers is None:
                 groups = _analyze(selection.chosen, done, journal, bar, min_sparsity, dtype)
-                bar.plan({key: [ref.name for ref, _ in members] for key, members in groups.items()}, done)
+                bar.plan(groups, done)
                 for key, members in groups.items():
                     run_group(key, members, done, journal, bar, settings, prev)
             else:

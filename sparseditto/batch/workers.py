@@ -198,6 +198,7 @@ def run_groups(analyses, done: dict, journal, bar, settings, prev, *, model_path
             if final and not plan.final:
                 plan.finish()
                 keys = set(analyses.groups)
+                bar.plan(analyses.groups, done)   # the ETA counts every group from now on
             for job in plan.jobs(keys):
                 pool.submit(job)
             if final and not pool.busy():
