@@ -155,6 +155,20 @@ class CSR:
 
 # ---- BSR --------------------------------------------------------------------------------------
 
+def occupied_blocks(A: SparseMatrix, block_shape) -> tuple[np.ndarray, np.ndarray]:
+    """(the (bm x bk) blocks holding a stored entry, as sorted keys block_row * Kb + block_col; each
+    entry's index into them). Block keys in CSR order are not sorted (a block row interleaves its
+    rows): when the block grid is not much larger than nnz an occupancy count is O(nnz), else a sort."""
+    A = _check_matrix(A)
+    bm, bk = _check_block_shape(block_shape)
+    Mb, Kb = -(-A.shape[0] // bm), -(-A.shape[1] // bk)
+    keys = (A.row_ids() // bm) * Kb + A.indices.astype(np.int64) // bk
+    if Mb * Kb <= max(4 * keys.size, 1 << 22):
+        occupied = np.bincount(keys, minlength=Mb * Kb) > 0
+        return np.flatnonzero(occupied), (np.cumsum(occupied) - 1)[keys]
+    return np.unique(keys, return_inverse=True)
+
+
 @dataclass(eq=False)
 class BSR:
     """Block sparse rows: dense (bm x bk) tiles that feed tensor-core dots directly.
@@ -181,16 +195,7 @@ class BSR:
         Mb, Kb = -(-M // bm), -(-K // bk)
         rows = A.row_ids()
         cols = A.indices.astype(np.int64)
-        br, bc = rows // bm, cols // bk
-        # Block keys in CSR order are not sorted (a block row interleaves its rows). When the block
-        # grid is not much larger than nnz, an occupancy count is O(nnz); otherwise sort.
-        keys = br * Kb + bc
-        if Mb * Kb <= max(4 * keys.size, 1 << 22):
-            occupied = np.bincount(keys, minlength=Mb * Kb) > 0
-            ukeys = np.flatnonzero(occupied)
-            inverse = (np.cumsum(occupied) - 1)[keys]
-        else:
-            ukeys, inverse = np.unique(keys, return_inverse=True)
+        ukeys, inverse = occupied_blocks(A, (bm, bk))
         _check_int32_extent("number of blocks", ukeys.size)
         blocks = np.zeros((ukeys.size, bm, bk), dtype=_value_dtype(A))
         blocks[inverse, rows % bm, cols % bk] = _values(A)
@@ -724,5 +729,5 @@ def convert(A: SparseMatrix, fmt: str, **params):
     return cls.from_matrix(A, **params)
 
 
-__all__ = ["CSR", "BSR", "NMCompressed", "BitmapTiles", "ELL", "BlockedELL", "Compacted",
+__all__ = ["occupied_blocks", "CSR", "BSR", "NMCompressed", "BitmapTiles", "ELL", "BlockedELL", "Compacted",
            "FORMATS", "convert", "INT16_COLUMN_LIMIT"]

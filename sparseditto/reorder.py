@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparseditto.formats import occupied_blocks
 from sparseditto.matrix import SparseMatrix
 
 ROW_PERMUTATION_METHODS = ("length", "cluster")
@@ -151,8 +152,7 @@ def block_occupancy(A: SparseMatrix, block_shape=(16, 16)) -> float:
         raise ValueError(f"block_shape must be two positive integers, got {block_shape!r}.")
     if A.nnz == 0:
         return 0.0
-    Kb = -(-A.cols // bk)
-    blocks = np.unique((A.row_ids() // bm) * Kb + A.indices.astype(np.int64) // bk).size
+    blocks = occupied_blocks(A, (bm, bk))[0].size
     return A.nnz / float(blocks * bm * bk)
 
 

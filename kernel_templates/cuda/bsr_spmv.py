@@ -38,7 +38,7 @@ CUDA_SRC = r"""@SPARSEDITTO_INLINE dtypes.cuh bsr_spmv.cu@"""
 import numpy as np
 import torch
 
-from sparseditto.formats import BSR
+from sparseditto.formats import BSR, occupied_blocks
 from sparseditto.kernel_templates import runtime as rt
 
 _BLOCK_SIZES = (16, 32)
@@ -47,10 +47,7 @@ _NNS = (1, 2, 4, 8)
 
 def stored_values(A, bs: int) -> int:
     """Values (kept and padding zeros) BS x BS blocks store for A: the count of occupied blocks."""
-    rows = A.row_ids()
-    kb = -(-A.shape[1] // bs)
-    keys = (rows // bs) * kb + np.asarray(A.indices, dtype=np.int64) // bs
-    return int(np.unique(keys).size) * bs * bs
+    return int(occupied_blocks(A, (bs, bs))[0].size) * bs * bs
 
 
 AUTO_SLACK = 1.15   # BS "auto": 16 only where 32 would store 15% more values (kernel_templates.cuda.planning too)
