@@ -805,8 +805,8 @@ class Memory(TranscriptStore):
                 "timings": cand["timings"], "metrics": cand["metrics"],
                 "run_best_template": run["best_template"], "matrix_name": run["matrix_name"],
                 "signature": run["signature"], "n_bucket": run["n_bucket"], "n_values": run["n_values"],
-                "dtype": run["dtype"], "gpu": run["gpu"], "best_speedup_vs_dense": run["best_speedup_vs_dense"], "versions": run["versions"],
-                "created": run["created"],
+                "dtype": run["dtype"], "gpu": run["gpu"], "best_speedup_vs_dense": run["best_speedup_vs_dense"],
+                "versions": run["versions"], "created": run["created"],
             }
 
     def neighbours(self, features: Any, *, pattern: str | None = None, dtype: str | None = None,
@@ -864,7 +864,8 @@ class Memory(TranscriptStore):
                     "run_id": run["id"], "distance": float(dist[int(i)]), "matrix_name": run["matrix_name"],
                     "signature": run["signature"], "pattern": run["pattern"],
                     "shape": [run["shape_m"], run["shape_k"]], "nnz": run["nnz"], "n_bucket": run["n_bucket"],
-                    "n_values": run["n_values"], "dtype": run["dtype"], "gpu": run["gpu"], "best_template": run["best_template"],
+                    "n_values": run["n_values"], "dtype": run["dtype"], "gpu": run["gpu"],
+                    "best_template": run["best_template"],
                     "best_params": best_params, "best_speedup_vs_dense": run["best_speedup_vs_dense"],
                     "created": run["created"],
                 })

@@ -11,7 +11,8 @@ that layer's pattern, such as cuSPARSELt on a non-2:4 weight, refuses its group-
 
 The cache travels in `BatchSettings` (so worker processes start from what the driver knew; a
 worker hands back what it timed or seeded with its layers, and the driver merges it, so with
-several workers a shape's dense is still timed about once) and holds timings only on a GPU; on the interpreter nothing is timed (times are cost-model estimates).
+several workers a shape's dense is still timed about once) and holds timings only on a GPU; on the
+interpreter nothing is timed (times are cost-model estimates).
 """
 from __future__ import annotations
 
