@@ -83,9 +83,10 @@ for stage in "$@"; do
       done > "$OUT/overhead.log"; grep -E "^(---|==)|us/call" "$OUT/overhead.log" ;;
     session40)
       # the GPU tests of what session 40 built without a GPU: the cross-process GPU lock, the direct launch,
-      # workers sharing a GPU (two-worker batches); then what run_graph chooses on 11008x4096 70% at N = 16, then N = 1
+      # workers sharing a GPU (two-worker batches), and patch_model's eager measurement (session 42); then what
+      # run_graph chooses on 11008x4096 70% at N = 16, then N = 1
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_lock.py tests/test_direct_launch.py \
-        tests/test_batch_workers.py 2>&1 | tee "$OUT/session40_tests.log" | tail -15
+        tests/test_batch_workers.py tests/test_patch_eager.py 2>&1 | tee "$OUT/session40_tests.log" | tail -15
       RUN_WEIGHT=11008x4096:magnitude:0.7 RUN_N="16 1" bash "$0" rungraph ;;
     session41)
       # issue 11, session 41 (written without a GPU): csr_rowdecomp's pipelined walk (ITEMS > 1, WALK grid / block)

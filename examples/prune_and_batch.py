@@ -8,7 +8,9 @@ with SiLU gating. The three prunings: 2:4 along the input dimension, 70% unstruc
 magnitude), and 32x32 blocks at 75% (the blocks with the smallest norm removed). For each:
 `sparseditto.run_batch` (a kernel per weight), `sparseditto.patch_model` (the kernels in place of
 the nn.Linear forwards), then the forward latency dense vs patched at each N (tokens) and the
-largest output difference. Without a GPU the kernels run in the Triton interpreter: the
+largest output difference (eagerly and, on a GPU, inside a CUDA graph; eagerly each patched layer
+runs whichever of its kernel and dense measured cheaper per call there, host time included, and the
+example prints both figures). Without a GPU the kernels run in the Triton interpreter: the
 latencies are CPU times and say nothing about GPU speed (the batch's report uses the cost model).
 """
 from __future__ import annotations
@@ -145,19 +147,32 @@ def main() -> None:
         with torch.no_grad():
             for n in ns:
                 x = torch.randn(n, args.hidden, device=device).half() * 0.1
-                before = {k: v.calls for k, v in patched.items()}
+                before = {k: (v.calls, v.dense_by_choice, v.dense_by_measure) for k, v in patched.items()}
                 ref, got = dense_model(x), model(x)
-                ran = sum(v.calls > before[k] for k, v in patched.items())
+                ran = sum(v.calls > before[k][0] for k, v in patched.items())
+                by_choice = sum(v.dense_by_choice > before[k][1] for k, v in patched.items())
+                by_measure = sum(v.dense_by_measure > before[k][2] for k, v in patched.items())
                 diff = float((got.float() - ref.float()).abs().max())
                 d_ms, p_ms = latency_ms(dense_model, x, repeats), latency_ms(model, x, repeats)
                 note = "" if device == "cuda" else "  (CPU + Triton interpreter: NOT GPU timings)"
                 print(f"  N={n:<4} eager: dense {d_ms:9.3f} ms  patched {p_ms:9.3f} ms  speedup {d_ms / p_ms:6.2f}x  "
                       f"max |diff| {diff:.3g} (max |y| {float(ref.abs().max()):.3g}); {ran} of {len(patched)} "
-                      f"patched layers ran their kernel"
-                      + (" (the others: dense, measured faster at this N)" if ran < len(patched) else "") + note)
+                      f"patched layers ran their kernel eagerly"
+                      + (f" (dense: {by_choice} measured faster by the batch at this N, {by_measure} cheaper per "
+                         "eager call here, host time included)" if ran < len(patched) else "") + note)
+                for name, v in patched.items():
+                    cost = v.eager_costs.get((x.dtype, n, str(x.device)))
+                    if cost:
+                        k, d = cost["kernel"], cost["dense"]
+                        print(f"      {name}: eager per call, kernel {k['per_call_us']:.1f} us (host {k['host_us']:.1f}, "
+                              f"GPU {k['gpu_us']:.1f}) vs dense {d['per_call_us']:.1f} us (host {d['host_us']:.1f}, "
+                              f"GPU {d['gpu_us']:.1f}): {cost['path']}")
                 if device == "cuda":
+                    before = {k: v.calls for k, v in patched.items()}
                     dg, pg = graph_latency_ms(dense_model, x, repeats), graph_latency_ms(model, x, repeats)
-                    print(f"  N={n:<4} CUDA graph: dense {dg:9.3f} ms  patched {pg:9.3f} ms  speedup {dg / pg:6.2f}x")
+                    in_graph = sum(v.calls > before[k] for k, v in patched.items())
+                    print(f"  N={n:<4} CUDA graph: dense {dg:9.3f} ms  patched {pg:9.3f} ms  speedup {dg / pg:6.2f}x; "
+                          f"{in_graph} of {len(patched)} patched layers ran their kernel in it")
                 if args.compile:
                     compiled = torch.compile(model, backend=args.compile)
                     yc = compiled(x)

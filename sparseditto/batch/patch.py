@@ -30,6 +30,16 @@ and SpMMKernel's input checks cost tens of microseconds per call, as much as a d
 So each layer decides once per (N, dtype, device, autograd) and caches the answer, and outside
 `torch.compile` the forward calls the op's implementation directly; under `torch.compile` (and so
 in compiled CUDA graphs) the forward goes through ``torch.ops.sparseditto.bundle_linear``.
+
+Why eager calls measure (``eager="measure"``, the default): even without the dispatcher, a patched
+layer's eager call costs more host time than its kernel runs, so an eagerly launched decode step
+stayed 2x slower than dense on the H200 while the same layers inside a CUDA graph were 1.4-1.8x
+faster (docs/batch.md). On a GPU each layer therefore times both paths once per (N, dtype, device)
+in the eager setting (`eager_cost`: host issue time and cold-L2 GPU time, the slower setting the
+pace) and runs the cheaper eagerly (``PatchedLinear.dense_by_measure`` counts the dense ones,
+``eager_costs`` keeps the figures). During CUDA-graph capture and under `torch.compile` the
+kernel runs: there the launch costs are gone and the batch's graph-replayed ratios decided.
+``eager="kernel"`` skips the measurement (the kernel wherever it is verified and faster).
 """
 from __future__ import annotations
 
@@ -62,6 +72,10 @@ class PatchedLinear:
     n_speedups: dict = field(default_factory=dict)   # N -> the batch's kernel-vs-dense ratio there
     dense_by_choice: int = 0        # calls at an N where dense was measured faster (no warning)
     decisions: dict = field(default_factory=dict)    # (dtype, N, device type, autograd) -> None | reason
+    eager: str = "measure"          # "measure": eager calls take the path measured cheaper; "kernel": always it
+    eager_paths: dict = field(default_factory=dict)  # (dtype, N, device) -> "kernel" | "dense" (eager calls)
+    eager_costs: dict = field(default_factory=dict)  # (dtype, N, device) -> {"kernel": .., "dense": .., "path": ..}
+    dense_by_measure: int = 0       # eager calls run dense because dense measured cheaper there
 
     def route(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         """None to run the kernel, "dense" where the batch measured dense faster at this N, else the
@@ -94,6 +108,37 @@ class PatchedLinear:
             self.kernel.spmm_into(rows.t(), y.t())
         else:
             y.copy_(self.kernel(rows.t().contiguous()).t())
+
+    def eager_path(self, x: torch.Tensor, module: torch.nn.Linear) -> str:
+        """"kernel" or "dense" for an eager call the kernel may serve: on a GPU with eager="measure",
+        the path measured cheaper per call at this (dtype, N, device), measured on the first such
+        call (module docstring); "kernel" otherwise (in the interpreter the kernel runs for its
+        correctness, not its speed)."""
+        if self.eager != "measure" or not x.is_cuda:
+            return "kernel"
+        key = (x.dtype, x.numel() // max(1, x.shape[-1]), str(x.device))
+        path = self.eager_paths.get(key)
+        if path is None:
+            path = self.eager_paths[key] = self._measure_eager(key, x, module)
+        return path
+
+    def _measure_eager(self, key: tuple, x: torch.Tensor, module: torch.nn.Linear) -> str:
+        from sparseditto.batch import eager_cost
+
+        bias = module.bias
+
+        def kernel_call():
+            y = _linear(self, x)
+            return y if bias is None else y + bias
+
+        def dense_call():
+            return torch.nn.functional.linear(x, module.weight, bias)
+
+        kernel_call(), dense_call()    # first calls: the strided-view check, cuBLAS's first-call setup
+        costs = eager_cost.measure({"kernel": kernel_call, "dense": dense_call})
+        path = "kernel" if costs["kernel"].per_call_us <= costs["dense"].per_call_us else "dense"
+        self.eager_costs[key] = {"kernel": costs["kernel"].as_dict(), "dense": costs["dense"].as_dict(), "path": path}
+        return path
 
     def fallback_reason(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
@@ -150,11 +195,14 @@ def _forward(module: torch.nn.Linear, key: str):
                 entry.fallbacks += 1
                 entry.warn_once(reason)
             return torch.nn.functional.linear(x, module.weight, module.bias)
-        entry.calls += 1
         if torch.compiler.is_compiling():
             y = torch.ops.sparseditto.bundle_linear(x, key)
-        else:   # eager: the op's implementation without the dispatcher (module docstring)
-            y = _linear(entry, x)
+        elif _capturing(x) or entry.eager_path(x, module) == "kernel":
+            y = _linear(entry, x)   # the op's implementation without the dispatcher (module docstring)
+        else:
+            entry.dense_by_measure += 1
+            return torch.nn.functional.linear(x, module.weight, module.bias)
+        entry.calls += 1
         return y if module.bias is None else y + module.bias
     return forward
 
@@ -166,16 +214,24 @@ def _ensure_interpreter() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def patch_model(model: torch.nn.Module, bundle, *, strict: bool = False) -> dict[str, PatchedLinear]:
+EAGER_MODES = ("measure", "kernel")
+
+
+def patch_model(model: torch.nn.Module, bundle, *, strict: bool = False, eager: str = "measure"
+                ) -> dict[str, PatchedLinear]:
     """Patch every ``nn.Linear`` of ``model`` whose ``<name>.weight`` has a kernel in ``bundle``
     (a `Bundle` or its folder). Returns {module name: PatchedLinear}. Every weight is checked
     against the bundle's signature first: a mismatch is a ValueError and nothing is patched.
-    ``strict``: also refuse bundle kernels that match no nn.Linear of the model."""
+    ``strict``: also refuse bundle kernels that match no nn.Linear of the model. ``eager``:
+    "measure" (eager calls on a GPU take whichever of kernel and dense measured cheaper per call,
+    module docstring) or "kernel" (always the kernel where it is verified and faster)."""
     from sparseditto.batch.bundle import Bundle, load_bundle
     from sparseditto.io import load_matrix
 
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"patch_model needs an nn.Module, got {type(model).__name__}.")
+    if eager not in EAGER_MODES:
+        raise ValueError(f"patch_model's eager must be one of {EAGER_MODES}, got {eager!r}.")
     bundle = bundle if isinstance(bundle, Bundle) else load_bundle(bundle)
     _ensure_interpreter()
     chosen = []
@@ -195,7 +251,7 @@ def patch_model(model: torch.nn.Module, bundle, *, strict: bool = False) -> dict
         op_key = f"{id(module)}:{key}"
         state = PatchedLinear(name=name or key, kernel=bundle.kernel(key, A), verified_ns=frozenset(entry.verified_ns),
                               verified_dtype=entry.verified_dtype, out_features=module.out_features,
-                              n_speedups={int(n): float(v) for n, v in entry.n_speedups.items()})
+                              n_speedups={int(n): float(v) for n, v in entry.n_speedups.items()}, eager=eager)
         with _LOCK:
             _KERNELS[op_key] = state
         module.forward = _forward(module, op_key)
