@@ -56,12 +56,15 @@ def host_us(call: Callable[[], object], sync: Callable[[], None], calls: int = H
 
 
 def gpu_us(call: Callable[[], object], calls: int = GPU_CALLS) -> float:
-    """Median GPU microseconds of single calls, each after an L2 flush, between CUDA events."""
+    """Median GPU microseconds of single calls, each after an L2 flush, between CUDA events (on the
+    current device and stream: the caller selects the device)."""
     import torch
 
-    from sparseditto.harness.timing import flush_buffer, flush_l2
+    from sparseditto.harness.timing import flush_l2, l2_cache_bytes
 
-    buf = flush_buffer()
+    # 2x the L2 in bytes, made here and dropped after (the harness keeps its flush buffer for the
+    # process; a user's process should not keep ours), read (not written) as the harness does
+    buf = torch.empty(l2_cache_bytes(), dtype=torch.float16, device="cuda")
     samples = []
     for _ in range(calls):
         flush_l2(buf)
@@ -71,6 +74,7 @@ def gpu_us(call: Callable[[], object], calls: int = GPU_CALLS) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3)
+    del buf
     return statistics.median(samples)
 
 

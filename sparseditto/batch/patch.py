@@ -43,6 +43,7 @@ kernel runs: there the launch costs are gone and the batch's graph-replayed rati
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -135,7 +136,8 @@ class PatchedLinear:
             return torch.nn.functional.linear(x, module.weight, bias)
 
         kernel_call(), dense_call()    # first calls: the strided-view check, cuBLAS's first-call setup
-        costs = eager_cost.measure({"kernel": kernel_call, "dense": dense_call})
+        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+            costs = eager_cost.measure({"kernel": kernel_call, "dense": dense_call})
         path = "kernel" if costs["kernel"].per_call_us <= costs["dense"].per_call_us else "dense"
         self.eager_costs[key] = {"kernel": costs["kernel"].as_dict(), "dense": costs["dense"].as_dict(), "path": path}
         return path
