@@ -29,7 +29,8 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     including dense, on the GPU that measures (the plan target when nothing measures). The dense
     entry carries ``builtin: True``. On the interpreter (``exec_backend='interpret'``) CUDA C++
     templates are left out: they cannot run there (`runnable_templates` also leaves them out where
-    CuPy cannot be imported). Cached per (signature, N, dtype, targets).
+    CuPy cannot be imported), and so is a template that cannot run on `target` or `measure_target`
+    (`arch_exclusions`: the tensor-core tier needs a Hopper GPU). Cached per (signature, N, dtype, targets).
     """
     key = (report.get("signature"), report.get("shape") and tuple(report["shape"]), n, dtype, target.name,
            measure_target.name if measure_target is not None else None, exec_backend)
@@ -42,9 +43,12 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     rep = report_model(report)
     table: list[dict] = []
     roof_ms: float | None = None
+    gpus = [g for g in (target, measure_target) if g is not None]
     for t in list_templates():
         if t.backend == "cuda" and exec_backend != "cuda":
             continue
+        if any(t.arch_reason(g) for g in gpus):
+            continue   # cannot compile for the GPU planned for or the one that runs it (`arch_exclusions`)
         if t.meta.get("dtypes") and dtype not in t.meta["dtypes"]:
             continue   # e.g. the tensor-core decode tier runs fp16/bf16 only
         ok, reason = t.applicable(rep)
@@ -108,6 +112,28 @@ def runnable_templates(table: list[dict], exec_backend: str, *, announce: bool =
     if announce:
         emit("planner", f"CUDA C++ templates left out: {missing}")
     return [t for t in table if t["backend"] != "cuda"]
+
+
+def arch_exclusions(target, measure_target=None) -> dict[str, str]:
+    """{template: why} for the templates `template_table` leaves out because they cannot run on the GPU
+    planned for (``target``) or on the one that measures (``measure_target``): a kernel chosen for an
+    A100 must compile for an A100. The planner names them on its first visit."""
+    from sparseditto.kernel_templates.registry import list_templates
+
+    out = {}
+    for t in list_templates():
+        reason = next((r for g in (target, measure_target) if g is not None for r in [t.arch_reason(g)] if r), None)
+        if reason:
+            out[t.name] = reason
+    return out
+
+
+def arch_exclusion_line(left_out: dict[str, str]) -> str:
+    """`arch_exclusions` as one line: the templates grouped by reason."""
+    groups: dict[str, list[str]] = {}
+    for name, reason in left_out.items():
+        groups.setdefault(reason, []).append(name)
+    return "; ".join(f"{', '.join(sorted(names))} ({reason})" for reason, names in groups.items())
 
 
 def template_estimate(table: list[dict], template: str, params: dict) -> float | None:

@@ -15,7 +15,7 @@ from typing import Literal
 from langgraph.runtime import Runtime
 from langgraph.types import Command
 
-from sparseditto.agents.costing import runnable_templates, template_table
+from sparseditto.agents.costing import arch_exclusion_line, arch_exclusions, runnable_templates, template_table
 from sparseditto.agents.kit import (ask_policy, decision, emit, measured_target, plan_target, policy_name,
                                     record_step, run_hook, run_lessons)
 from sparseditto.agents.policy import PlanningInput
@@ -27,8 +27,14 @@ from sparseditto.agents.state import (Context, State, effective_context, main_n,
 def planning_input(state: dict, ctx: Context) -> PlanningInput:
     target, note = plan_target(ctx)
     backend = resolved_backend(ctx)
-    table, roof_ms = template_table(state["report"], main_n(ctx), ctx.dtype, target, measured_target(ctx), backend)
-    table = runnable_templates(table, backend, announce=not state.get("candidates"))
+    measuring = measured_target(ctx)
+    table, roof_ms = template_table(state["report"], main_n(ctx), ctx.dtype, target, measuring, backend)
+    first_visit = not state.get("candidates")
+    if first_visit and backend == "cuda":
+        left_out = arch_exclusions(target, measuring)
+        if left_out:
+            emit("planner", f"left out: {arch_exclusion_line(left_out)}")
+    table = runnable_templates(table, backend, announce=first_visit)
     tdict = target.model_dump(mode="json")
     tdict.update(backend=backend, timings_are_gpu=backend == "cuda", note=note)
     best = state.get("best")

@@ -300,6 +300,16 @@ class Template:
         """The planning module: imported on first use, never at discovery."""
         return importlib.import_module(self.planning_module)
 
+    def arch_reason(self, target: Any) -> str | None:
+        """Why this template cannot run on ``target`` (a Target: its compute capability is below
+        META's "min_compute_capability"), or None when it can. The tensor-core decode tier's kernels
+        use Hopper-only instructions and do not compile for an A100 or an Ada GPU at all."""
+        need = self.meta.get("min_compute_capability")
+        have = getattr(target, "compute_capability", None)
+        if not need or have is None or tuple(have) >= tuple(need):
+            return None
+        return f"compute capability {need[0]}.{need[1]} required, {target.name} has {have[0]}.{have[1]}"
+
     def applicable(self, report: Any) -> tuple[bool, str]:
         """Whether this template fits the analyzed pattern at all, and why (not whether it wins)."""
         return self.planning().applicable(ReportStats(report), self)

@@ -26,6 +26,9 @@ META = {
     "grid": [{}, {"PIPE": 3}, {"R": 2}, {"SPLIT": 8}],
     "patterns": ["dense", "unstructured", "row_pruned", "column_pruned", "block", "nm", "banded"],
     "cuda_source": "tc_stream.cu",
+    # tc_stream.cu uses thread-block clusters, bulk (TMA) copies and mbarrier transaction counts: sm_90 only
+    # (nvcc for sm_80 / sm_89 stops at __cluster_dims__), so the planner leaves it out on older GPUs
+    "min_compute_capability": [9, 0],
     "dtypes": ["float16", "bfloat16"],
 }
 PARAMS = dict(META["defaults"])

@@ -30,6 +30,9 @@ META = {
     # N = 8-16 on 50-70% unstructured weights: the planner reaches it by cost, not by preference)
     "patterns": ["unstructured"],
     "cuda_source": "tc_stream.cu",
+    # tc_stream.cu uses thread-block clusters, bulk (TMA) copies and mbarrier transaction counts: sm_90 only
+    # (nvcc for sm_80 / sm_89 stops at __cluster_dims__), so the planner leaves it out on older GPUs
+    "min_compute_capability": [9, 0],
     "dtypes": ["float16", "bfloat16"],
 }
 PARAMS = dict(META["defaults"])

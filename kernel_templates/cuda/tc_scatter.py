@@ -37,6 +37,9 @@ META = {
     "grid": [{}, {"WARPS": 8}],
     "patterns": ["unstructured"],
     "cuda_source": "tc_stream.cu",
+    # tc_stream.cu uses thread-block clusters, bulk (TMA) copies and mbarrier transaction counts: sm_90 only
+    # (nvcc for sm_80 / sm_89 stops at __cluster_dims__), so the planner leaves it out on older GPUs
+    "min_compute_capability": [9, 0],
     "dtypes": ["float16", "bfloat16"],
 }
 PARAMS = dict(META["defaults"])

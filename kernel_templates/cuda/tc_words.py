@@ -88,6 +88,9 @@ META = {
     "grid": [{}, {"WARPS": 8}, {"WARPS": 4}, {"UNIT": 2}, {"PIPE": 3}, {"LOAD": "ring"}, {"LOAD": "group"}],
     "patterns": ["unstructured", "nm", "block", "row_pruned", "column_pruned", "banded"],
     "cuda_source": "tc_stream.cu",
+    # tc_stream.cu uses thread-block clusters, bulk (TMA) copies and mbarrier transaction counts: sm_90 only
+    # (nvcc for sm_80 / sm_89 stops at __cluster_dims__), so the planner leaves it out on older GPUs
+    "min_compute_capability": [9, 0],
     "dtypes": ["float16", "bfloat16"],
 }
 PARAMS = dict(META["defaults"])

@@ -154,6 +154,11 @@ class PatchedLinear:
             return f"N={n} tokens (the kernel was verified for N in {sorted(self.verified_ns)})"
         if x.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             return "a CPU tensor without the Triton interpreter (set TRITON_INTERPRET=1 before importing triton)"
+        if x.is_cuda:
+            why = arch_fallback(getattr(self.kernel, "template", None), torch.cuda.get_device_name(x.device),
+                                torch.cuda.get_device_capability(x.device))
+            if why:
+                return f"a GPU its kernel cannot run on ({why})"
         return None
 
     def warn_once(self, reason: str, message: str | None = None) -> None:
@@ -161,6 +166,21 @@ class PatchedLinear:
             self.warned.add(reason)
             warnings.warn(message or f"sparseditto: {self.name} runs dense for {reason}; later calls like this stay "
                           "dense without another warning.", stacklevel=3)
+
+
+def arch_fallback(template: str | None, gpu_name: str, capability: tuple) -> str | None:
+    """Why a bundle kernel of ``template`` cannot run on this GPU (a bundle made on an H200 and
+    patched in on an A100: the tensor-core tier needs compute capability 9.0), or None. A kernel
+    that is not a registry template (written by an LLM) declares nothing and is tried."""
+    from types import SimpleNamespace
+
+    from sparseditto.kernel_templates.registry import get_template
+
+    try:
+        t = get_template(str(template))
+    except ValueError:
+        return None
+    return t.arch_reason(SimpleNamespace(name=gpu_name, compute_capability=tuple(capability)))
 
 
 def _linear(entry: PatchedLinear, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,113 @@
+"""Templates that cannot run on a GPU are never planned for it: the tensor-core decode tier
+(tc_stream.cu: thread-block clusters, bulk copies, mbarrier transaction counts) needs compute
+capability 9.0 and does not compile for an A100 or an Ada GPU, so a run for `target="A100"` (or on
+one) leaves it out and says so. The declared requirement is checked against nvcc itself where nvcc
+is installed: the tc source fails for sm_89 and every other CUDA template compiles for sm_80, the
+oldest GPU in the target table."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from sparseditto.agents.costing import arch_exclusion_line, arch_exclusions, template_table
+from sparseditto.kernel_templates.registry import get_template, list_templates
+from sparseditto.targets import get_target
+
+TC_TIER = {"tc_bitmap", "tc_dense", "tc_lanemask", "tc_scatter", "tc_sp24", "tc_words"}
+
+
+def cuda_templates():
+    return [t for t in list_templates() if t.backend == "cuda"]
+
+
+def test_the_tensor_core_tier_declares_hopper_and_the_rest_declares_nothing():
+    for t in cuda_templates():
+        uses_tc_stream = t.meta.get("cuda_source") == "tc_stream.cu"
+        assert (t.name in TC_TIER) == uses_tc_stream, t.name
+        assert t.meta.get("min_compute_capability") == ([9, 0] if uses_tc_stream else None), t.name
+    for t in list_templates():
+        if t.backend != "cuda":
+            assert "min_compute_capability" not in t.meta, t.name
+
+
+def test_arch_reason_names_the_requirement_and_the_gpu():
+    words = get_template("tc_words")
+    assert words.arch_reason(get_target("H200")) is None and words.arch_reason(get_target("H100")) is None
+    assert words.arch_reason(get_target("A100")) == "compute capability 9.0 required, A100-80GB has 8.0"
+    assert words.arch_reason(get_target("L40S")) == "compute capability 9.0 required, L40S has 8.9"
+    assert get_template("delta_spmv").arch_reason(get_target("RTX3090")) is None
+
+
+def test_exclusions_cover_the_planned_gpu_and_the_measuring_one():
+    assert arch_exclusions(get_target("H200")) == {}
+    on_a100 = arch_exclusions(get_target("A100"))
+    assert set(on_a100) == TC_TIER
+    # planned for an H200 but measured on an Ada card: what runs must compile where it is timed
+    assert set(arch_exclusions(get_target("H200"), get_target("L40S"))) == TC_TIER
+    assert arch_exclusion_line(on_a100) == ("tc_bitmap, tc_dense, tc_lanemask, tc_scatter, tc_sp24, tc_words "
+                                            "(compute capability 9.0 required, A100-80GB has 8.0)")
+
+
+def test_the_planning_table_for_an_a100_has_no_hopper_kernel(analyzed_unstructured):
+    """The same 70%-sparse weight at N = 16: the H200 table offers the tensor-core tier (tc_words among
+    the CUDA templates), the A100 table the CUDA-core ones only, estimates otherwise unchanged."""
+    report = analyzed_unstructured
+    h200, _ = template_table(report, 16, "float16", get_target("H200"), exec_backend="cuda")
+    a100, _ = template_table(report, 16, "float16", get_target("A100"), exec_backend="cuda")
+    on_h200, on_a100 = {t["name"] for t in h200}, {t["name"] for t in a100}
+    assert "tc_words" in on_h200 and not on_a100 & TC_TIER
+    assert on_a100 == on_h200 - TC_TIER
+    assert {t["name"] for t in a100 if t["backend"] == "cuda"}, "the CUDA-core templates stay"
+
+
+@pytest.fixture(scope="module")
+def analyzed_unstructured():
+    import numpy as np
+    import scipy.sparse as sp
+
+    from sparseditto.analysis import analyze
+    from sparseditto.io import load_matrix
+
+    rng = np.random.default_rng(0)
+    dense = rng.standard_normal((512, 1024)).astype(np.float32)
+    dense[np.abs(dense) < np.quantile(np.abs(dense), 0.7, axis=1, keepdims=True)] = 0.0
+    return analyze(load_matrix(sp.csr_array(dense), name="w70")).model_dump(mode="json")
+
+
+def _nvcc(source: str, arch: str, tmp_path, name: str) -> subprocess.CompletedProcess:
+    src = tmp_path / f"{name}_{arch}.cu"
+    src.write_text(source)
+    return subprocess.run(["nvcc", f"-arch={arch}", "-std=c++17", "-DSPARSEDITTO_INSTANTIATE_ALL", "-cubin", str(src),
+                           "-o", str(tmp_path / f"{name}_{arch}.cubin")], capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow(seconds=60)
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_agrees_with_the_declared_requirements(tmp_path):
+    from sparseditto.harness.source_loader import cuda_sources
+
+    sources = {t.name: cuda_sources(t.instantiate({}).source)["CUDA_SRC"] for t in cuda_templates()}
+    tc = sorted(TC_TIER)[0]        # the six share tc_stream.cu: one compile says it for all
+    refused = _nvcc(sources[tc], "sm_89", tmp_path, tc)
+    assert refused.returncode != 0 and "__cluster_dims__" in refused.stderr, refused.stderr[-2000:]
+    rest = [name for name in sources if name not in TC_TIER]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = dict(zip(rest, pool.map(lambda n: _nvcc(sources[n], "sm_80", tmp_path, n), rest)))
+    failed = {n: r.stderr[-1500:] for n, r in results.items() if r.returncode != 0}
+    assert not failed, failed
+
+
+def test_a_bundle_kernel_on_a_gpu_it_cannot_run_on_takes_the_dense_forward():
+    """patch_model on an older GPU than the batch's: the layer's route names the reason (its one-time
+    warning) instead of failing to compile inside the forward."""
+    from sparseditto.batch.patch import arch_fallback
+
+    assert arch_fallback("tc_sp24", "NVIDIA A100-SXM4-80GB", (8, 0)) == (
+        "compute capability 9.0 required, NVIDIA A100-SXM4-80GB has 8.0")
+    assert arch_fallback("tc_sp24", "NVIDIA H200", (9, 0)) is None
+    assert arch_fallback("delta_spmv", "NVIDIA A100-SXM4-80GB", (8, 0)) is None
+    assert arch_fallback("my_llm_kernel", "NVIDIA A100-SXM4-80GB", (8, 0)) is None   # declares nothing
+    assert arch_fallback(None, "NVIDIA A100-SXM4-80GB", (8, 0)) is None
