@@ -128,6 +128,20 @@ def arch_exclusions(target, measure_target=None) -> dict[str, str]:
     return out
 
 
+def arch_note(target, local) -> str | None:
+    """The Result's note when planning for an older GPU than the one that runs the search (the Python
+    API plans for an A100 unless told): the templates left out for ``target`` alone, and how to plan
+    for ``local`` instead. None when nothing is left out for that reason."""
+    if local is None or local.name == target.name:
+        return None
+    only = sorted(set(arch_exclusions(target)) - set(arch_exclusions(local)))
+    if not only:
+        return None
+    cc = ".".join(str(x) for x in target.compute_capability)
+    return (f"planned for {target.name} (compute capability {cc}), so {', '.join(only)} were left out, though "
+            f"this {local.name} runs them: target='auto' plans for this GPU")
+
+
 def arch_exclusion_line(left_out: dict[str, str]) -> str:
     """`arch_exclusions` as one line: the templates grouped by reason."""
     groups: dict[str, list[str]] = {}

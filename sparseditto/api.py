@@ -385,6 +385,12 @@ def _check_settings(target, n, dtype, backend, budget) -> tuple[Any, str | None,
         # The interpreter must be chosen before Triton is first imported in this process.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     tgt, note = resolve_target(target, fallback="A100")
+    if resolved == "cuda":
+        from sparseditto.agents.costing import arch_note
+        from sparseditto.targets import detect_local_target
+
+        extra = arch_note(tgt, detect_local_target())
+        note = "; ".join(x for x in (note, extra) if x) or None
     return tgt, note, n_values, resolved
 
 

@@ -111,3 +111,16 @@ def test_a_bundle_kernel_on_a_gpu_it_cannot_run_on_takes_the_dense_forward():
     assert arch_fallback("delta_spmv", "NVIDIA A100-SXM4-80GB", (8, 0)) is None
     assert arch_fallback("my_llm_kernel", "NVIDIA A100-SXM4-80GB", (8, 0)) is None   # declares nothing
     assert arch_fallback(None, "NVIDIA A100-SXM4-80GB", (8, 0)) is None
+
+
+def test_planning_for_an_older_gpu_than_the_local_one_says_what_it_left_out():
+    from sparseditto.agents.costing import arch_note
+
+    note = arch_note(get_target("A100"), get_target("H200"))
+    assert note == ("planned for A100-80GB (compute capability 8.0), so tc_bitmap, tc_dense, tc_lanemask, "
+                    "tc_scatter, tc_sp24, tc_words were left out, though this H200 runs them: target='auto' "
+                    "plans for this GPU")
+    assert arch_note(get_target("H200"), get_target("H200")) is None
+    assert arch_note(get_target("H100"), get_target("H200")) is None     # nothing left out for the H100
+    assert arch_note(get_target("A100"), get_target("L40S")) is None     # the local GPU cannot run them either
+    assert arch_note(get_target("A100"), None) is None                   # no GPU here
