@@ -30,18 +30,20 @@ def planning_input(state: dict, ctx: Context) -> PlanningInput:
     measuring = measured_target(ctx)
     table, roof_ms = template_table(state["report"], main_n(ctx), ctx.dtype, target, measuring, backend)
     first_visit = not state.get("candidates")
-    if first_visit and backend == "cuda":
-        left_out = arch_exclusions(target, measuring)
-        if left_out:
-            emit("planner", f"left out: {arch_exclusion_line(left_out)}")
+    left_out = arch_exclusions(target, measuring) if backend == "cuda" else {}
+    if first_visit and left_out:
+        emit("planner", f"left out: {arch_exclusion_line(left_out)}")
     table = runnable_templates(table, backend, announce=first_visit)
+    # the memory is keyed by the GPU that measured, not the target: an H200's tc_words must not come
+    # back as an exact hit for a run that plans for an A100 on the same H200
+    hits = [h for h in state.get("memory_hits") or [] if h.get("template") not in left_out]
     tdict = target.model_dump(mode="json")
     tdict.update(backend=backend, timings_are_gpu=backend == "cuda", note=note)
     best = state.get("best")
     dense = state.get("dense") or {}
     return PlanningInput(
         report=_compact_report(state["report"]), target=tdict, n_values=list(ctx.n_values), dtype=ctx.dtype,
-        memory_hits=list(state.get("memory_hits") or []), tried=tried(list(state.get("candidates") or [])),
+        memory_hits=hits, tried=tried(list(state.get("candidates") or [])),
         best=tried([best])[0] if best else None, dense_ms=dense.get("median_ms"),
         roofline_ms=roof_ms, budget_left=resolved_budget(ctx) - int(state.get("iteration") or 0),
         templates=table, best_kernel=kernel_profile(best, (state.get("report") or {}).get("nnz")),

@@ -124,3 +124,17 @@ def test_planning_for_an_older_gpu_than_the_local_one_says_what_it_left_out():
     assert arch_note(get_target("H100"), get_target("H200")) is None     # nothing left out for the H100
     assert arch_note(get_target("A100"), get_target("L40S")) is None     # the local GPU cannot run them either
     assert arch_note(get_target("A100"), None) is None                   # no GPU here
+
+
+def test_the_planner_drops_memory_hits_the_target_cannot_run(analyzed_unstructured):
+    """The memory is keyed by the GPU that measured: a tc_words exact hit from an H200 run must not be
+    offered to a run on that H200 that plans for an A100; a CUDA-core neighbour still is."""
+    from sparseditto.agents.planner import planning_input
+    from sparseditto.agents.state import Context
+
+    hits = [{"kind": "exact", "template": "tc_words", "params": {}, "run_id": "h200run"},
+            {"kind": "neighbour", "template": "delta_spmv", "params": {}, "run_id": "other"}]
+    state = {"report": analyzed_unstructured, "memory_hits": hits, "candidates": []}
+    for target, expected in (("A100", ["delta_spmv"]), ("H200", ["tc_words", "delta_spmv"])):
+        inp = planning_input(state, Context(target=target, backend="cuda", n_values=[16]))
+        assert [h["template"] for h in inp.memory_hits] == expected, target
