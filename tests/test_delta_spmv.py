@@ -126,7 +126,7 @@ def test_prepare_ships_the_arrays_and_bytes_it_reports(tmp_path_factory):
                                     {"B_HALF": 1, "NV": 4}, {"B_HALF": 0}])
 def test_every_planned_kernel_is_compiled_and_the_grid_covers_the_matrix(params, tmp_path_factory):
     module = load_candidate("delta_spmv", params, tmp_path_factory)
-    for shape in ((1001, 70), (64, 11008), (5, 25600), (3, 51200)):
+    for shape in ((1001, 70), (64, 11008), (5, 25344), (3, 50688), (3, 50689)):
         A = _matrix(*shape, 0.3, seed=0)
         if shape[1] * module.b_bytes() > module.SMEM_CAP:
             with pytest.raises(ValueError, match=f"K <= {module.SMEM_CAP // module.b_bytes()}"):
@@ -176,10 +176,10 @@ def test_bad_inputs_are_clear_errors(tmp_path_factory):
     A = _matrix(16, 40, 0.5, seed=0)
     with pytest.raises(ValueError, match="float16 and bfloat16"):
         module.prepare(A, torch.float32, "cpu")
-    with pytest.raises(ValueError, match="K <= 51200"):
+    with pytest.raises(ValueError, match="K <= 50688"):
         module.prepare(_matrix(2, 60000, 0.01, seed=0), torch.float16, "cpu")
     fp32_copy = load_candidate("delta_spmv", {"B_HALF": 0}, tmp_path_factory)
-    with pytest.raises(ValueError, match="K <= 25600"):
+    with pytest.raises(ValueError, match="K <= 25344"):
         fp32_copy.prepare(_matrix(2, 30000, 0.01, seed=0), torch.float16, "cpu")
     packed = module.prepare(A, "float16", "cpu")
     with pytest.raises(ValueError, match="CUDA device"):

@@ -73,7 +73,10 @@ from sparseditto.kernel_templates import runtime as rt
 
 _DTYPE_TAGS = {torch.float16: "F16", torch.bfloat16: "BF16"}
 _NV_CHOICES = (1, 2, 4, 8)
-SMEM_CAP = 100 * 1024            # B's strip per CTA: K * NV * column bytes (4 fp32, 2 with B_HALF) at most
+# B's strip per CTA: K * NV * column bytes (4 fp32, 2 with B_HALF) at most. 99 KB: the smallest opt-in
+# dynamic shared memory per block among the target table's GPUs (sm_86 / sm_89; the A100 allows 163 KB, Hopper
+# 227 KB), so a strip that fits here launches on all of them (100 KB did not on an Ada or Ampere consumer card)
+SMEM_CAP = 99 * 1024
 SMEM_PER_SM = 227 * 1024         # Hopper's shared memory per SM available to CTAs
 MAX_THREADS_PER_SM = 2048
 REGS_PER_SM = 65536

@@ -10,11 +10,11 @@ from __future__ import annotations
 from sparseditto.kernel_templates.cost import (VALUE_BYTES, CostTerms, delta_lanes_floor, delta_packing, h200_scaled,
                                                next_pow2, sm_count)
 
-APPLICABILITY = "fp16/bf16 values and K <= 51200 (a 16-bit column strip of B per CTA in shared memory)"
 COST_MODEL = ("bytes = slots*(vb + bits/8) + M*L*4 + (M+1)*4 per pass, slots = entries (nonzeros + gap fillers) "
               "padded to 8*L per row, passes = ceil(N / NV); time = max(bytes / bandwidth, measured floor "
               "0.5 ps + 0.1 ps per column per slot) (H200 fit)")
-SMEM_CAP = 100 * 1024
+SMEM_CAP = 99 * 1024      # the template's own cap (kernel_templates/cuda/delta_spmv.py says why)
+APPLICABILITY = f"fp16/bf16 values and K <= {SMEM_CAP // 2} (a 16-bit column strip of B per CTA in shared memory)"
 # Measured floor: a fit to the H200 sweep `benchmarks/llm_layers.py --preset decode --cases 11008x4096`
 # (2026-12-01, session 20: B's copy in 16-bit values, MIN_WARPS 24; fp16, CUDA-graph launch,
 # read-flushed cold L2) between 50% (23.3 M slots) and 90% (4.6 M): 0.66 ps per slot at N = 1 and 2,
