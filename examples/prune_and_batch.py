@@ -161,7 +161,7 @@ def main() -> None:
                       + (f" (dense: {by_choice} measured faster by the batch at this N, {by_measure} cheaper per "
                          "eager call here, host time included)" if ran < len(patched) else "") + note)
                 for name, v in patched.items():
-                    cost = v.eager_costs.get((x.dtype, n, str(x.device)))
+                    cost = v.eager_costs.get((x.dtype, n, x.device))
                     if cost:
                         k, d = cost["kernel"], cost["dense"]
                         print(f"      {name}: eager per call, kernel {k['per_call_us']:.1f} us (host {k['host_us']:.1f}, "

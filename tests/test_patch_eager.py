@@ -97,7 +97,7 @@ def test_a_measurement_times_both_real_paths_and_records_the_cheaper(monkeypatch
                 "dense": eager_cost.CallCost(host_us=8.0, gpu_us=17.0)}
 
     monkeypatch.setattr(eager_cost, "measure", fake_measure)
-    key = (torch.float16, 8, "cpu")
+    key = (torch.float16, 8, x.device)
     with torch.no_grad():
         assert state._measure_eager(key, x, linear) == "dense"
     for name in ("kernel", "dense"):
@@ -151,7 +151,7 @@ def test_gpu_eager_measurement_picks_the_cheaper_path_and_capture_runs_the_kerne
         ref = torch.nn.functional.linear(x, linear.weight, linear.bias)
         y = forward(x)
         y_again = forward(x)
-    key = (torch.float16, 8, "cuda:0")
+    key = (torch.float16, 8, x.device)
     costs = state.eager_costs[key]
     for name in ("kernel", "dense"):
         assert costs[name]["host_us"] > 0 and costs[name]["gpu_us"] > 0, costs

@@ -74,8 +74,8 @@ class PatchedLinear:
     dense_by_choice: int = 0        # calls at an N where dense was measured faster (no warning)
     decisions: dict = field(default_factory=dict)    # (dtype, N, device type, autograd) -> None | reason
     eager: str = "measure"          # "measure": eager calls take the path measured cheaper; "kernel": always it
-    eager_paths: dict = field(default_factory=dict)  # (dtype, N, device) -> "kernel" | "dense" (eager calls)
-    eager_costs: dict = field(default_factory=dict)  # (dtype, N, device) -> {"kernel": .., "dense": .., "path": ..}
+    eager_paths: dict = field(default_factory=dict)  # (dtype, N, torch.device) -> "kernel" | "dense" (eager calls)
+    eager_costs: dict = field(default_factory=dict)  # (dtype, N, torch.device) -> {"kernel": .., "dense": .., "path": ..}
     dense_by_measure: int = 0       # eager calls run dense because dense measured cheaper there
 
     def route(self, x: torch.Tensor, weight: torch.Tensor) -> str | None:
@@ -117,7 +117,7 @@ class PatchedLinear:
         correctness, not its speed)."""
         if self.eager != "measure" or not x.is_cuda:
             return "kernel"
-        key = (x.dtype, x.numel() // max(1, x.shape[-1]), str(x.device))
+        key = (x.dtype, x.numel() // max(1, x.shape[-1]), x.device)    # per call: no string building
         path = self.eager_paths.get(key)
         if path is None:
             path = self.eager_paths[key] = self._measure_eager(key, x, module)
