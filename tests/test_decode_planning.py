@@ -214,10 +214,31 @@ def test_grid_points_within_the_tie_keep_the_planning_modules_order():
 
 def test_delta_spmv_tries_its_default_lanes_first_at_n1():
     """On a K = 4096 weight at 50% (32 lanes a row) 16 lanes are estimated ~1% under the default, which won
-    every unstructured N = 1 case of the H200 llm suite where delta_spmv won (session 39): default first."""
-    report = analyze(_weight("0.5", m=512, k=4096)).model_dump(mode="json")
+    every unstructured N = 1 case of the H200 llm suite where delta_spmv won (session 39): default first.
+    2048 rows: 16 lanes still fill the H200's SMs (fewer rows would charge 16 lanes for idle SMs)."""
+    report = analyze(_weight("0.5", m=2048, k=4096)).model_dump(mode="json")
     table, _ = template_table(report, 1, "float16", H200, exec_backend="cuda")
     delta = next(t for t in table if t["name"] == "delta_spmv")
     lanes = [g["params"]["LANES"] for g in delta["grid"]]
     assert lanes[0] == "auto" and 16 in lanes[1:]
     assert min(g["estimate_ms"] for g in delta["grid"]) < delta["grid"][0]["estimate_ms"]   # 16 lanes: lower, within the tie
+
+
+def test_delta_spmv_charges_an_explicit_lane_count_that_leaves_sms_idle():
+    """1024 rows at 50%: 4 lanes a row pad least (the lowest byte estimate) but make 16 CTAs of 8 warps for
+    132 SMs; prepare's "auto" never goes below the filling count, an explicit LANES can. The H200's 4-
+    against 8-lane measurement (session 21) is charged on its floor, so the default is planned first."""
+    from sparseditto.kernel_templates.registry import get_template
+
+    report = analyze(_weight("0.5", m=1024, k=4096)).model_dump(mode="json")
+    table, _ = template_table(report, 1, "float16", H200, exec_backend="cuda")
+    delta = next(t for t in table if t["name"] == "delta_spmv")
+    assert delta["grid"][0]["params"]["LANES"] == "auto"
+    template = get_template("delta_spmv")
+    four = template.cost(report, 1, "float16", H200, {"LANES": 4})
+    default = template.cost(report, 1, "float16", H200, {})
+    assert "leave SMs idle" in four.notes and "leave SMs idle" not in default.notes
+    assert four.seconds > default.seconds and four.a_bytes < default.a_bytes   # fewer bytes, slower all the same
+    filling = analyze(_weight("0.5", m=4096, k=4096)).model_dump(mode="json")
+    sixteen = template.cost(filling, 1, "float16", H200, {"LANES": 16})        # 16 lanes on 4096 rows fill the GPU
+    assert "leave SMs idle" not in sixteen.notes

@@ -37,11 +37,22 @@ def applicable(stats, template) -> tuple[bool, str]:
     return True, f"{stats.nnz} nonzeros: 4/8-bit column deltas, 2.5-3 bytes per fp16 nonzero"
 
 
+# An explicit LANES below prepare's floor leaves SMs idle ("auto" never does: `delta_format.lanes_to_fill`).
+# Measured on the H200 (session 21, 4096x4096 90%, N = 1): 4 lanes per row (64 CTAs on 132 SMs) 9.3 us, 8 lanes
+# (128 CTAs) 7.9 us. Without this the fewer lanes' smaller padding ranked LANES 4 first on 50% weights at N = 1
+# (4096x4096: 7.48 us estimated against the default's 7.75), a count that runs 64 CTAs there.
+UNDERFILL_FLOOR = 9.3 / 7.9
+
+
+def lanes_floor(stats, target, params: dict) -> int:
+    """prepare's floor on "auto" lanes for these launch parameters (`delta_format.lanes_floor`)."""
+    return delta_lanes_floor(stats.m, int(params.get("WARPS", 8)), sm_count(target), int(params.get("ROW_SPLIT", 0)))
+
+
 def packing(stats, vb: int, target, params: dict) -> tuple[float, int, int, float]:
     """delta_packing under these launch parameters, with prepare's floor on "auto" lanes
     (`delta_format.lanes_floor`: the rows must spread over the target's SMs)."""
-    floor = delta_lanes_floor(stats.m, int(params.get("WARPS", 8)), sm_count(target), int(params.get("ROW_SPLIT", 0)))
-    return delta_packing(stats, vb, params.get("LANES", "auto"), floor)
+    return delta_packing(stats, vb, params.get("LANES", "auto"), lanes_floor(stats, target, params))
 
 
 def grid(stats, n: int, target, template) -> list[dict]:
@@ -70,5 +81,8 @@ def cost(stats, n: int, dtype: str, target, params: dict) -> CostTerms:
     if passes > 1:
         notes.append(f"N = {n} runs as {passes} passes over A of NV = {nv} columns")
     floor = h200_scaled(slots * (SLOT_S + SLOT_COLUMN_S * min(nv, max(1, n))) * passes, target)
+    if lanes < lanes_floor(stats, target, params):
+        floor *= UNDERFILL_FLOOR
+        notes.append(f"{lanes} lanes per row leave SMs idle (measured {UNDERFILL_FLOOR:.2f}x on the floor)")
     return CostTerms(a_bytes=a_bytes * passes, flops=2.0 * stats.nnz * n, unit="cuda_core", notes=notes,
                      decode_s=floor)
