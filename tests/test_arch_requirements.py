@@ -138,3 +138,25 @@ def test_the_planner_drops_memory_hits_the_target_cannot_run(analyzed_unstructur
     for target, expected in (("A100", ["delta_spmv"]), ("H200", ["tc_words", "delta_spmv"])):
         inp = planning_input(state, Context(target=target, backend="cuda", n_values=[16]))
         assert [h["template"] for h in inp.memory_hits] == expected, target
+
+
+def test_the_run_story_names_why_the_tensor_core_tier_was_left_out(analyzed_unstructured):
+    """`sparseditto run`'s story on a GPU run: tc_* left out for an A100 with the compute-capability
+    reason, and for float32 with the dtype reason (before, a CUDA template the table dropped on a GPU
+    run was listed with the reason "None")."""
+    from types import SimpleNamespace
+
+    from sparseditto.cli.story import _plan_table
+
+    def left_out(target, dtype):
+        result = SimpleNamespace(target={"spec": get_target(target).model_dump(mode="json")}, n_values=[16],
+                                 report=analyzed_unstructured, dtype=dtype, backend="cuda")
+        return _plan_table(result)[1]
+
+    a100 = left_out("A100", "float16")
+    assert ("tc_bitmap, tc_dense, tc_lanemask, tc_scatter, tc_sp24, tc_words "
+            "(compute capability 9.0 required, A100-80GB has 8.0)") in a100
+    h200_fp32 = left_out("H200", "float32")
+    assert any(line.endswith("(float32 values: they take float16, bfloat16)") and "tc_words" in line
+               for line in h200_fp32), h200_fp32
+    assert not any(line.endswith("(None)") for line in a100 + h200_fp32)

@@ -64,8 +64,15 @@ def _plan_table(result) -> tuple[list[dict], list[str]]:
     for t in list_templates():
         if t.name in listed:
             continue
-        if t.backend == "cuda":
-            why = backend_unavailable("cuda") if result.backend == "cuda" else "CUDA C++: they need a GPU"
+        dtypes = t.meta.get("dtypes")
+        if t.backend == "cuda" and result.backend != "cuda":
+            why = "CUDA C++: they need a GPU"
+        elif t.arch_reason(target):
+            why = t.arch_reason(target)
+        elif dtypes and result.dtype not in dtypes:
+            why = f"{result.dtype} values: they take {', '.join(dtypes)}"
+        elif t.backend == "cuda" and backend_unavailable("cuda"):
+            why = backend_unavailable("cuda")
         else:
             why = t.applicable(report)[1]
         reasons.setdefault(why, []).append(t.name)
