@@ -89,6 +89,43 @@ def sm_count(device) -> int:
     return DEFAULT_SMS
 
 
+# Dynamic shared memory one block may opt into, by compute capability (the CUDA C programming guide's
+# table): the Triton templates size their pipelines to the device's, where the H200's 227 KB had been assumed
+# (an A100 allows 163 KB, an Ada or consumer Ampere card 99 KB: a deeper pipeline fails to launch there)
+SMEM_OPTIN_BY_CC = {(8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024, (8, 9): 99 * 1024,
+                    (9, 0): 227 * 1024, (10, 0): 227 * 1024, (12, 0): 99 * 1024}
+DEFAULT_SMEM_PER_BLOCK = 227 * 1024   # H100/H200; used when no CUDA device can be asked (interpreter)
+
+
+def smem_optin_for(cc) -> int:
+    """The opt-in shared memory per block of compute capability ``cc``; the smallest of the same
+    major version (48 KB before Ampere) for one the table does not list."""
+    cc = tuple(int(x) for x in cc)
+    if cc in SMEM_OPTIN_BY_CC:
+        return SMEM_OPTIN_BY_CC[cc]
+    same_major = [v for k, v in SMEM_OPTIN_BY_CC.items() if k[0] == cc[0]]
+    return min(same_major) if same_major else (48 * 1024 if cc[0] < 8 else min(SMEM_OPTIN_BY_CC.values()))
+
+
+def smem_per_block(device) -> int:
+    """Shared memory a block may opt into on ``device`` (a torch.device): the driver's figure where
+    torch reports it, else `smem_optin_for` its compute capability; DEFAULT_SMEM_PER_BLOCK off the GPU."""
+    if device.type != "cuda":
+        return DEFAULT_SMEM_PER_BLOCK
+    props = torch.cuda.get_device_properties(device)
+    reported = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
+    return reported if reported > 0 else smem_optin_for((props.major, props.minor))
+
+
+SMEM_HEADROOM = 16 * 1024   # what a pipeline's shared-memory budget leaves for barriers, epilogue and Triton's own
+
+
+def stage_budget(wanted: int, smem_limit: int) -> int:
+    """The bytes a template's "auto" pipeline depth may spend on its buffers on a device whose blocks
+    may opt into ``smem_limit``: its own ``wanted`` budget, less where the device has less."""
+    return max(0, min(int(wanted), int(smem_limit) - SMEM_HEADROOM))
+
+
 def check_operands(packed: dict, B, out) -> int:
     """N, after checking B is [K, N] and out is [M, N] for the prepared A (ValueError otherwise)."""
     M, K = packed["shape"]

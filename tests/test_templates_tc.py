@@ -448,6 +448,37 @@ def test_nm_shared_memory_fits_at_large_n():
     assert module.launch_config(packed, 2048)["num_stages"] == 2
 
 
+def test_triton_pipelines_fit_the_devices_shared_memory():
+    """The Triton templates size their pipelines to the device's opt-in shared memory per block
+    (kernel_templates.runtime.smem_per_block), not the H200's 227 KB: on an Ada card (99 KB) or an
+    A100 (163 KB) a deeper pipeline fails to launch. H200 configurations are unchanged."""
+    from sparseditto.kernel_templates import runtime as rt
+
+    assert rt.smem_optin_for((9, 0)) == 232448 == rt.DEFAULT_SMEM_PER_BLOCK
+    assert (rt.smem_optin_for((8, 0)), rt.smem_optin_for((8, 9)), rt.smem_optin_for((8, 6))) == (166912, 101376, 101376)
+    assert rt.smem_optin_for((8, 8)) == 101376 and rt.smem_optin_for((7, 5)) == 49152   # unlisted: the major's least
+    assert rt.smem_per_block(torch.device("cpu")) == rt.DEFAULT_SMEM_PER_BLOCK
+    assert rt.stage_budget(160 * 1024, 232448) == 160 * 1024 and rt.stage_budget(160 * 1024, 101376) == 84992
+    nm = _module("nm_compressed")
+    packed = nm.prepare(nm_matrix(256, 256, 2, 4, seed=40), torch.float16, "cpu")
+    for limit in (232448, 166912, 101376):
+        for n in (16, 256, 2048):
+            cfg = nm.launch_config(packed, n, smem_limit=limit)
+            assert cfg["smem_estimate"] <= limit - nm._SMEM_MARGIN, (limit, n, cfg)
+    assert nm.launch_config(packed, 2048, smem_limit=232448) == nm.launch_config(packed, 2048)
+    assert nm.launch_config(packed, 2048, smem_limit=101376)["BLOCK_N"] < nm.launch_config(packed, 2048)["BLOCK_N"]
+    bitmap = _module("bitmap_tiles")
+    packed = bitmap.prepare(MATRICES["u70"](), torch.float16, "cpu")
+    for limit in (232448, 101376):
+        cfg = bitmap.launch_config(packed, 2048, smem_limit=limit)
+        assert bitmap.smem_estimate(packed, cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["num_stages"]) <= limit - 16 * 1024
+    crc = _module("compact_rows_cols")
+    rows = crc.prepare(MATRICES["u95"](), torch.float16, "cpu")
+    # N = 2048: 128x128x64 fp16 steps of 32 KB; 3 stages (96 KB) fit the H200's budget, not an Ada card's 83 KB
+    assert [crc.launch_config(rows, n)["num_stages"] for n in (16, 2048)] == [4, 3]
+    assert [crc.launch_config(rows, n, smem_limit=101376)["num_stages"] for n in (16, 2048)] == [4, 2]
+
+
 def test_bitmap_block_m_per_n_and_shared_memory():
     module = _module("bitmap_tiles")
     packed = module.prepare(MATRICES["u70"](), torch.float16, "cpu")

@@ -235,7 +235,7 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-_SMEM_LIMIT = 227 * 1024        # H100/H200 shared memory per block
+_SMEM_LIMIT = rt.DEFAULT_SMEM_PER_BLOCK   # off the GPU; a launch passes its device's (rt.smem_per_block)
 _SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
 
 
@@ -248,9 +248,9 @@ def smem_estimate(packed: dict, block_m: int, block_n: int, stages: int) -> int:
     return max(1, stages - 1) * step + b_step
 
 
-def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS, smem_limit: int = _SMEM_LIMIT) -> dict:
     """Tiles, split, warps and pipeline depth for N; pure Python. num_stages (3 when "auto") is
-    lowered until the shared-memory estimate fits the device."""
+    lowered until the shared-memory estimate fits the device's ``smem_limit``."""
     block_m = PARAMS["BLOCK_M"]
     if block_m == "auto":
         # H200: BLOCK_M 64 at N = 16 (unstructured 90%: 37.1 us; 32: 40.6 us, 16: 51.3 us);
@@ -264,7 +264,7 @@ def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     if block_n == "auto":
         block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
     stages = 3 if PARAMS["num_stages"] == "auto" else int(PARAMS["num_stages"])
-    while stages > 1 and smem_estimate(packed, block_m, block_n, stages) > _SMEM_LIMIT - _SMEM_MARGIN:
+    while stages > 1 and smem_estimate(packed, block_m, block_n, stages) > smem_limit - _SMEM_MARGIN:
         stages -= 1
     n_tiles = -(-N // block_n)
     tiles = (packed["padded_rows"] // block_m) * n_tiles
@@ -286,7 +286,7 @@ def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, split-K workspace and argument list for one (N, B/C layout)."""
     M, K = packed["shape"]
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, rt.sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device), rt.smem_per_block(B.device))
     block_m = cfg["BLOCK_M"]
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:

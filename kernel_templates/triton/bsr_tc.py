@@ -294,7 +294,8 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS,
+                  smem_limit: int = rt.DEFAULT_SMEM_PER_BLOCK) -> dict:
     """Tile, split, warps and pipeline depth for N (the "auto" rules); pure Python."""
     bm, bk = packed["block_shape"]
     block_n = PARAMS["BLOCK_N"]
@@ -328,7 +329,7 @@ def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
         # The block-column load feeds B's address, so Triton prefetches A/B only
         # (num_stages - 1) // 2 steps ahead: small steps want deep pipelines, big ones fit 2-3.
         step_bytes = (bm * packed["group"] * bk + packed["group"] * bk * block_n) * packed["dtype"].itemsize
-        stages = max(2, min(5, _STAGE_SMEM_BUDGET // step_bytes + 1))
+        stages = max(2, min(5, rt.stage_budget(_STAGE_SMEM_BUDGET, smem_limit) // step_bytes + 1))
     return {"BLOCK_N": int(block_n), "n_tiles": n_tiles, "tiles": tiles, "SPLIT": int(split),
             "num_warps": int(warps), "num_stages": int(stages)}
 
@@ -338,7 +339,7 @@ def _plan(packed: dict, B, out) -> dict:
     M, K = packed["shape"]
     N = int(B.shape[1])
     bm, bk = packed["block_shape"]
-    cfg = launch_config(packed, N, rt.sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device), rt.smem_per_block(B.device))
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:
         ws = torch.empty(split * tiles * bm * block_n, dtype=torch.float32, device=B.device)

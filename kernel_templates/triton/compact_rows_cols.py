@@ -212,7 +212,8 @@ def prepare(A, dtype, device) -> dict:
     }
 
 
-def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS,
+                  smem_limit: int = rt.DEFAULT_SMEM_PER_BLOCK) -> dict:
     """Tiles, split, warps and stages for N ("auto" rules); pure Python."""
     bm, bn, bk = block_sizes(N)
     kept_tiles = -(-packed["kept_m"] // bm)
@@ -234,7 +235,7 @@ def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     if stages == "auto":
         # 4 at small N, 3 for the large-N GEMM (H200, N = 2048: 62.2 us at 3 stages, 65.7 at 4).
         step_bytes = (bm * bk + bk * bn) * packed["dtype"].itemsize
-        stages = max(2, min(4 if N <= 64 else 3, _STAGE_SMEM_BUDGET // step_bytes))
+        stages = max(2, min(4 if N <= 64 else 3, rt.stage_budget(_STAGE_SMEM_BUDGET, smem_limit) // step_bytes))
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": int(split), "num_warps": int(warps),
             "num_stages": int(stages), "kept_tiles": kept_tiles, "n_tiles": n_tiles, "k_steps": k_steps}
 
@@ -242,7 +243,7 @@ def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
 def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, workspace and argument list for one (N, B/C layout)."""
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, rt.sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device), rt.smem_per_block(B.device))
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT"]
     if packed["kept_m"] and (packed["dense"].shape[0] % bm or packed["dense"].shape[1] % bk):
         raise ValueError(f"compact_rows_cols: BLOCK_M={bm}/BLOCK_K={bk} do not divide the prepared block "

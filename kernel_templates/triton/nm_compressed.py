@@ -500,7 +500,7 @@ def prepare(A, dtype, device) -> dict:
     return packed
 
 
-_SMEM_LIMIT = 227 * 1024        # H100/H200 shared memory per block
+_SMEM_LIMIT = rt.DEFAULT_SMEM_PER_BLOCK   # off the GPU; a launch passes its device's (rt.smem_per_block)
 _SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
 
 
@@ -517,9 +517,10 @@ def smem_estimate(packed: dict, block_m: int, block_n: int, stages: int) -> int:
     return max(1, stages - 1) * step + b_step
 
 
-def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
+def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS, smem_limit: int = _SMEM_LIMIT) -> dict:
     """Tiles, split, warps and pipeline depth for N; pure Python. The depth (num_stages, "auto" =
-    3) and, when "auto", BLOCK_N are lowered until the shared-memory estimate fits the device."""
+    3) and, when "auto", BLOCK_N are lowered until the shared-memory estimate fits the device's
+    ``smem_limit`` (bytes a block may opt into)."""
     block_m = PARAMS["BLOCK_M"]
     if block_m == "auto":
         # H200, 2:4 4096 x 4096: BLOCK_M 64 (4 warps, split-K 4) 17.9 us at N = 16 (32: 20.4 us,
@@ -534,7 +535,7 @@ def launch_config(packed: dict, N: int, sms: int = rt.DEFAULT_SMS) -> dict:
     if auto_n:
         block_n = 16 if N <= 16 else min(1 << (N - 1).bit_length(), 128)
     stages = 3 if PARAMS["num_stages"] == "auto" else int(PARAMS["num_stages"])
-    budget = _SMEM_LIMIT - _SMEM_MARGIN
+    budget = smem_limit - _SMEM_MARGIN
     while smem_estimate(packed, block_m, block_n, stages) > budget:
         if stages > 2:
             stages -= 1
@@ -564,7 +565,7 @@ def _plan(packed: dict, B, out) -> dict:
     """Grid, constexprs, split-K workspace and argument list for one (N, B/C layout)."""
     M, K = packed["shape"]
     N = int(B.shape[1])
-    cfg = launch_config(packed, N, rt.sm_count(B.device))
+    cfg = launch_config(packed, N, rt.sm_count(B.device), rt.smem_per_block(B.device))
     block_m, lay = cfg["BLOCK_M"], packed["layout"]
     tiles, split, block_n = cfg["tiles"], cfg["SPLIT"], cfg["BLOCK_N"]
     if split > 1:
