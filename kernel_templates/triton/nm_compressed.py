@@ -501,7 +501,7 @@ def prepare(A, dtype, device) -> dict:
 
 
 _SMEM_LIMIT = rt.DEFAULT_SMEM_PER_BLOCK   # off the GPU; a launch passes its device's (rt.smem_per_block)
-_SMEM_MARGIN = 16 * 1024        # headroom for what the estimate leaves out (barriers, epilogue)
+_SMEM_MARGIN = rt.SMEM_HEADROOM   # headroom for what the estimate leaves out (barriers, epilogue)
 
 
 def smem_estimate(packed: dict, block_m: int, block_n: int, stages: int) -> int:
