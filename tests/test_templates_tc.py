@@ -18,7 +18,6 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-from sparseditto.kernel_templates.registry import get_template
 from sparseditto.matrix import SparseMatrix
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

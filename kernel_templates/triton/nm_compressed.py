@@ -446,7 +446,7 @@ def nm_arrays(A, n: int, m: int) -> dict:
 
 def _pack(nm: dict, block_m: int, h: int, lay: dict, expand: str):
     """Slot-planar values [Mp, steps, n, F, H] and metadata words [Mp, steps, H] (see module doc)."""
-    n, m, F = nm["n"], nm["m"], lay["F"]
+    n, F = nm["n"], lay["F"]
     M, G = nm["M"], nm["G"]
     steps = max(1, -(-G // (F * h)))
     Gp, Mp = steps * F * h, -(-M // block_m) * block_m

@@ -102,7 +102,7 @@ def story(result, check: KernelCheck | None = None) -> list[tuple[str, str]]:
     m, k = result.shape
     lines = [("matrix", f"{result.matrix_name}: {m} x {k} {result.dtype} weight, {report.sparsity:.1%} sparse; "
                         f"C = A @ B with N = {result.n_values[0]}; planned for {target}"
-                        + ("" if gpu else f" (no GPU here: kernels run in the Triton interpreter)")),
+                        + ("" if gpu else " (no GPU here: kernels run in the Triton interpreter)")),
              ("pattern", f"{report.pattern} (confidence {report.confidence:.2f}): {report.explain()}")]
 
     table, left_out = _plan_table(result)
