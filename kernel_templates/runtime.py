@@ -16,6 +16,8 @@ kernel argument in signature order, B and C left as None), ``b_at`` / ``out_at``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -115,6 +117,33 @@ def smem_per_block(device) -> int:
     props = torch.cuda.get_device_properties(device)
     reported = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
     return reported if reported > 0 else smem_optin_for((props.major, props.minor))
+
+
+# Shared memory per SM, by compute capability (the same table's), less the 1 KB the system reserves
+SMEM_PER_SM_BY_CC = {(8, 0): 164 * 1024, (8, 6): 100 * 1024, (8, 7): 164 * 1024, (8, 9): 100 * 1024,
+                     (9, 0): 228 * 1024, (10, 0): 228 * 1024, (12, 0): 100 * 1024}
+DEFAULT_SMEM_PER_SM = 227 * 1024      # H100/H200 (228 KB less the reserve); off the GPU
+DEFAULT_THREADS_PER_SM = 2048         # H100/H200 (and A100); an Ada or consumer Ampere SM holds 1536
+
+
+@dataclass(frozen=True)
+class SMResources:
+    """What the CTAs resident on one SM share, for sizing a persistent grid to one wave."""
+
+    smem: int = DEFAULT_SMEM_PER_SM
+    threads: int = DEFAULT_THREADS_PER_SM
+
+
+def sm_resources(device) -> SMResources:
+    """``device``'s per-SM shared memory (torch's figure where it reports one, else the compute
+    capability's, less the 1 KB reserve) and thread limit; Hopper's off the GPU."""
+    if device.type != "cuda":
+        return SMResources()
+    props = torch.cuda.get_device_properties(device)
+    reported = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+    total = reported or SMEM_PER_SM_BY_CC.get((props.major, props.minor), DEFAULT_SMEM_PER_SM + 1024)
+    threads = int(getattr(props, "max_threads_per_multi_processor", 0) or DEFAULT_THREADS_PER_SM)
+    return SMResources(smem=total - 1024, threads=threads)
 
 
 SMEM_HEADROOM = 16 * 1024   # what a pipeline's shared-memory budget leaves for barriers, epilogue and Triton's own

@@ -498,3 +498,20 @@ def test_entry_slots_match_the_per_entry_formula(lanes):
     assert np.array_equal(where, expected)
     lead = np.flatnonzero(slot == 0)
     assert np.array_equal(lead_at, lead) and np.array_equal(lead_slot, rows[lead].astype(np.int64) * lanes + lane[lead])
+
+
+def test_the_persistent_grid_is_sized_to_the_devices_sm(tmp_path_factory):
+    """One wave of resident CTAs on the GPU that runs it: a 64 KB strip of B leaves room for 3 CTAs on an
+    H200 SM (227 KB) and 1 on an Ada SM (99 KB), whose 1536 threads also hold fewer 8-warp CTAs than Hopper's
+    2048; off the GPU the plan is Hopper's (runtime.sm_resources)."""
+    from sparseditto.kernel_templates import runtime as rt
+
+    module = load_candidate("delta_spmv", {}, tmp_path_factory)
+    assert rt.sm_resources(torch.device("cpu")) == rt.SMResources() == module.HOPPER_SM
+    ada = rt.SMResources(smem=99 * 1024, threads=1536)
+    assert module.ctas_per_sm(64 * 1024, 32) == 3 and module.ctas_per_sm(64 * 1024, 32, ada) == 1
+    assert module.ctas_per_sm(4 * 1024, 32) == 8 and module.ctas_per_sm(4 * 1024, 32, ada) == 6
+    packed = module.prepare(_matrix(4096, 4096, 0.9, seed=0), "float16", "cpu")
+    hopper, small = module.plan_launch(packed, 8, torch.float16, 132), module.plan_launch(packed, 8, torch.float16, 132, 32, ada)
+    assert small["smem"] == hopper["smem"] == 65536                      # N = 8: a 4096 x 8 fp16 strip
+    assert (hopper["grid"][0], small["grid"][0]) == (3 * 132, 132)       # one wave each

@@ -77,8 +77,7 @@ _NV_CHOICES = (1, 2, 4, 8)
 # dynamic shared memory per block among the target table's GPUs (sm_86 / sm_89; the A100 allows 163 KB, Hopper
 # 227 KB), so a strip that fits here launches on all of them (100 KB did not on an Ada or Ampere consumer card)
 SMEM_CAP = 99 * 1024
-SMEM_PER_SM = 227 * 1024         # Hopper's shared memory per SM available to CTAs
-MAX_THREADS_PER_SM = 2048
+HOPPER_SM = rt.SMResources()      # off the GPU; a launch plans with its device's (rt.sm_resources)
 REGS_PER_SM = 65536
 
 
@@ -163,7 +162,7 @@ def prepare(A, dtype, device) -> dict:
     # graph capture, where a host-to-device copy is not allowed.
     for nv in reachable_nvs(kp) if kernels else ():
         kernel = kernels[kernel_name(dtype, nv, fmt.lanes, fmt.bits)]
-        plan = plan_launch(packed, nv, dtype, rt.sm_count(device), int(kernel.num_regs))
+        plan = plan_launch(packed, nv, dtype, rt.sm_count(device), int(kernel.num_regs), rt.sm_resources(device))
         if plan["streams"] not in packed["splits"]:
             meta = {name: torch.from_numpy(a).to(device) for name, a in split_arrays(fmt, plan["streams"]).items()}
             if "heads" in meta:     # one column block's parts and counters (N <= NV), made here too
@@ -256,7 +255,7 @@ def head_columns(fmt: DeltaSlices, split: np.ndarray, heads: np.ndarray) -> np.n
     return out.astype(np.int32)
 
 
-def ctas_per_sm(smem: int, regs: int) -> int:
+def ctas_per_sm(smem: int, regs: int, sm: rt.SMResources = HOPPER_SM) -> int:
     """Resident CTAs per SM the persistent grid is sized for: PARAMS["CTAS_PER_SM"], or what shared
     memory, registers (allocated per warp in 256-register units) and the thread limit allow (at
     most 8). A grid larger than what stays resident makes later CTAs stage B again and leaves a
@@ -266,10 +265,10 @@ def ctas_per_sm(smem: int, regs: int) -> int:
     threads = int(PARAMS["WARPS"]) * 32
     per_warp = -(-max(1, regs) * 32 // 256) * 256
     by_regs = REGS_PER_SM // (per_warp * int(PARAMS["WARPS"]))
-    return max(1, min(8, SMEM_PER_SM // max(1, smem + 1024), MAX_THREADS_PER_SM // threads, by_regs))
+    return max(1, min(8, sm.smem // max(1, smem + 1024), sm.threads // threads, by_regs))
 
 
-def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
+def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64, sm: rt.SMResources = HOPPER_SM) -> dict:
     """Kernel name, grid, block and dynamic shared memory for one call (pure Python); ``regs`` is
     the compiled kernel's registers per thread. The grid is one wave of resident CTAs (fewer when
     the matrix has fewer rows, or with ROW_SPLIT row groups, than sub-warps); each of its
@@ -281,7 +280,7 @@ def plan_launch(packed: dict, N: int, dtype, sms: int, regs: int = 64) -> dict:
     smem = kp * nv * b_bytes()
     # streams to fill: rows (cuts at row ends), or row groups of L pieces when rows are cut
     work = int(packed.get("groups", M)) if int(PARAMS["ROW_SPLIT"]) else M
-    grid = (max(1, min(-(-work // rows_per_cta), sms * ctas_per_sm(smem, regs))), -(-N // nv), 1)
+    grid = (max(1, min(-(-work // rows_per_cta), sms * ctas_per_sm(smem, regs, sm))), -(-N // nv), 1)
     if grid[1] > 65535:
         raise ValueError(f"N = {N} needs {grid[1]} column blocks of NV = {nv}, more than CUDA's grid.y limit of "
                          "65535; delta_spmv is a decode kernel (N <= 8), use a tensor-core template.")
@@ -299,7 +298,7 @@ def spmm(packed: dict, B, out) -> None:
 
     def make_plan() -> dict:
         kernel = packed["kernels"][kernel_name(b.dtype, nv_for(N, packed["kp"]), packed["lanes"], packed["bits"])]
-        plan = plan_launch(packed, N, b.dtype, rt.sm_count(b.device), int(kernel.num_regs))
+        plan = plan_launch(packed, N, b.dtype, rt.sm_count(b.device), int(kernel.num_regs), rt.sm_resources(b.device))
         if plan["smem"] > 48 * 1024:
             kernel.max_dynamic_shared_size_bytes = plan["smem"]
         plan["kernel"] = kernel
