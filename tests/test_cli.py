@@ -103,6 +103,9 @@ def test_run_then_memory_list_agree(env, weight, tmp_path):
 def test_targets_names_are_whole_in_a_pipe(env):
     out = cli("targets", env=env).stdout
     assert "A100-80GB-PCIe" in out and "GeForce-RTX-4090" in out and "H100-80GB-HBM3" in out and "…" not in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if line.startswith("│")}
+    # the templates never planned for a GPU: the tensor-core tier needs compute capability 9.0
+    assert "tc_words" in rows["A100-80GB"] and "tc_sp24" in rows["L40S"] and "tc_" not in rows["H200"]
 
 
 def test_a_closed_pipe_ends_quietly(env, weight):

@@ -69,10 +69,12 @@ def cmd_analyze(args) -> int:
 
 
 def cmd_targets(args) -> int:
+    from sparseditto.agents.costing import arch_exclusions
     from sparseditto.cli.views import print_table, targets_table
     from sparseditto.targets import list_targets
 
-    print_table(targets_table(list_targets()))
+    targets = list_targets()
+    print_table(targets_table(targets, {t.name: sorted(arch_exclusions(t)) for t in targets}))
     return 0
 
 

@@ -42,15 +42,21 @@ def print_table(table: Table, console: Console | None = None) -> None:
 
 # ---- targets -----------------------------------------------------------------------------------
 
-def targets_table(targets: Iterable[Any]) -> Table:
-    """The GPU table the planner costs kernels on: names, the aliases `--target` accepts, peaks."""
+def targets_table(targets: Iterable[Any], left_out: dict[str, list[str]] | None = None) -> Table:
+    """The GPU table the planner costs kernels on: names, the aliases `--target` accepts, peaks, and
+    (``left_out``: target name -> templates) the templates never planned for it (their architecture)."""
     table = Table(title="Known GPU targets (`--target NAME`, or an alias)", title_justify="left")
-    for col in ("name", "aliases", "arch", "SMs", "HBM GB/s", "L2 MB", "fp16 TC TFLOP/s", "fp16 2:4 TFLOP/s"):
-        table.add_column(col, no_wrap=col != "aliases", justify="right" if col[0].isdigit() or col in (
+    cols = ["name", "aliases", "arch", "SMs", "HBM GB/s", "L2 MB", "fp16 TC TFLOP/s", "fp16 2:4 TFLOP/s"]
+    wrapped = ("aliases", "templates left out")
+    for col in cols + (["templates left out"] if left_out is not None else []):
+        table.add_column(col, no_wrap=col not in wrapped, justify="right" if col[0].isdigit() or col in (
             "SMs", "HBM GB/s", "L2 MB") or "TFLOP" in col else "left")
     for t in targets:
-        table.add_row(t.name, ", ".join(t.aliases) or "-", t.arch, str(t.sm_count), f"{t.mem_bandwidth_gbs:.0f}",
-                      f"{t.l2_mb:.0f}", f"{t.tensor_tflops['float16']:.0f}", f"{t.sparse_tensor_tflops['float16']:.0f}")
+        row = [t.name, ", ".join(t.aliases) or "-", t.arch, str(t.sm_count), f"{t.mem_bandwidth_gbs:.0f}",
+               f"{t.l2_mb:.0f}", f"{t.tensor_tflops['float16']:.0f}", f"{t.sparse_tensor_tflops['float16']:.0f}"]
+        if left_out is not None:
+            row.append(", ".join(left_out.get(t.name) or []) or "-")
+        table.add_row(*row)
     return table
 
 
