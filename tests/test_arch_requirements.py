@@ -160,3 +160,20 @@ def test_the_run_story_names_why_the_tensor_core_tier_was_left_out(analyzed_unst
     assert any(line.endswith("(float32 values: they take float16, bfloat16)") and "tc_words" in line
                for line in h200_fp32), h200_fp32
     assert not any(line.endswith("(None)") for line in a100 + h200_fp32)
+
+
+def test_a_batch_report_carries_what_its_target_left_out():
+    """run_batch plans for an A100 unless told, like run_graph: on an H200 its summary and report.html say
+    which templates that left out (run_graph's note, kept as BatchReport.target_note)."""
+    from sparseditto.agents.costing import arch_note
+    from sparseditto.batch.models import BatchReport
+    from sparseditto.batch.report import render_html
+
+    note = arch_note(get_target("A100"), get_target("H200"))
+    report = BatchReport(model="m", out="o", settings={"target": "A100-80GB"}, layers=[], complete=True,
+                         wall_seconds=1.0, timings_are_gpu=True, target_note=note)
+    assert f"note: {note}" in report.summary().splitlines()
+    assert "tc_words were left out" in render_html(report)
+    plain = BatchReport(model="m", out="o", settings={}, layers=[], complete=True, wall_seconds=1.0,
+                        timings_are_gpu=True)
+    assert "note:" not in plain.summary() and "Target:" not in render_html(plain)

@@ -83,6 +83,8 @@ class BatchReport(BaseModel):
     timings_are_gpu: bool
     groups: int = 0
     notes: list[str] = Field(default_factory=list)
+    # what planning for this target left out that the GPU it ran on could run (run_graph's note; None if nothing)
+    target_note: str | None = None
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -118,6 +120,8 @@ class BatchReport(BaseModel):
                  f"report: {self.out}/report.html, {self.out}/report.json; bundle: {self.out}/bundle"]
         if slower:
             lines.append(f"slower than the previous report: {', '.join(slower)}")
+        if self.target_note:
+            lines.append(f"note: {self.target_note}")
         if not self.complete:
             lines.append("incomplete: run the same command with --resume to continue")
         return "\n".join(lines)

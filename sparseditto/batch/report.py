@@ -119,6 +119,8 @@ def render_html(report: BatchReport) -> str:
                      "dense times are the roofline cost model's estimates on the target.</p>")
     if not report.complete:
         parts.append("<p class='incomplete'>Incomplete: run the same command with <code>--resume</code>.</p>")
+    if report.target_note:
+        parts.append(f"<p class='warn'>Target: {html.escape(report.target_note)}.</p>")
     setting = {k: html.escape(str(report.settings.get(k))) for k in ("target", "n", "dtype")}
     parts.append(f"<p>Model: <code>{html.escape(report.model)}</code>; target {setting['target']}"
                  f", N={setting['n']}, dtype {setting['dtype']}; "

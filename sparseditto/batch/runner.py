@@ -92,7 +92,7 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     from sparseditto.api import _check_settings
 
     t0 = time.time()
-    tgt, _note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
+    tgt, target_note, n_values, resolved = _check_settings(target, n, dtype, backend, budget)
     min_sparsity = _check_fraction(min_sparsity, "min_sparsity")
     tolerance = _check_fraction(tolerance, "tolerance")
     if tolerance <= 0:
@@ -153,7 +153,7 @@ def run_batch(model, target: str = "A100", *, n: int | list[int] | None = None, 
     finally:
         try:
             report = _finish(model, out_dir, fingerprint, refs, journal.done(), prev, complete, time.time() - t0,
-                             settings)
+                             settings, target_note)
         finally:
             journal.close()
     return report
@@ -280,7 +280,7 @@ def _analyze(chosen, done, journal, bar, min_sparsity: float, dtype: str) -> "Or
 
 
 def _finish(model, out_dir: Path, fingerprint: dict, refs, done: dict, prev, complete: bool, wall: float,
-            settings: BatchSettings) -> BatchReport:
+            settings: BatchSettings, target_note: str | None = None) -> BatchReport:
     from sparseditto.batch.bundle import write_bundle
     from sparseditto.batch.report import write_reports
 
@@ -288,7 +288,8 @@ def _finish(model, out_dir: Path, fingerprint: dict, refs, done: dict, prev, com
     layers = [done[name] for name in order if name in done]
     report = BatchReport(model=fingerprint["model"], out=str(out_dir), settings=fingerprint, layers=layers,
                          complete=complete and len(layers) == len(order), wall_seconds=round(wall, 3),
-                         timings_are_gpu=settings.gpu, groups=len({x.group for x in layers if x.group}))
+                         timings_are_gpu=settings.gpu, groups=len({x.group for x in layers if x.group}),
+                         target_note=target_note)   # e.g. planned for an A100 on an H200: what it left out
     if not settings.gpu:
         report.notes.append("Ran on the CPU (Triton interpreter): kernel and dense times are the roofline cost "
                             "model's estimates on the target, NOT GPU timings.")
