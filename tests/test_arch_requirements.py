@@ -53,7 +53,7 @@ def test_exclusions_cover_the_planned_gpu_and_the_measuring_one():
 
 def test_the_planning_table_for_an_a100_has_no_hopper_kernel(analyzed_unstructured):
     """The same 70%-sparse weight at N = 16: the H200 table offers the tensor-core tier (tc_words among
-    the CUDA templates), the A100 table the CUDA-core ones only, estimates otherwise unchanged."""
+    the CUDA templates), the A100 table the same templates less that tier (the CUDA-core ones stay)."""
     report = analyzed_unstructured
     h200, _ = template_table(report, 16, "float16", get_target("H200"), exec_backend="cuda")
     a100, _ = template_table(report, 16, "float16", get_target("A100"), exec_backend="cuda")
