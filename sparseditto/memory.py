@@ -805,8 +805,9 @@ class Memory(TranscriptStore):
                 "timings": cand["timings"], "metrics": cand["metrics"],
                 "run_best_template": run["best_template"], "matrix_name": run["matrix_name"],
                 "signature": run["signature"], "n_bucket": run["n_bucket"], "n_values": run["n_values"],
-                "dtype": run["dtype"], "gpu": run["gpu"], "best_speedup_vs_dense": run["best_speedup_vs_dense"],
-                "versions": run["versions"], "created": run["created"],
+                "dtype": run["dtype"], "gpu": run["gpu"], "target": run["target"],
+                "best_speedup_vs_dense": run["best_speedup_vs_dense"], "versions": run["versions"],
+                "created": run["created"],
             }
 
     def neighbours(self, features: Any, *, pattern: str | None = None, dtype: str | None = None,

@@ -177,3 +177,31 @@ def test_a_batch_report_carries_what_its_target_left_out():
     plain = BatchReport(model="m", out="o", settings={}, layers=[], complete=True, wall_seconds=1.0,
                         timings_are_gpu=True)
     assert "note:" not in plain.summary() and "Target:" not in render_html(plain)
+
+
+def test_an_exact_hit_settles_only_a_search_at_least_as_narrow(tmp_path):
+    """The memory is keyed by the GPU that measured: a run planned for an A100 on an H200 never tried the
+    Hopper-only tier, so its answer is no exact hit for a run planned for the H200 on that GPU (it still
+    comes back as the nearest neighbour); an H200 run's tc_words is none for an A100 run; the same target,
+    or a target that left out no more, settles as before. On the interpreter nothing changes."""
+    from sparseditto.agents.analyzer import exact_hit_usable
+    from sparseditto.agents.state import Context
+    from sparseditto.memory import Memory
+
+    mem = Memory(tmp_path / "memory.sqlite")
+    run = mem.start_run(signature="sig", n_values=[16], dtype="float16", gpu="NVIDIA H200", target="A100-80GB",
+                        versions={"sparseditto": "test"})
+    mem.record_candidate(run, template="delta_spmv", status="verified", source="# k\n", timings={"median_ms": 0.02})
+    mem.finish_run(run, "ok", best_template="delta_spmv", best_speedup_vs_dense=1.2)
+    hit = mem.exact_hit("sig", "<=16", "float16", "NVIDIA H200")
+    assert hit["target"] == "A100-80GB" and hit["template"] == "delta_spmv"
+
+    def usable(hit, target, backend="cuda"):
+        return exact_hit_usable(hit, Context(target=target, backend=backend, n_values=[16]))
+
+    assert usable(hit, "A100") and not usable(hit, "H200") and usable(hit, "H200", backend="interpret")
+    tc = {"template": "tc_words", "target": "H200"}
+    assert usable(tc, "H200") and usable(tc, "H100") and not usable(tc, "A100")
+    assert usable({"template": "delta_spmv", "target": "H200"}, "A100")          # the H200 search was wider
+    assert not usable({"template": "delta_spmv", "target": "NVIDIA GB10"}, "H200")  # unknown: only itself
+    assert usable({"template": "delta_spmv", "target": None}, "H200")             # older rows: as before
