@@ -57,35 +57,6 @@ def normalize_neighbour(hit: dict) -> dict:
     }
 
 
-def exact_hit_usable(exact: dict, ctx: Context) -> bool:
-    """Whether a stored run's answer (same pattern, N range, dtype and measuring GPU) may settle this run
-    as an exact hit: its kernel can run on this run's target, and its target allowed every template this
-    one allows. The memory is keyed by the GPU that measured, not the target: a run for an A100 on an H200
-    never tried the Hopper-only tier (`costing.arch_exclusions`), so its answer must not end a later search
-    for the H200 on that GPU (its kernel still comes back as the nearest neighbour, tried first), and an
-    H200 run's tc_words is no answer for an A100. On the interpreter no CUDA template runs either way."""
-    from sparseditto.agents.costing import arch_exclusions
-    from sparseditto.agents.kit import measured_target, plan_target
-    from sparseditto.agents.state import resolved_backend
-    from sparseditto.targets import get_target
-
-    if resolved_backend(ctx) != "cuda":
-        return True
-    target, _ = plan_target(ctx)
-    measuring = measured_target(ctx)
-    left_out = set(arch_exclusions(target, measuring))
-    if exact.get("template") in left_out:
-        return False
-    stored = exact.get("target")
-    if not stored or stored == target.name:
-        return True
-    try:
-        before = get_target(stored)
-    except ValueError:     # a detected GPU outside the table: only the same target is known to match
-        return False
-    return set(arch_exclusions(before, measuring)) <= left_out
-
-
 def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[dict]:
     """Exact hit first; neighbours (same pattern class, dtype and N range, those run within 2x of
     these N first) only when there is none.
@@ -94,11 +65,12 @@ def lookup_memory(mem, report, ctx: Context, exclude_run: str | None) -> list[di
     (session 36, `sparseditto bench --suite llm`) the N = 1 runs of 4096x4096 70% / 90% and 11008x4096
     50% started from tc_words and tc_dense, the best generated kernels of their 4096x4096 50% neighbour's
     N = 16 / 64 runs, and reached delta_spmv, the winner at N = 1 by 1.2-1.7x, only second or third of three."""
+    from sparseditto.agents.costing import exact_hit_usable
     from sparseditto.memory import found_at_this_n, n_bucket
 
     bucket = n_bucket(list(ctx.n_values))
     exact = mem.exact_hit(report.signature, bucket, ctx.dtype, memory_gpu_key(ctx))
-    if exact is not None and exact_hit_usable(exact, ctx):
+    if exact is not None and exact_hit_usable(exact, ctx):   # costing: judged against the target too
         return [normalize_exact(exact)]
     near = mem.neighbours(report.feature_vector(), pattern=report.pattern, dtype=ctx.dtype, n_bucket=bucket,
                           k=NEIGHBOURS * 3, exclude_run=exclude_run)

@@ -128,6 +128,32 @@ def arch_exclusions(target, measure_target=None) -> dict[str, str]:
     return out
 
 
+def exact_hit_usable(exact: dict, ctx: Context) -> bool:
+    """Whether a stored run's answer (same pattern, N range, dtype and measuring GPU) may settle this run
+    as an exact hit: its kernel can run on this run's target, and its target allowed every template this
+    one allows. The memory is keyed by the GPU that measured, not the target: a run for an A100 on an H200
+    never tried the Hopper-only tier (`costing.arch_exclusions`), so its answer must not end a later search
+    for the H200 on that GPU (its kernel still comes back as the nearest neighbour, tried first), and an
+    H200 run's tc_words is no answer for an A100. On the interpreter no CUDA template runs either way."""
+    from sparseditto.targets import get_target
+
+    if resolved_backend(ctx) != "cuda":
+        return True
+    target, _ = plan_target(ctx)
+    measuring = measured_target(ctx)
+    left_out = set(arch_exclusions(target, measuring))
+    if exact.get("template") in left_out:
+        return False
+    stored = exact.get("target")
+    if not stored or stored == target.name:
+        return True
+    try:
+        before = get_target(stored)
+    except ValueError:     # a detected GPU outside the table: only the same target is known to match
+        return False
+    return set(arch_exclusions(before, measuring)) <= left_out
+
+
 def arch_note(target, local) -> str | None:
     """The Result's note when planning for an older GPU than the one that runs the search (the Python
     API plans for an A100 unless told): the templates left out for ``target`` alone, and how to plan

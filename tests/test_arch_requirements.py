@@ -184,7 +184,7 @@ def test_an_exact_hit_settles_only_a_search_at_least_as_narrow(tmp_path):
     Hopper-only tier, so its answer is no exact hit for a run planned for the H200 on that GPU (it still
     comes back as the nearest neighbour); an H200 run's tc_words is none for an A100 run; the same target,
     or a target that left out no more, settles as before. On the interpreter nothing changes."""
-    from sparseditto.agents.analyzer import exact_hit_usable
+    from sparseditto.agents.costing import exact_hit_usable
     from sparseditto.agents.state import Context
     from sparseditto.memory import Memory
 
