@@ -43,12 +43,12 @@ def template_table(report: dict, n: int, dtype: str, target, measure_target=None
     rep = report_model(report)
     table: list[dict] = []
     roof_ms: float | None = None
-    gpus = [g for g in (target, measure_target) if g is not None]
+    left_out = arch_exclusions(target, measure_target)
     for t in list_templates():
         if t.backend == "cuda" and exec_backend != "cuda":
             continue
-        if any(t.arch_reason(g) for g in gpus):
-            continue   # cannot compile for the GPU planned for or the one that runs it (`arch_exclusions`)
+        if t.name in left_out:
+            continue   # cannot compile for the GPU planned for or the one that runs it
         if t.meta.get("dtypes") and dtype not in t.meta["dtypes"]:
             continue   # e.g. the tensor-core decode tier runs fp16/bf16 only
         ok, reason = t.applicable(rep)
@@ -120,11 +120,12 @@ def arch_exclusions(target, measure_target=None) -> dict[str, str]:
     A100 must compile for an A100. The planner names them on its first visit."""
     from sparseditto.kernel_templates.registry import list_templates
 
+    gpus = [g for g in (target, measure_target) if g is not None]
     out = {}
     for t in list_templates():
-        reason = next((r for g in (target, measure_target) if g is not None for r in [t.arch_reason(g)] if r), None)
-        if reason:
-            out[t.name] = reason
+        reasons = [r for r in (t.arch_reason(g) for g in gpus) if r]
+        if reasons:
+            out[t.name] = reasons[0]
     return out
 
 

@@ -64,11 +64,11 @@ def _plan_table(result) -> tuple[list[dict], list[str]]:
     for t in list_templates():
         if t.name in listed:
             continue
-        dtypes = t.meta.get("dtypes")
+        dtypes, arch = t.meta.get("dtypes"), t.arch_reason(target)
         if t.backend == "cuda" and result.backend != "cuda":
             why = "CUDA C++: they need a GPU"
-        elif t.arch_reason(target):
-            why = t.arch_reason(target)
+        elif arch:
+            why = arch
         elif dtypes and result.dtype not in dtypes:
             why = f"{result.dtype} values: they take {', '.join(dtypes)}"
         elif t.backend == "cuda" and backend_unavailable("cuda"):
