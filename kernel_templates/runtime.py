@@ -91,39 +91,44 @@ def sm_count(device) -> int:
     return DEFAULT_SMS
 
 
-# Dynamic shared memory one block may opt into, by compute capability (the CUDA C programming guide's
-# table): the Triton templates size their pipelines to the device's, where the H200's 227 KB had been assumed
-# (an A100 allows 163 KB, an Ada or consumer Ampere card 99 KB: a deeper pipeline fails to launch there)
-SMEM_OPTIN_BY_CC = {(8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 7): 163 * 1024, (8, 9): 99 * 1024,
-                    (9, 0): 227 * 1024, (10, 0): 227 * 1024, (12, 0): 99 * 1024}
-DEFAULT_SMEM_PER_BLOCK = 227 * 1024   # H100/H200; used when no CUDA device can be asked (interpreter)
+# (dynamic shared memory one block may opt into, shared memory per SM) by compute capability (the CUDA C
+# programming guide's table): the Triton templates size their pipelines to the device's opt-in and delta_spmv its
+# persistent grid to the SM's, where the H200's figures had been assumed (an A100 allows 163 KB per block, an Ada
+# or consumer Ampere card 99 KB: a deeper pipeline fails to launch there)
+SMEM_BY_CC = {(8, 0): (163 * 1024, 164 * 1024), (8, 6): (99 * 1024, 100 * 1024), (8, 7): (163 * 1024, 164 * 1024),
+              (8, 9): (99 * 1024, 100 * 1024), (9, 0): (227 * 1024, 228 * 1024), (10, 0): (227 * 1024, 228 * 1024),
+              (12, 0): (99 * 1024, 100 * 1024)}
+HOPPER_CC = (9, 0)                    # what is assumed off the GPU (interpreter): the H100 / H200
+SM_RESERVED_SMEM = 1024               # per SM, kept by the system
+DEFAULT_SMEM_PER_BLOCK = SMEM_BY_CC[HOPPER_CC][0]
+DEFAULT_SMEM_PER_SM = SMEM_BY_CC[HOPPER_CC][1] - SM_RESERVED_SMEM
+DEFAULT_THREADS_PER_SM = 2048         # H100/H200 (and A100); an Ada or consumer Ampere SM holds 1536
+
+
+def smem_for(cc) -> tuple[int, int]:
+    """(opt-in shared memory per block, shared memory per SM) of compute capability ``cc``; for one the
+    table does not list, the smallest of its major version (48 / 64 KB before Ampere)."""
+    cc = tuple(int(x) for x in cc)
+    if cc in SMEM_BY_CC:
+        return SMEM_BY_CC[cc]
+    known = [v for k, v in SMEM_BY_CC.items() if k[0] == cc[0]] or (
+        [(48 * 1024, 64 * 1024)] if cc[0] < 8 else list(SMEM_BY_CC.values()))
+    return min(known)
 
 
 def smem_optin_for(cc) -> int:
-    """The opt-in shared memory per block of compute capability ``cc``; the smallest of the same
-    major version (48 KB before Ampere) for one the table does not list."""
-    cc = tuple(int(x) for x in cc)
-    if cc in SMEM_OPTIN_BY_CC:
-        return SMEM_OPTIN_BY_CC[cc]
-    same_major = [v for k, v in SMEM_OPTIN_BY_CC.items() if k[0] == cc[0]]
-    return min(same_major) if same_major else (48 * 1024 if cc[0] < 8 else min(SMEM_OPTIN_BY_CC.values()))
+    """The opt-in shared memory per block of compute capability ``cc`` (`smem_for`)."""
+    return smem_for(cc)[0]
 
 
 def smem_per_block(device) -> int:
     """Shared memory a block may opt into on ``device`` (a torch.device): the driver's figure where
-    torch reports it, else `smem_optin_for` its compute capability; DEFAULT_SMEM_PER_BLOCK off the GPU."""
+    torch reports it, else `smem_for` its compute capability; DEFAULT_SMEM_PER_BLOCK off the GPU."""
     if device.type != "cuda":
         return DEFAULT_SMEM_PER_BLOCK
     props = torch.cuda.get_device_properties(device)
     reported = int(getattr(props, "shared_memory_per_block_optin", 0) or 0)
-    return reported if reported > 0 else smem_optin_for((props.major, props.minor))
-
-
-# Shared memory per SM, by compute capability (the same table's), less the 1 KB the system reserves
-SMEM_PER_SM_BY_CC = {(8, 0): 164 * 1024, (8, 6): 100 * 1024, (8, 7): 164 * 1024, (8, 9): 100 * 1024,
-                     (9, 0): 228 * 1024, (10, 0): 228 * 1024, (12, 0): 100 * 1024}
-DEFAULT_SMEM_PER_SM = 227 * 1024      # H100/H200 (228 KB less the reserve); off the GPU
-DEFAULT_THREADS_PER_SM = 2048         # H100/H200 (and A100); an Ada or consumer Ampere SM holds 1536
+    return reported or smem_for((props.major, props.minor))[0]
 
 
 @dataclass(frozen=True)
@@ -135,15 +140,14 @@ class SMResources:
 
 
 def sm_resources(device) -> SMResources:
-    """``device``'s per-SM shared memory (torch's figure where it reports one, else the compute
-    capability's, less the 1 KB reserve) and thread limit; Hopper's off the GPU."""
+    """``device``'s per-SM shared memory (torch's figure where it reports one, else `smem_for` its
+    compute capability, less the system's reserve) and thread limit; Hopper's off the GPU."""
     if device.type != "cuda":
         return SMResources()
     props = torch.cuda.get_device_properties(device)
-    reported = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
-    total = reported or SMEM_PER_SM_BY_CC.get((props.major, props.minor), DEFAULT_SMEM_PER_SM + 1024)
+    total = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0) or smem_for((props.major, props.minor))[1]
     threads = int(getattr(props, "max_threads_per_multi_processor", 0) or DEFAULT_THREADS_PER_SM)
-    return SMResources(smem=total - 1024, threads=threads)
+    return SMResources(smem=total - SM_RESERVED_SMEM, threads=threads)
 
 
 SMEM_HEADROOM = 16 * 1024   # what a pipeline's shared-memory budget leaves for barriers, epilogue and Triton's own
