@@ -90,7 +90,8 @@ def test_a_measurement_times_both_real_paths_and_records_the_cheaper(monkeypatch
     expected = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
     seen = {}
 
-    def fake_measure(paths):
+    def fake_measure(paths, device):
+        assert device == x.device
         for name, call in paths.items():
             seen[name] = call()
         return {"kernel": eager_cost.CallCost(host_us=31.0, gpu_us=9.0),
@@ -127,7 +128,7 @@ def test_forward_runs_dense_where_the_eager_measurement_chose_it_and_the_kernel_
 
 
 def test_off_the_gpu_and_with_eager_kernel_nothing_is_measured(monkeypatch):
-    monkeypatch.setattr(eager_cost, "measure", lambda paths: pytest.fail("measured off the GPU"))
+    monkeypatch.setattr(eager_cost, "measure", lambda paths, device: pytest.fail("measured off the GPU"))
     linear = pruned_linear()
     for mode in ("measure", "kernel"):
         state, forward = layer_state(linear, eager=mode)

@@ -17,6 +17,7 @@ each keeps its lower figure, so a clock ramp or another process's burst does not
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -78,12 +79,13 @@ def gpu_us(call: Callable[[], object], calls: int = GPU_CALLS) -> float:
     return statistics.median(samples)
 
 
-def measure(paths: dict[str, Callable[[], object]], *, rounds: int = ROUNDS,
+def measure(paths: dict[str, Callable[[], object]], *, device=None, rounds: int = ROUNDS,
             host: Callable[[Callable[[], object]], float] | None = None,
             gpu: Callable[[Callable[[], object]], float] | None = None) -> dict[str, CallCost]:
     """{name: CallCost} for each zero-argument call in ``paths`` (each already run once: compiled,
-    its first-call checks done). ``host``/``gpu`` measure one path (defaults: `host_us` with a CUDA
-    synchronise, `gpu_us`); the paths alternate over ``rounds`` and each keeps its lowest figures."""
+    its first-call checks done), on CUDA ``device`` (None: the current one). ``host``/``gpu`` measure
+    one path (defaults: `host_us` with a CUDA synchronise, `gpu_us`); the paths alternate over
+    ``rounds`` and each keeps its lowest figures."""
     if not paths:
         raise ValueError("measure needs at least one path to time.")
     if rounds < 1:
@@ -93,9 +95,19 @@ def measure(paths: dict[str, Callable[[], object]], *, rounds: int = ROUNDS,
         host = host or (lambda call: host_us(call, torch.cuda.synchronize))
         gpu = gpu or gpu_us
     best: dict[str, tuple[float, float]] = {}
-    for _ in range(rounds):
-        for name, call in paths.items():
-            h, g = host(call), gpu(call)
-            old = best.get(name)
-            best[name] = (h, g) if old is None else (min(old[0], h), min(old[1], g))
+    with _on(device):
+        for _ in range(rounds):
+            for name, call in paths.items():
+                h, g = host(call), gpu(call)
+                old = best.get(name)
+                best[name] = (h, g) if old is None else (min(old[0], h), min(old[1], g))
     return {name: CallCost(host_us=h, gpu_us=g) for name, (h, g) in best.items()}
+
+
+def _on(device):
+    """The CUDA device the events and synchronisations belong to (the layer's, not the current one)."""
+    if device is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.device(device)

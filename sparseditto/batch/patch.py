@@ -43,7 +43,6 @@ kernel runs: there the launch costs are gone and the batch's graph-replayed rati
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -136,8 +135,7 @@ class PatchedLinear:
             return torch.nn.functional.linear(x, module.weight, bias)
 
         kernel_call(), dense_call()    # first calls: the strided-view check, cuBLAS's first-call setup
-        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
-            costs = eager_cost.measure({"kernel": kernel_call, "dense": dense_call})
+        costs = eager_cost.measure({"kernel": kernel_call, "dense": dense_call}, device=x.device)
         path = "kernel" if costs["kernel"].per_call_us <= costs["dense"].per_call_us else "dense"
         self.eager_costs[key] = {"kernel": costs["kernel"].as_dict(), "dense": costs["dense"].as_dict(), "path": path}
         return path
