@@ -34,8 +34,9 @@ def planning_input(state: dict, ctx: Context) -> PlanningInput:
     if first_visit and left_out:
         emit("planner", f"left out: {arch_exclusion_line(left_out)}")
     table = runnable_templates(table, backend, announce=first_visit)
-    # the memory is keyed by the GPU that measured, not the target: an H200's tc_words must not come
-    # back as an exact hit for a run that plans for an A100 on the same H200
+    # the memory is keyed by the GPU that measured, not the target: an H200 run's tc_words must not reach
+    # the policy (an LLM reads every hit) for a run that plans for an A100 on the same H200 (exact hits of
+    # such templates never settle: costing.exact_hit_usable; this drops the neighbours too)
     hits = [h for h in state.get("memory_hits") or [] if h.get("template") not in left_out]
     tdict = target.model_dump(mode="json")
     tdict.update(backend=backend, timings_are_gpu=backend == "cuda", note=note)
