@@ -240,7 +240,7 @@ def profile_ncu(candidate, matrix, n: int, dtype: str = "float16", *, timeout: f
                             launch_count=launch_count)
         from . import gpu_lock
 
-        gpu_lock.for_current_device()
+        gpu_lock.for_current_device()        # opens this GPU's lock (once) as the active one
         with gpu_lock.exclusive_section():   # alone on the GPU (gpu_lock)
             rc, stdout, stderr, timed_out = _run(cmd, env, timeout, cwd=tmp)
     return interpret_ncu_output(rc, stdout, stderr, timed_out=timed_out, timeout=timeout)
